@@ -1,0 +1,48 @@
+import { fileURLToPath } from "node:url";
+import { cloudflareTest, readD1Migrations } from "@cloudflare/vitest-pool-workers";
+import { defineConfig } from "vitest/config";
+
+const migrationsDir = fileURLToPath(new URL("./migrations", import.meta.url));
+
+/**
+ * Two projects: the Worker suites run inside real workerd (D1, R2, Durable
+ * Objects through Miniflare); the builder, CLI and end-to-end suites run in
+ * Node against real processes (builder, `wrangler dev`).
+ */
+export default defineConfig({
+  test: {
+    projects: [
+      {
+        plugins: [
+          cloudflareTest(async () => ({
+            wrangler: { configPath: "./wrangler.toml" },
+            miniflare: {
+              bindings: {
+                TEST_MIGRATIONS: await readD1Migrations(migrationsDir),
+                OPERATOR_TOKEN: "test-operator-token",
+                BUILDER_SECRET: "test-builder-secret",
+                ENV_ENCRYPTION_KEY: "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=",
+                R2_ACCESS_KEY_ID: "test-access-key",
+                R2_SECRET_ACCESS_KEY: "test-secret-access-key",
+              },
+            },
+          })),
+        ],
+        test: {
+          name: "worker",
+          include: ["test/worker/**/*.test.ts"],
+          setupFiles: ["./test/worker/apply-migrations.ts"],
+        },
+      },
+      {
+        test: {
+          name: "node",
+          environment: "node",
+          include: ["test/builder/**/*.test.ts", "test/cli/**/*.test.ts", "test/e2e/**/*.test.ts"],
+          testTimeout: 60_000,
+          hookTimeout: 120_000,
+        },
+      },
+    ],
+  },
+});

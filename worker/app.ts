@@ -1,0 +1,98 @@
+import type { Context } from "hono";
+import { bodyLimit } from "hono/body-limit";
+import { HTTPException } from "hono/http-exception";
+import { requestId } from "hono/request-id";
+import type { AppEnv } from "./context";
+import { openDb } from "./db/client";
+import { configOf } from "./env";
+import { ApiError, type ErrorCode, errorBody } from "./lib/errors";
+import { newRouter } from "./lib/router";
+import { accountRoutes } from "./routes/accounts";
+import { apiKeyRoutes } from "./routes/api-keys";
+
+/** Disk-backup responses are wrapped in `{data, status}`, errors included (spec, "Endpoints"). */
+const BACKUP_PATH = /^\/v1\/disks\/[^/]+\/backups(\/|$)/;
+
+function errorResponse(c: Context<AppEnv>, err: ApiError): Response {
+  const body = BACKUP_PATH.test(c.req.path) ? { ...errorBody(err), status: err.status, data: null } : errorBody(err);
+  const headers: Record<string, string> = {};
+  if (err.code === "UNAUTHORIZED") headers["WWW-Authenticate"] = 'Bearer realm="svc"';
+  return c.json(body, err.status, headers);
+}
+
+/** Hono raises HTTPException for malformed JSON and wrong Content-Type; keep our envelope. */
+function fromHttpException(err: HTTPException): ApiError {
+  const byStatus: Partial<Record<number, ErrorCode>> = {
+    400: "VALIDATION_ERROR",
+    401: "UNAUTHORIZED",
+    404: "NOT_FOUND",
+    405: "METHOD_NOT_ALLOWED",
+    413: "PAYLOAD_TOO_LARGE",
+    415: "VALIDATION_ERROR",
+  };
+  const code = byStatus[err.status] ?? "INTERNAL";
+  if (code === "VALIDATION_ERROR") {
+    const message = err.status === 415 ? "Content-Type must be application/json" : err.message;
+    return new ApiError(code, `invalid request body: ${message}`, [{ field: "body", message }]);
+  }
+  return new ApiError(code, code === "INTERNAL" ? "internal error" : err.message);
+}
+
+/**
+ * The one app factory (STYLE 1): the entry point and every test run exactly
+ * this wiring of request ids, config, body limit, routes and error handling.
+ */
+export function createApp() {
+  const app = newRouter();
+
+  app.use("*", requestId({ headerName: "X-Request-Id" }));
+  app.use("*", async (c, next) => {
+    c.set("config", configOf(c.env));
+    c.set("db", openDb(c.env.DB));
+    await next();
+  });
+  app.use("/v1/*", (c, next) =>
+    bodyLimit({
+      maxSize: c.get("config").MAX_REQUEST_BODY_BYTES,
+      onError: () => {
+        throw new ApiError("PAYLOAD_TOO_LARGE", `request body exceeds ${c.get("config").MAX_REQUEST_BODY_BYTES} bytes`);
+      },
+    })(c, next),
+  );
+
+  app.get("/healthz", (c) => c.json({ ok: true }));
+
+  app.route("/v1/accounts", accountRoutes);
+  app.route("/v1/api-keys", apiKeyRoutes);
+
+  app.openAPIRegistry.registerComponent("securitySchemes", "bearerAuth", {
+    type: "http",
+    scheme: "bearer",
+    description: "An API key: `Authorization: Bearer svc_…`",
+  });
+  app.openAPIRegistry.registerComponent("securitySchemes", "operatorToken", {
+    type: "http",
+    scheme: "bearer",
+    description: "The deployment's OPERATOR_TOKEN secret",
+  });
+  app.doc31("/v1/openapi.json", (c) => ({
+    openapi: "3.1.0",
+    info: {
+      title: "svc platform API",
+      version: "1.0.0",
+      description: "Control plane of the svc application-hosting platform.",
+    },
+    servers: [{ url: new URL(c.req.url).origin }],
+  }));
+
+  app.notFound((c) => errorResponse(c, new ApiError("NOT_FOUND", `no route for ${c.req.method} ${c.req.path}`)));
+
+  app.onError((err, c) => {
+    if (err instanceof ApiError) return errorResponse(c, err);
+    if (err instanceof HTTPException) return errorResponse(c, fromHttpException(err));
+    console.error(`[${c.get("requestId")}] unhandled error`, err);
+    return errorResponse(c, new ApiError("INTERNAL", `internal error (request id ${c.get("requestId")})`));
+  });
+
+  return app;
+}

@@ -1,0 +1,61 @@
+import { and, eq, isNull, lt, or } from "drizzle-orm";
+import type { Principal } from "../context";
+import type { Db } from "../db/client";
+import { apiKeys } from "../db/schema";
+import { hashSecret, isWellFormedSecret } from "./secret";
+
+/** lastUsedAt is refreshed at most this often per key. */
+export const LAST_USED_RESOLUTION_MS = 60_000;
+
+export type AuthResult =
+  | { ok: true; principal: Principal; lastUsedAt: number | null }
+  | { ok: false; message: string };
+
+/**
+ * Resolves a `Authorization: Bearer svc_…` header to a principal: structural
+ * check, SHA-256, one indexed lookup, then deleted/expired checks. Nothing is
+ * cached, so a deleted key fails on its very next request.
+ */
+export async function authenticate(db: Db, header: string | undefined, now: number): Promise<AuthResult> {
+  if (!header) return { ok: false, message: "missing Authorization header; send `Authorization: Bearer <API key>`" };
+  const match = /^Bearer\s+(\S+)\s*$/i.exec(header);
+  if (!match) return { ok: false, message: "malformed Authorization header; expected `Bearer <API key>`" };
+  const secret = match[1]!;
+  if (!isWellFormedSecret(secret)) return { ok: false, message: "invalid API key" };
+  const row = await db
+    .select({
+      id: apiKeys.id,
+      accountId: apiKeys.accountId,
+      scopes: apiKeys.scopes,
+      expiresAt: apiKeys.expiresAt,
+      deletedAt: apiKeys.deletedAt,
+      lastUsedAt: apiKeys.lastUsedAt,
+    })
+    .from(apiKeys)
+    .where(eq(apiKeys.hash, await hashSecret(secret)))
+    .get();
+  if (!row || row.deletedAt !== null) return { ok: false, message: "invalid API key" };
+  if (row.expiresAt !== null && row.expiresAt <= now) return { ok: false, message: "API key has expired" };
+  return {
+    ok: true,
+    principal: { keyId: row.id, accountId: row.accountId, scopes: row.scopes },
+    lastUsedAt: row.lastUsedAt,
+  };
+}
+
+export function needsTouch(lastUsedAt: number | null, now: number): boolean {
+  return lastUsedAt === null || now - lastUsedAt >= LAST_USED_RESOLUTION_MS;
+}
+
+/** Records use of a key; the guard keeps concurrent requests from writing more than once a minute. */
+export async function touchKey(db: Db, keyId: string, now: number): Promise<void> {
+  await db
+    .update(apiKeys)
+    .set({ lastUsedAt: now })
+    .where(
+      and(
+        eq(apiKeys.id, keyId),
+        or(isNull(apiKeys.lastUsedAt), lt(apiKeys.lastUsedAt, now - LAST_USED_RESOLUTION_MS)),
+      ),
+    );
+}

@@ -1,0 +1,68 @@
+import { z } from "zod";
+
+/** Bindings and vars the Worker is deployed with (wrangler.toml + secrets). */
+export interface Env {
+  DB: D1Database;
+  BUCKET: R2Bucket;
+  APPS_DOMAIN: string;
+  S3_ENDPOINT: string;
+  S3_BUCKET: string;
+  BUILDER_URL: string;
+  MAX_REQUEST_BODY_BYTES: string;
+  MAX_BUILD_UPLOAD_BYTES: string;
+  BUILD_MEMORY_MB: string;
+  BUILD_TIMEOUT_SECONDS: string;
+  MAX_LOG_BYTES: string;
+  MAX_RESTORE_ARCHIVE_BYTES: string;
+  PRESIGNED_URL_TTL_SECONDS: string;
+  KEY_ROLL_MAX_GRACE_SECONDS: string;
+  OPERATOR_TOKEN?: string;
+  BUILDER_SECRET?: string;
+  ENV_ENCRYPTION_KEY?: string;
+  R2_ACCESS_KEY_ID?: string;
+  R2_SECRET_ACCESS_KEY?: string;
+}
+
+const positiveInt = z.coerce.number().int().positive();
+
+const configSchema = z.object({
+  APPS_DOMAIN: z.string().min(1),
+  S3_ENDPOINT: z.url(),
+  S3_BUCKET: z.string().min(1),
+  BUILDER_URL: z.url(),
+  MAX_REQUEST_BODY_BYTES: positiveInt,
+  MAX_BUILD_UPLOAD_BYTES: positiveInt,
+  BUILD_MEMORY_MB: positiveInt,
+  BUILD_TIMEOUT_SECONDS: positiveInt,
+  MAX_LOG_BYTES: positiveInt,
+  MAX_RESTORE_ARCHIVE_BYTES: positiveInt,
+  PRESIGNED_URL_TTL_SECONDS: positiveInt,
+  KEY_ROLL_MAX_GRACE_SECONDS: positiveInt,
+  OPERATOR_TOKEN: z.string().min(16).optional(),
+  BUILDER_SECRET: z.string().min(16).optional(),
+  ENV_ENCRYPTION_KEY: z.string().optional(),
+  R2_ACCESS_KEY_ID: z.string().optional(),
+  R2_SECRET_ACCESS_KEY: z.string().optional(),
+});
+
+export type Config = z.infer<typeof configSchema>;
+
+const parsed = new WeakMap<Env, Config>();
+
+/**
+ * Parses vars and secrets once per isolate (STYLE 5): a misconfigured deployment
+ * fails loudly on its first request instead of deep inside a handler.
+ */
+export function configOf(env: Env): Config {
+  let config = parsed.get(env);
+  if (!config) {
+    const result = configSchema.safeParse(env);
+    if (!result.success) {
+      const fields = result.error.issues.map((i) => i.path.join(".")).join(", ");
+      throw new Error(`invalid Worker configuration: ${fields}`);
+    }
+    config = result.data;
+    parsed.set(env, config);
+  }
+  return config;
+}

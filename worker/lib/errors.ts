@@ -1,0 +1,106 @@
+/**
+ * The closed list of API error codes (DESIGN §3). Every failure the API reports
+ * goes through `ApiError`, so clients can branch on `error.code` and the status
+ * mapping lives in exactly one place.
+ */
+export type ErrorCode =
+  | "VALIDATION_ERROR"
+  | "INVALID_CRON_EXPRESSION"
+  | "UNAUTHORIZED"
+  | "INSUFFICIENT_SCOPE"
+  | "FORBIDDEN"
+  | "NOT_FOUND"
+  | "APP_NOT_FOUND"
+  | "BACKUP_NOT_FOUND"
+  | "CRON_NOT_FOUND"
+  | "DISK_NOT_FOUND"
+  | "KEY_NOT_FOUND"
+  | "RUN_NOT_FOUND"
+  | "UPLOAD_NOT_FOUND"
+  | "DEPLOYMENT_NOT_FOUND"
+  | "METHOD_NOT_ALLOWED"
+  | "APP_STOPPED"
+  | "DISK_IN_USE"
+  | "DISK_ATTACHED"
+  | "BACKUP_NOT_READY"
+  | "UPLOAD_INCOMPLETE"
+  | "BACKUP_QUOTA_EXCEEDED"
+  | "NAME_TAKEN"
+  | "PRESIGNED_URL_EXPIRED"
+  | "PAYLOAD_TOO_LARGE"
+  | "RATE_LIMITED"
+  | "BUILDER_UNAVAILABLE"
+  | "INTERNAL";
+
+export type ErrorStatus = 400 | 401 | 403 | 404 | 405 | 409 | 410 | 413 | 429 | 500 | 502;
+
+/** One exhaustive code → status switch; adding a code without a status fails type-checking. */
+export function statusOf(code: ErrorCode): ErrorStatus {
+  switch (code) {
+    case "VALIDATION_ERROR":
+    case "INVALID_CRON_EXPRESSION":
+      return 400;
+    case "UNAUTHORIZED":
+      return 401;
+    case "INSUFFICIENT_SCOPE":
+    case "FORBIDDEN":
+      return 403;
+    case "NOT_FOUND":
+    case "APP_NOT_FOUND":
+    case "BACKUP_NOT_FOUND":
+    case "CRON_NOT_FOUND":
+    case "DISK_NOT_FOUND":
+    case "KEY_NOT_FOUND":
+    case "RUN_NOT_FOUND":
+    case "UPLOAD_NOT_FOUND":
+    case "DEPLOYMENT_NOT_FOUND":
+      return 404;
+    case "METHOD_NOT_ALLOWED":
+      return 405;
+    case "APP_STOPPED":
+    case "DISK_IN_USE":
+    case "DISK_ATTACHED":
+    case "BACKUP_NOT_READY":
+    case "UPLOAD_INCOMPLETE":
+    case "BACKUP_QUOTA_EXCEEDED":
+    case "NAME_TAKEN":
+      return 409;
+    case "PRESIGNED_URL_EXPIRED":
+      return 410;
+    case "PAYLOAD_TOO_LARGE":
+      return 413;
+    case "RATE_LIMITED":
+      return 429;
+    case "INTERNAL":
+      return 500;
+    case "BUILDER_UNAVAILABLE":
+      return 502;
+    default:
+      return code satisfies never;
+  }
+}
+
+export type ErrorDetail = { field: string; message: string };
+
+/** Thrown by handlers and services for failures the client can act on. */
+export class ApiError extends Error {
+  readonly status: ErrorStatus;
+  constructor(
+    readonly code: ErrorCode,
+    message: string,
+    readonly details?: ErrorDetail[],
+    status?: ErrorStatus,
+  ) {
+    super(message);
+    this.name = "ApiError";
+    this.status = status ?? statusOf(code);
+  }
+}
+
+export type ErrorBody = { error: { code: ErrorCode; message: string; details?: ErrorDetail[] } };
+
+export function errorBody(err: ApiError): ErrorBody {
+  return {
+    error: { code: err.code, message: err.message, ...(err.details ? { details: err.details } : {}) },
+  };
+}

@@ -1,0 +1,59 @@
+import { OpenAPIHono, z } from "@hono/zod-openapi";
+import type { AppEnv } from "../context";
+import { ApiError, type ErrorDetail } from "./errors";
+
+const LOCATIONS: Record<string, string> = { json: "", query: "query.", param: "path.", header: "header." };
+
+/** Turns zod issues into `details`, one entry per failing field. */
+export function detailsOf(target: string, issues: readonly z.core.$ZodIssue[]): ErrorDetail[] {
+  const prefix = LOCATIONS[target] ?? `${target}.`;
+  return issues.map((issue) => ({
+    field: `${prefix}${issue.path.map(String).join(".")}` || "body",
+    message: issue.message,
+  }));
+}
+
+/**
+ * Every router is built here so that validation failures of body, query and
+ * path parameters become the same 400 VALIDATION_ERROR envelope.
+ */
+export function newRouter(): OpenAPIHono<AppEnv> {
+  return new OpenAPIHono<AppEnv>({
+    defaultHook: (result) => {
+      if (!result.success) {
+        const details = detailsOf(result.target, result.error.issues);
+        const summary = details.map((d) => `${d.field}: ${d.message}`).join("; ");
+        throw new ApiError("VALIDATION_ERROR", `invalid request: ${summary}`, details);
+      }
+    },
+  });
+}
+
+export const ErrorSchema = z
+  .object({
+    error: z.object({
+      code: z.string().openapi({ example: "VALIDATION_ERROR" }),
+      message: z.string(),
+      details: z.array(z.object({ field: z.string(), message: z.string() })).optional(),
+    }),
+  })
+  .openapi("Error");
+
+const errorResponse = (description: string) => ({
+  description,
+  content: { "application/json": { schema: ErrorSchema } },
+});
+
+/** Error responses shared by authenticated routes, for the OpenAPI document. */
+export const authErrors = {
+  400: errorResponse("Invalid request (VALIDATION_ERROR)"),
+  401: errorResponse("Missing, malformed, unknown, deleted or expired API key (UNAUTHORIZED)"),
+  403: errorResponse("The key lacks the required scope (INSUFFICIENT_SCOPE)"),
+} as const;
+
+export { errorResponse };
+
+export const jsonBody = <T extends z.ZodType>(schema: T) => ({
+  required: true,
+  content: { "application/json": { schema } },
+});
