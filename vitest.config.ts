@@ -1,8 +1,15 @@
 import { fileURLToPath } from "node:url";
 import { cloudflareTest, readD1Migrations } from "@cloudflare/vitest-pool-workers";
 import { defineConfig } from "vitest/config";
+import { freePort } from "./scripts/local-stack";
 
 const migrationsDir = fileURLToPath(new URL("./migrations", import.meta.url));
+
+// The Worker suites drive a real builder process (started by the global setup).
+process.env.SVC_TEST_BUILDER_PORT ??= String(await freePort());
+process.env.SVC_TEST_BUILDER_SECRET ??= "test-builder-secret";
+const builderSecret = process.env.SVC_TEST_BUILDER_SECRET;
+const builderUrl = `http://127.0.0.1:${process.env.SVC_TEST_BUILDER_PORT}`;
 
 /**
  * Two projects: the Worker suites run inside real workerd (D1, R2, Durable
@@ -20,7 +27,8 @@ export default defineConfig({
               bindings: {
                 TEST_MIGRATIONS: await readD1Migrations(migrationsDir),
                 OPERATOR_TOKEN: "test-operator-token",
-                BUILDER_SECRET: "test-builder-secret",
+                BUILDER_SECRET: builderSecret,
+                BUILDER_URL: builderUrl,
                 ENV_ENCRYPTION_KEY: "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=",
                 R2_ACCESS_KEY_ID: "test-access-key",
                 R2_SECRET_ACCESS_KEY: "test-secret-access-key",
@@ -32,6 +40,7 @@ export default defineConfig({
           name: "worker",
           include: ["test/worker/**/*.test.ts"],
           setupFiles: ["./test/worker/apply-migrations.ts"],
+          globalSetup: ["./test/support/worker-global-setup.ts"],
         },
       },
       {

@@ -2,6 +2,7 @@ import type { Context } from "hono";
 import { bodyLimit } from "hono/body-limit";
 import { HTTPException } from "hono/http-exception";
 import { requestId } from "hono/request-id";
+import { requireKey } from "./auth/middleware";
 import type { AppEnv } from "./context";
 import { openDb } from "./db/client";
 import { configOf } from "./env";
@@ -9,6 +10,12 @@ import { ApiError, type ErrorCode, errorBody } from "./lib/errors";
 import { newRouter } from "./lib/router";
 import { accountRoutes } from "./routes/accounts";
 import { apiKeyRoutes } from "./routes/api-keys";
+import { appRoutes } from "./routes/apps";
+import { diskRoutes } from "./routes/disks";
+import { envVarRoutes } from "./routes/env-vars";
+
+/** Routes under /v1 reachable without an API key (the operator route checks its own token). */
+const PUBLIC_PATHS = new Set(["/v1/openapi.json", "/v1/accounts"]);
 
 /** Disk-backup responses are wrapped in `{data, status}`, errors included (spec, "Endpoints"). */
 const BACKUP_PATH = /^\/v1\/disks\/[^/]+\/backups(\/|$)/;
@@ -60,10 +67,16 @@ export function createApp() {
     })(c, next),
   );
 
+  // Authentication happens once here; routers only check scopes.
+  app.use("/v1/*", (c, next) => (PUBLIC_PATHS.has(c.req.path) ? next() : requireKey(c, next)));
+
   app.get("/healthz", (c) => c.json({ ok: true }));
 
   app.route("/v1/accounts", accountRoutes);
   app.route("/v1/api-keys", apiKeyRoutes);
+  app.route("/v1/apps", appRoutes);
+  app.route("/v1/apps", envVarRoutes);
+  app.route("/v1/disks", diskRoutes);
 
   app.openAPIRegistry.registerComponent("securitySchemes", "bearerAuth", {
     type: "http",

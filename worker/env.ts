@@ -5,6 +5,7 @@ export interface Env {
   DB: D1Database;
   BUCKET: R2Bucket;
   APPS_DOMAIN: string;
+  APPS_URL_SCHEME: string;
   S3_ENDPOINT: string;
   S3_BUCKET: string;
   BUILDER_URL: string;
@@ -27,6 +28,7 @@ const positiveInt = z.coerce.number().int().positive();
 
 const configSchema = z.object({
   APPS_DOMAIN: z.string().min(1),
+  APPS_URL_SCHEME: z.enum(["http", "https"]),
   S3_ENDPOINT: z.url(),
   S3_BUCKET: z.string().min(1),
   BUILDER_URL: z.url(),

@@ -76,7 +76,8 @@ describe("POST /v1/api-keys validation", () => {
   });
 
   it("answers unknown routes with a JSON 404", async () => {
-    const res = await call("/v1/nothing-here");
+    const { adminKey } = await newAccount();
+    const res = await call("/v1/nothing-here", { key: adminKey });
     expect(res.status).toBe(404);
     expect((await json<ErrorJson>(res)).error.code).toBe("NOT_FOUND");
   });

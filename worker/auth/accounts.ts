@@ -1,26 +1,10 @@
 import type { Db } from "../db/client";
-import { type AccountRow, accounts, apiKeys, type Plan } from "../db/schema";
-import { newId } from "../lib/ids";
+import { accounts, apiKeys, type Plan } from "../db/schema";
 import { iso } from "../lib/time";
-import { type CreatedApiKey, newKeyRow, viewOf } from "./keys";
-
-/** Name of the first key every account gets. */
-export const FIRST_KEY_NAME = "admin";
+import { type CreatedApiKey, viewOf } from "./keys";
+import { newAccountRows } from "./rows";
 
 export type AccountView = { id: string; name: string; plan: Plan; createdAt: string };
-
-/** Builds an account and its first admin key; shared by the HTTP route and the operator script. */
-export async function newAccountRows(input: { name: string; plan: Plan; now: number }) {
-  const account: AccountRow = { id: newId("account"), name: input.name, plan: input.plan, createdAt: input.now };
-  const key = await newKeyRow({
-    accountId: account.id,
-    name: FIRST_KEY_NAME,
-    scopes: ["admin", "deploy", "db", "registry"],
-    expiresAt: null,
-    now: input.now,
-  });
-  return { account, key };
-}
 
 export async function createAccount(
   db: Db,

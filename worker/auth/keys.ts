@@ -1,9 +1,8 @@
 import { and, desc, eq, isNull } from "drizzle-orm";
 import type { Db } from "../db/client";
 import { type ApiKeyRow, apiKeys, type Scope } from "../db/schema";
-import { newId } from "../lib/ids";
 import { iso, isoOrNull } from "../lib/time";
-import { displayPrefix, generateSecret, hashSecret } from "./secret";
+import { newKeyRow } from "./rows";
 
 export type ApiKeyView = {
   id: string;
@@ -32,30 +31,6 @@ export function viewOf(row: ApiKeyRow): ApiKeyView {
 function createdView(row: ApiKeyRow, secret: string): CreatedApiKey {
   const { lastUsedAt: _omitted, ...rest } = viewOf(row);
   return { ...rest, key: secret };
-}
-
-/** Builds a key row and its secret; callers insert the row (alone or in a batch). */
-export async function newKeyRow(input: {
-  accountId: string;
-  name: string;
-  scopes: Scope[];
-  expiresAt: number | null;
-  now: number;
-}): Promise<{ row: ApiKeyRow; secret: string }> {
-  const secret = generateSecret();
-  const row: ApiKeyRow = {
-    id: newId("key"),
-    accountId: input.accountId,
-    name: input.name,
-    hash: await hashSecret(secret),
-    start: displayPrefix(secret),
-    scopes: [...new Set(input.scopes)],
-    expiresAt: input.expiresAt,
-    lastUsedAt: null,
-    createdAt: input.now,
-    deletedAt: null,
-  };
-  return { row, secret };
 }
 
 export async function createKey(

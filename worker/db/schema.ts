@@ -1,4 +1,4 @@
-import { index, integer, sqliteTable, text, uniqueIndex } from "drizzle-orm/sqlite-core";
+import { index, integer, primaryKey, sqliteTable, text, uniqueIndex } from "drizzle-orm/sqlite-core";
 
 /**
  * D1 schema. camelCase keys in TypeScript, snake_case in SQL; timestamps are
@@ -65,3 +65,70 @@ export const databaseDumps = sqliteTable(
 
 export type ApiKeyRow = typeof apiKeys.$inferSelect;
 export type AccountRow = typeof accounts.$inferSelect;
+
+/** Runtimes an app may declare. `static` is served by this platform's edge; the others run on the builder's hosts. */
+export const RUNTIMES = ["static", "node", "python", "ruby", "go", "rust", "php", "elixir", "docker"] as const;
+export type Runtime = (typeof RUNTIMES)[number];
+
+export const APP_STATUSES = ["running", "stopped"] as const;
+export type AppStatus = (typeof APP_STATUSES)[number];
+
+export const apps = sqliteTable(
+  "apps",
+  {
+    id: text("id").primaryKey(),
+    accountId: text("account_id")
+      .notNull()
+      .references(() => accounts.id, { onDelete: "cascade" }),
+    /** A DNS label: apps are served at <name>.<APPS_DOMAIN>, so names are unique service-wide. */
+    name: text("name").notNull(),
+    runtime: text("runtime", { enum: RUNTIMES }).notNull(),
+    status: text("status", { enum: APP_STATUSES }).notNull().default("running"),
+    memoryMb: integer("memory_mb").notNull(),
+    activeDeploymentId: text("active_deployment_id"),
+    /** Bumped on every restart, so running work can tell it belongs to an older incarnation. */
+    restartedAt: integer("restarted_at").notNull(),
+    createdAt: integer("created_at").notNull(),
+    updatedAt: integer("updated_at").notNull(),
+  },
+  (t) => [uniqueIndex("apps_name_idx").on(t.name), index("apps_account_idx").on(t.accountId, t.createdAt)],
+);
+
+export const envVars = sqliteTable(
+  "env_vars",
+  {
+    appId: text("app_id")
+      .notNull()
+      .references(() => apps.id, { onDelete: "cascade" }),
+    name: text("name").notNull(),
+    /** AES-GCM ciphertext of the value (`v1.<iv>.<ciphertext>`, base64); never plaintext. */
+    value: text("value").notNull(),
+    updatedAt: integer("updated_at").notNull(),
+  },
+  (t) => [primaryKey({ columns: [t.appId, t.name] })],
+);
+
+export const DISK_STATUSES = ["available", "restoring"] as const;
+export type DiskStatus = (typeof DISK_STATUSES)[number];
+
+export const disks = sqliteTable(
+  "disks",
+  {
+    id: text("id").primaryKey(),
+    accountId: text("account_id")
+      .notNull()
+      .references(() => accounts.id, { onDelete: "cascade" }),
+    name: text("name").notNull(),
+    sizeGb: integer("size_gb").notNull(),
+    mountPath: text("mount_path").notNull(),
+    /** The app the disk is attached to; deleting the app detaches it. */
+    appId: text("app_id").references(() => apps.id, { onDelete: "set null" }),
+    status: text("status", { enum: DISK_STATUSES }).notNull().default("available"),
+    createdAt: integer("created_at").notNull(),
+    updatedAt: integer("updated_at").notNull(),
+  },
+  (t) => [uniqueIndex("disks_account_name_idx").on(t.accountId, t.name), index("disks_app_idx").on(t.appId)],
+);
+
+export type AppRow = typeof apps.$inferSelect;
+export type DiskRow = typeof disks.$inferSelect;

@@ -18,6 +18,7 @@ export type ErrorCode =
   | "RUN_NOT_FOUND"
   | "UPLOAD_NOT_FOUND"
   | "DEPLOYMENT_NOT_FOUND"
+  | "ENV_VAR_NOT_FOUND"
   | "METHOD_NOT_ALLOWED"
   | "APP_STOPPED"
   | "DISK_IN_USE"
@@ -54,6 +55,7 @@ export function statusOf(code: ErrorCode): ErrorStatus {
     case "RUN_NOT_FOUND":
     case "UPLOAD_NOT_FOUND":
     case "DEPLOYMENT_NOT_FOUND":
+    case "ENV_VAR_NOT_FOUND":
       return 404;
     case "METHOD_NOT_ALLOWED":
       return 405;

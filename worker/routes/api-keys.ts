@@ -1,6 +1,6 @@
 import { createRoute, z } from "@hono/zod-openapi";
 import { createKey, deleteKey, listKeys, rollKey } from "../auth/keys";
-import { requireKey, requireScope } from "../auth/middleware";
+import { requireScope } from "../auth/middleware";
 import { SCOPES } from "../db/schema";
 import { ApiError } from "../lib/errors";
 import { authErrors, errorResponse, jsonBody, newRouter } from "../lib/router";
@@ -55,7 +55,6 @@ const RolledKeySchema = CreatedKeySchema.extend({
 const security = [{ bearerAuth: [] }];
 
 export const apiKeyRoutes = newRouter();
-apiKeyRoutes.use("*", requireKey);
 
 apiKeyRoutes.openapi(
   createRoute({

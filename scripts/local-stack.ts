@@ -1,0 +1,232 @@
+import { type ChildProcess, spawn } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { existsSync, openSync } from "node:fs";
+import { chmod, mkdir, readFile, writeFile } from "node:fs/promises";
+import { createServer } from "node:net";
+import { dirname, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+
+/**
+ * Starts the whole system locally: D1 migrations, the builder, `wrangler dev`,
+ * and an account with an admin key. `npm start` and the CLI / end-to-end tests
+ * use this same function, so the tests exercise what a newcomer runs.
+ */
+
+export const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..");
+const BIN = join(ROOT, "node_modules", ".bin");
+
+export type LocalSecrets = {
+  OPERATOR_TOKEN: string;
+  BUILDER_SECRET: string;
+  ENV_ENCRYPTION_KEY: string;
+  R2_ACCESS_KEY_ID: string;
+  R2_SECRET_ACCESS_KEY: string;
+};
+
+export type LocalStackOptions = {
+  /** API port; 0 picks a free one. */
+  port: number;
+  /** Where D1/R2/DO state lives (wrangler --persist-to). */
+  persistDir: string;
+  /** Where the admin key, builder data and logs live. */
+  stateDir: string;
+  /** File holding the local secrets (dotenv format); created with fresh values if absent. */
+  secretsFile: string;
+  /** Child process output: inherited (npm start) or kept in `<stateDir>/*.log` (tests). */
+  output: "inherit" | "files";
+};
+
+export type LocalStack = {
+  apiUrl: string;
+  builderUrl: string;
+  adminKey: string;
+  secrets: LocalSecrets;
+  stop(): Promise<void>;
+};
+
+function freshSecrets(): LocalSecrets {
+  const token = () => randomBytes(24).toString("base64url");
+  return {
+    OPERATOR_TOKEN: token(),
+    BUILDER_SECRET: token(),
+    ENV_ENCRYPTION_KEY: randomBytes(32).toString("base64"),
+    R2_ACCESS_KEY_ID: `local${randomBytes(8).toString("hex")}`,
+    R2_SECRET_ACCESS_KEY: token(),
+  };
+}
+
+/** Reads the dotenv secrets file, adding any missing secret with a fresh random value. */
+export async function ensureSecrets(file: string): Promise<LocalSecrets> {
+  const existing: Record<string, string> = {};
+  if (existsSync(file)) {
+    for (const line of (await readFile(file, "utf8")).split("\n")) {
+      const m = /^([A-Z0-9_]+)=(.*)$/.exec(line.trim());
+      if (m) existing[m[1]!] = m[2]!.replace(/^"(.*)"$/, "$1");
+    }
+  }
+  const secrets = { ...freshSecrets(), ...existing } as LocalSecrets;
+  const missing = Object.keys(secrets).some((k) => !(k in existing));
+  if (missing) {
+    const lines = Object.entries(secrets).map(([k, v]) => `${k}="${v}"`);
+    await writeFile(file, `# Local secrets written by npm start. Never commit.\n${lines.join("\n")}\n`, { mode: 0o600 });
+  }
+  return secrets;
+}
+
+export async function freePort(): Promise<number> {
+  return new Promise((resolvePort, reject) => {
+    const server = createServer();
+    server.once("error", reject);
+    server.listen(0, "127.0.0.1", () => {
+      const address = server.address();
+      const port = typeof address === "object" && address ? address.port : 0;
+      server.close(() => resolvePort(port));
+    });
+  });
+}
+
+function run(cmd: string, args: string[], env: NodeJS.ProcessEnv): Promise<string> {
+  return new Promise((ok, fail) => {
+    const child = spawn(cmd, args, { cwd: ROOT, env, stdio: ["ignore", "pipe", "pipe"] });
+    let out = "";
+    child.stdout.on("data", (d: Buffer) => (out += d));
+    child.stderr.on("data", (d: Buffer) => (out += d));
+    child.on("error", fail);
+    child.on("close", (code) => (code === 0 ? ok(out) : fail(new Error(`${cmd} ${args.join(" ")} failed:\n${out}`))));
+  });
+}
+
+/** Output of a child: inherited, or appended to a log file. */
+type Output = "inherit" | string;
+
+function startProcess(cmd: string, args: string[], env: NodeJS.ProcessEnv, output: Output): ChildProcess {
+  const sink = output === "inherit" ? "inherit" : openSync(output, "a");
+  // Own process group, so stopping it also ends the grandchildren (workerd under wrangler).
+  return spawn(cmd, args, { cwd: ROOT, env, stdio: ["ignore", sink, sink], detached: true });
+}
+
+async function waitFor(url: string, child: ChildProcess, name: string, timeoutMs: number): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    if (child.exitCode !== null) throw new Error(`${name} exited with code ${child.exitCode} during start-up`);
+    try {
+      const res = await fetch(url);
+      if (res.ok) return;
+    } catch {
+      // not listening yet
+    }
+    await new Promise((r) => setTimeout(r, 150));
+  }
+  throw new Error(`${name} did not answer ${url} within ${timeoutMs / 1000} s`);
+}
+
+async function stopProcess(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null || child.pid === undefined) return;
+  const exited = new Promise<void>((r) => child.once("exit", () => r()));
+  const kill = (signal: NodeJS.Signals) => {
+    try {
+      process.kill(-child.pid!, signal);
+    } catch {
+      // already gone
+    }
+  };
+  kill("SIGTERM");
+  const timer = setTimeout(() => kill("SIGKILL"), 5000);
+  await exited;
+  clearTimeout(timer);
+}
+
+export type BuilderProcess = { url: string; ready: Promise<void>; stop(): Promise<void> };
+
+/**
+ * Starts the builder (data plane) as a child process with only the variables
+ * it needs, so nothing of the caller's environment reaches user commands.
+ * Used by `npm start`, the Worker test suite and the CLI tests alike.
+ */
+export function startBuilder(opts: { port: number; secret: string; dataDir: string; output: Output }): BuilderProcess {
+  const child = startProcess(
+    join(BIN, "tsx"),
+    [join(ROOT, "builder", "src", "server.ts")],
+    {
+      PATH: process.env.PATH,
+      HOME: process.env.HOME,
+      BUILDER_SECRET: opts.secret,
+      BUILDER_PORT: String(opts.port),
+      BUILDER_DATA_DIR: opts.dataDir,
+      ...(process.env.NPM_CONFIG_REGISTRY ? { NPM_CONFIG_REGISTRY: process.env.NPM_CONFIG_REGISTRY } : {}),
+    },
+    opts.output,
+  );
+  const url = `http://127.0.0.1:${opts.port}`;
+  return { url, ready: waitFor(`${url}/healthz`, child, "builder", 30_000), stop: () => stopProcess(child) };
+}
+
+/** Returns the saved admin key if it still works, else creates an account through the operator route. */
+async function adminKeyFor(apiUrl: string, secrets: LocalSecrets, stateDir: string): Promise<string> {
+  const keyFile = join(stateDir, "local-admin-key");
+  if (existsSync(keyFile)) {
+    const saved = (await readFile(keyFile, "utf8")).trim();
+    const res = await fetch(`${apiUrl}/v1/api-keys`, { headers: { Authorization: `Bearer ${saved}` } });
+    if (res.ok) return saved;
+  }
+  const res = await fetch(`${apiUrl}/v1/accounts`, {
+    method: "POST",
+    headers: { Authorization: `Bearer ${secrets.OPERATOR_TOKEN}`, "Content-Type": "application/json" },
+    body: JSON.stringify({ name: "local", plan: "business" }),
+  });
+  if (res.status !== 201) throw new Error(`creating the local account failed: ${res.status} ${await res.text()}`);
+  const { apiKey } = (await res.json()) as { apiKey: { key: string } };
+  await writeFile(keyFile, `${apiKey.key}\n`, { mode: 0o600 });
+  await chmod(keyFile, 0o600);
+  return apiKey.key;
+}
+
+export async function startLocalStack(opts: LocalStackOptions): Promise<LocalStack> {
+  await mkdir(opts.stateDir, { recursive: true });
+  await mkdir(opts.persistDir, { recursive: true });
+  const secrets = await ensureSecrets(opts.secretsFile);
+  const port = opts.port || (await freePort());
+  const builderPort = await freePort();
+  const apiUrl = `http://127.0.0.1:${port}`;
+  const builderUrl = `http://127.0.0.1:${builderPort}`;
+  const env = { ...process.env, WRANGLER_SEND_METRICS: "false", CI: process.env.CI ?? "" };
+
+  await run(join(BIN, "wrangler"), ["d1", "migrations", "apply", "DB", "--local", "--persist-to", opts.persistDir], env);
+
+  const builder = await startBuilder({
+    port: builderPort,
+    secret: secrets.BUILDER_SECRET,
+    dataDir: join(opts.stateDir, "builder"),
+    output: opts.output === "files" ? join(opts.stateDir, "builder.log") : "inherit",
+  });
+  const vars = { ...secrets, BUILDER_URL: builderUrl, S3_ENDPOINT: `${apiUrl}/storage`, APPS_DOMAIN: `localhost:${port}`, APPS_URL_SCHEME: "http" };
+  const wrangler = startProcess(
+    join(BIN, "wrangler"),
+    [
+      "dev",
+      "--ip",
+      "127.0.0.1",
+      "--port",
+      String(port),
+      "--persist-to",
+      opts.persistDir,
+      "--show-interactive-dev-session=false",
+      "--log-level",
+      "warn",
+      ...Object.entries(vars).flatMap(([k, v]) => ["--var", `${k}:${v}`]),
+    ],
+    env,
+    opts.output === "files" ? join(opts.stateDir, "wrangler.log") : "inherit",
+  );
+  const stop = async () => {
+    await Promise.all([stopProcess(wrangler), builder.stop()]);
+  };
+  try {
+    await Promise.all([builder.ready, waitFor(`${apiUrl}/healthz`, wrangler, "wrangler dev", 90_000)]);
+    const adminKey = await adminKeyFor(apiUrl, secrets, opts.stateDir);
+    return { apiUrl, builderUrl, adminKey, secrets, stop };
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+}

@@ -1,0 +1,45 @@
+import { join } from "node:path";
+import { ROOT, startLocalStack } from "./local-stack.js";
+
+/**
+ * `npm start`: the whole system on embedded defaults, no cloud account needed.
+ * State persists in .wrangler/state (D1, R2, DOs) and .svc/ (admin key, builder
+ * disks), so a restart keeps your data and your key.
+ */
+const port = Number(process.env.PORT ?? 8787);
+if (!Number.isInteger(port) || port <= 0 || port > 65535) {
+  console.error(`PORT must be a TCP port number, got ${process.env.PORT}`);
+  process.exit(1);
+}
+
+console.log("Starting the local platform (migrations, builder, wrangler dev)…");
+const stack = await startLocalStack({
+  port,
+  persistDir: join(ROOT, ".wrangler", "state"),
+  stateDir: join(ROOT, ".svc"),
+  secretsFile: join(ROOT, ".dev.vars"),
+  output: "inherit",
+}).catch((err: unknown) => {
+  console.error(err instanceof Error ? err.message : err);
+  process.exit(1);
+});
+
+console.log(`
+API        ${stack.apiUrl}
+Admin key  ${stack.adminKey}
+Builder    ${stack.builderUrl}
+
+The key is also in .svc/local-admin-key. Try:
+  curl -H "Authorization: Bearer $(cat .svc/local-admin-key)" ${stack.apiUrl}/v1/api-keys
+  npx svc login --api-url ${stack.apiUrl} --api-key "$(cat .svc/local-admin-key)"
+Press Ctrl-C to stop.`);
+
+let stopping = false;
+for (const signal of ["SIGINT", "SIGTERM"] as const) {
+  process.on(signal, () => {
+    if (stopping) return;
+    stopping = true;
+    console.log("\nStopping…");
+    void stack.stop().then(() => process.exit(0));
+  });
+}

@@ -1,0 +1,23 @@
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { startBuilder } from "../../scripts/local-stack";
+
+/**
+ * The Worker suites talk to a real builder process: vitest.config.ts picks its
+ * port and secret and hands them to workerd as bindings; this starts it.
+ */
+export default async function setup(): Promise<() => Promise<void>> {
+  const dataDir = await mkdtemp(join(tmpdir(), "svc-worker-builder-"));
+  const builder = startBuilder({
+    port: Number(process.env.SVC_TEST_BUILDER_PORT),
+    secret: process.env.SVC_TEST_BUILDER_SECRET ?? "",
+    dataDir,
+    output: join(dataDir, "builder.log"),
+  });
+  await builder.ready;
+  return async () => {
+    await builder.stop();
+    await rm(dataDir, { recursive: true, force: true });
+  };
+}

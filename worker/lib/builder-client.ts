@@ -1,0 +1,45 @@
+import { BuilderError, DiskInfo, type DiskSpec, signRequest } from "../../builder/src/protocol";
+import type { Config } from "../env";
+import { ApiError } from "./errors";
+
+/**
+ * Signed HTTP to the builder (the data plane). The builder holds no cloud
+ * credentials and trusts only requests signed with BUILDER_SECRET.
+ */
+export type BuilderResult<T> = { ok: true; value: T } | { ok: false; status: number; code: string; message: string };
+
+async function builderFetch(config: Config, method: string, path: string, body?: unknown): Promise<Response> {
+  if (!config.BUILDER_SECRET) throw new ApiError("INTERNAL", "the builder is not configured (BUILDER_SECRET unset)");
+  const text = body === undefined ? "" : JSON.stringify(body);
+  const headers = await signRequest({ secret: config.BUILDER_SECRET, method, path, body: text });
+  try {
+    return await fetch(new URL(path, config.BUILDER_URL), {
+      method,
+      headers: body === undefined ? headers : { ...headers, "Content-Type": "application/json" },
+      body: body === undefined ? undefined : text,
+    });
+  } catch (err) {
+    throw new ApiError("BUILDER_UNAVAILABLE", `the builder could not be reached: ${err instanceof Error ? err.message : err}`);
+  }
+}
+
+async function failure(res: Response): Promise<{ ok: false; status: number; code: string; message: string }> {
+  const parsed = BuilderError.safeParse(await res.json().catch(() => null));
+  return parsed.success
+    ? { ok: false, status: res.status, code: parsed.data.error.code, message: parsed.data.error.message }
+    : { ok: false, status: res.status, code: "INTERNAL", message: `builder answered HTTP ${res.status}` };
+}
+
+/** Creates the disk's directory on the builder, or changes its quota. */
+export async function provisionDisk(config: Config, id: string, spec: DiskSpec): Promise<BuilderResult<DiskInfo>> {
+  const res = await builderFetch(config, "PUT", `/v1/disks/${id}`, spec);
+  if (!res.ok) return failure(res);
+  return { ok: true, value: DiskInfo.parse(await res.json()) };
+}
+
+/** Removes the disk's data on the builder; an unknown disk counts as removed. */
+export async function destroyDisk(config: Config, id: string): Promise<BuilderResult<null>> {
+  const res = await builderFetch(config, "DELETE", `/v1/disks/${id}`);
+  if (res.ok || res.status === 404) return { ok: true, value: null };
+  return failure(res);
+}

@@ -1,0 +1,153 @@
+import { createRoute, z } from "@hono/zod-openapi";
+import { requireScope } from "../auth/middleware";
+import { DISK_STATUSES } from "../db/schema";
+import { authErrors, errorResponse, jsonBody, newRouter } from "../lib/router";
+import { DnsLabel, Deleted, dataOf, Ref } from "../lib/schemas";
+import { resolveApp } from "../services/apps";
+import { attachDisk, createDisk, deleteDisk, detachDisk, diskView, listDisks } from "../services/disks";
+
+const DiskSchema = z
+  .object({
+    id: z.string().openapi({ example: "disk_0aB1cD2eF3gH4iJ5kL6mN7oP" }),
+    name: z.string(),
+    sizeGb: z.number().int(),
+    mountPath: z.string(),
+    status: z.enum(DISK_STATUSES),
+    appId: z.string().nullable(),
+    appName: z.string().nullable(),
+    inUse: z.boolean().openapi({ description: "Attached to a running app (restores are refused while true)" }),
+    createdAt: z.string(),
+    updatedAt: z.string(),
+  })
+  .openapi("Disk");
+
+const MountPath = z
+  .string()
+  .max(255)
+  .regex(/^\/[A-Za-z0-9._\-/]*$/, "must be an absolute path of letters, digits, '.', '_', '-' and '/'")
+  .refine((p) => !p.split("/").includes(".."), "must not contain '..'")
+  .refine((p) => p !== "/", "must not be the root directory");
+
+const CreateDiskBody = z
+  .strictObject({
+    name: DnsLabel,
+    sizeGb: z.number().int().min(1).max(1000),
+    mountPath: MountPath.default("/data"),
+  })
+  .openapi("CreateDisk", { example: { name: "uploads", sizeGb: 10, mountPath: "/var/data" } });
+
+const AttachBody = z.strictObject({ app: Ref.openapi({ description: "App id or name" }) }).openapi("AttachDisk");
+
+const DiskParam = z.object({ disk: Ref.openapi({ description: "Disk id or name" }) });
+const security = [{ bearerAuth: [] }];
+const diskResponse = (description: string) => ({
+  description,
+  content: { "application/json": { schema: dataOf(DiskSchema) } },
+});
+const notFound = { 404: errorResponse("No such disk in this account (DISK_NOT_FOUND)") };
+const builderDown = { 502: errorResponse("The builder could not be reached (BUILDER_UNAVAILABLE); nothing changed") };
+
+export const diskRoutes = newRouter();
+diskRoutes.use("*", requireScope("deploy"));
+
+diskRoutes.openapi(
+  createRoute({
+    method: "post",
+    path: "/",
+    summary: "Create a persistent disk",
+    tags: ["Disks"],
+    security,
+    request: { body: jsonBody(CreateDiskBody) },
+    responses: { 201: diskResponse("Created"), ...authErrors, 409: errorResponse("Name taken (NAME_TAKEN)"), ...builderDown },
+  }),
+  async (c) => {
+    const disk = await createDisk(c.get("db"), c.get("config"), c.get("principal").accountId, c.req.valid("json"));
+    return c.json({ data: disk }, 201);
+  },
+);
+
+diskRoutes.openapi(
+  createRoute({
+    method: "get",
+    path: "/",
+    summary: "List disks",
+    tags: ["Disks"],
+    security,
+    responses: {
+      200: { description: "Disks, newest first", content: { "application/json": { schema: dataOf(z.array(DiskSchema)) } } },
+      ...authErrors,
+    },
+  }),
+  async (c) => c.json({ data: await listDisks(c.get("db"), c.get("principal").accountId) }, 200),
+);
+
+diskRoutes.openapi(
+  createRoute({
+    method: "get",
+    path: "/{disk}",
+    summary: "Get a disk",
+    tags: ["Disks"],
+    security,
+    request: { params: DiskParam },
+    responses: { 200: diskResponse("The disk"), ...authErrors, ...notFound },
+  }),
+  async (c) => c.json({ data: await diskView(c.get("db"), c.get("principal").accountId, c.req.valid("param").disk) }, 200),
+);
+
+diskRoutes.openapi(
+  createRoute({
+    method: "post",
+    path: "/{disk}/attach",
+    summary: "Attach a disk to an app",
+    tags: ["Disks"],
+    security,
+    request: { params: DiskParam, body: jsonBody(AttachBody) },
+    responses: {
+      200: diskResponse("The disk, attached"),
+      ...authErrors,
+      404: errorResponse("No such disk (DISK_NOT_FOUND) or app (APP_NOT_FOUND)"),
+      409: errorResponse("Attached to another app, or the mount path is taken (DISK_ATTACHED)"),
+    },
+  }),
+  async (c) => {
+    const accountId = c.get("principal").accountId;
+    const app = await resolveApp(c.get("db"), accountId, c.req.valid("json").app);
+    return c.json({ data: await attachDisk(c.get("db"), accountId, c.req.valid("param").disk, app) }, 200);
+  },
+);
+
+diskRoutes.openapi(
+  createRoute({
+    method: "post",
+    path: "/{disk}/detach",
+    summary: "Detach a disk from its app",
+    tags: ["Disks"],
+    security,
+    request: { params: DiskParam },
+    responses: { 200: diskResponse("The disk, detached"), ...authErrors, ...notFound },
+  }),
+  async (c) => c.json({ data: await detachDisk(c.get("db"), c.get("principal").accountId, c.req.valid("param").disk) }, 200),
+);
+
+diskRoutes.openapi(
+  createRoute({
+    method: "delete",
+    path: "/{disk}",
+    summary: "Delete a disk and its data",
+    description: "Refused while the disk is attached to an app.",
+    tags: ["Disks"],
+    security,
+    request: { params: DiskParam },
+    responses: {
+      200: { description: "Deleted", content: { "application/json": { schema: dataOf(Deleted) } } },
+      ...authErrors,
+      ...notFound,
+      409: errorResponse("Still attached (DISK_ATTACHED)"),
+      ...builderDown,
+    },
+  }),
+  async (c) => {
+    const id = await deleteDisk(c.get("db"), c.get("config"), c.get("principal").accountId, c.req.valid("param").disk);
+    return c.json({ data: { id, deleted: true as const } }, 200);
+  },
+);

@@ -1,0 +1,107 @@
+import { createRoute, z } from "@hono/zod-openapi";
+import { requireScope } from "../auth/middleware";
+import { ApiError } from "../lib/errors";
+import { authErrors, errorResponse, jsonBody, newRouter } from "../lib/router";
+import { dataOf, Ref } from "../lib/schemas";
+import { resolveApp } from "../services/apps";
+import { listEnvVars, setEnvVars, unsetEnvVars } from "../services/env-vars";
+
+const EnvName = z
+  .string()
+  .max(255)
+  .regex(/^[A-Za-z_][A-Za-z0-9_]*$/, "must be a shell variable name (letters, digits, underscores)")
+  .refine((n) => !n.toUpperCase().startsWith("SVC_"), "the SVC_ prefix is reserved for the platform");
+
+const EnvVarSchema = z
+  .object({
+    name: z.string().openapi({ example: "DATABASE_URL" }),
+    updatedAt: z.string(),
+    value: z.string().optional().openapi({ description: "Only with ?reveal=true" }),
+  })
+  .openapi("EnvVar");
+
+const SetEnvBody = z
+  .strictObject({
+    vars: z
+      .record(EnvName, z.string().max(32_768, "must be at most 32 KiB").refine((v) => !v.includes("\0"), "must not contain NUL"))
+      .refine((v) => Object.keys(v).length > 0, "must set at least one variable")
+      .refine((v) => Object.keys(v).length <= 200, "at most 200 variables per request"),
+  })
+  .openapi("SetEnvVars", { example: { vars: { GREETING: "hello", VITE_API_URL: "https://api.example.com" } } });
+
+const AppParam = z.object({ app: Ref.openapi({ description: "App id or name" }) });
+const security = [{ bearerAuth: [] }];
+const listResponse = (description: string) => ({
+  description,
+  content: { "application/json": { schema: dataOf(z.array(EnvVarSchema)) } },
+});
+
+export const envVarRoutes = newRouter();
+envVarRoutes.use("*", requireScope("deploy"));
+
+envVarRoutes.openapi(
+  createRoute({
+    method: "get",
+    path: "/{app}/env",
+    summary: "List an app's env vars",
+    description: "Names and update times; values only with `reveal=true`. Values are encrypted at rest.",
+    tags: ["Env vars"],
+    security,
+    request: {
+      params: AppParam,
+      query: z.object({ reveal: z.enum(["true", "false"]).optional() }),
+    },
+    responses: { 200: listResponse("Variables by name"), ...authErrors, 404: errorResponse("app not found") },
+  }),
+  async (c) => {
+    const app = await resolveApp(c.get("db"), c.get("principal").accountId, c.req.valid("param").app);
+    const reveal = c.req.valid("query").reveal === "true";
+    return c.json({ data: await listEnvVars(c.get("db"), c.get("config"), app.id, reveal) }, 200);
+  },
+);
+
+envVarRoutes.openapi(
+  createRoute({
+    method: "patch",
+    path: "/{app}/env",
+    summary: "Set env vars (merge)",
+    description: "Adds or replaces the given variables; others are kept. All are written or none.",
+    tags: ["Env vars"],
+    security,
+    request: { params: AppParam, body: jsonBody(SetEnvBody) },
+    responses: { 200: listResponse("All variables after the change"), ...authErrors, 404: errorResponse("app not found") },
+  }),
+  async (c) => {
+    const db = c.get("db");
+    const app = await resolveApp(db, c.get("principal").accountId, c.req.valid("param").app);
+    await setEnvVars(db, c.get("config"), app.id, c.req.valid("json").vars);
+    return c.json({ data: await listEnvVars(db, c.get("config"), app.id, false) }, 200);
+  },
+);
+
+envVarRoutes.openapi(
+  createRoute({
+    method: "delete",
+    path: "/{app}/env/{name}",
+    summary: "Unset an env var",
+    tags: ["Env vars"],
+    security,
+    request: { params: AppParam.extend({ name: EnvName }) },
+    responses: {
+      200: {
+        description: "Removed",
+        content: { "application/json": { schema: dataOf(z.object({ name: z.string(), deleted: z.literal(true) })) } },
+      },
+      ...authErrors,
+      404: errorResponse("app not found, or the variable is not set (ENV_VAR_NOT_FOUND)"),
+    },
+  }),
+  async (c) => {
+    const { app: ref, name } = c.req.valid("param");
+    const app = await resolveApp(c.get("db"), c.get("principal").accountId, ref);
+    if ((await unsetEnvVars(c.get("db"), app.id, [name])).length > 0) {
+      throw new ApiError("ENV_VAR_NOT_FOUND", `env var ${name} is not set on app ${app.name}`);
+    }
+    return c.json({ data: { name, deleted: true as const } }, 200);
+  },
+);

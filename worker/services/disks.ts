@@ -1,0 +1,148 @@
+import { and, desc, eq } from "drizzle-orm";
+import { type Db, isUniqueViolation } from "../db/client";
+import { type AppRow, apps, type DiskRow, disks } from "../db/schema";
+import type { Config } from "../env";
+import { destroyDisk, provisionDisk } from "../lib/builder-client";
+import { ApiError } from "../lib/errors";
+import { isId, newId } from "../lib/ids";
+import { iso } from "../lib/time";
+
+export const GIB = 1024 ** 3;
+
+export type DiskView = {
+  id: string;
+  name: string;
+  sizeGb: number;
+  mountPath: string;
+  status: DiskRow["status"];
+  appId: string | null;
+  appName: string | null;
+  inUse: boolean;
+  createdAt: string;
+  updatedAt: string;
+};
+
+type DiskWithApp = { disk: DiskRow; app: Pick<AppRow, "id" | "name" | "status"> | null };
+
+/**
+ * The one definition of "in use" (spec: restore is refused while the disk is in
+ * use): attached to an app that is running. Detaching or stopping frees it.
+ */
+export function isInUse({ app }: DiskWithApp): boolean {
+  return app !== null && app.status === "running";
+}
+
+function viewOf(entry: DiskWithApp): DiskView {
+  const { disk, app } = entry;
+  return {
+    id: disk.id,
+    name: disk.name,
+    sizeGb: disk.sizeGb,
+    mountPath: disk.mountPath,
+    status: disk.status,
+    appId: app?.id ?? null,
+    appName: app?.name ?? null,
+    inUse: isInUse(entry),
+    createdAt: iso(disk.createdAt),
+    updatedAt: iso(disk.updatedAt),
+  };
+}
+
+function selectWithApp(db: Db) {
+  return db
+    .select({ disk: disks, app: { id: apps.id, name: apps.name, status: apps.status } })
+    .from(disks)
+    .leftJoin(apps, eq(disks.appId, apps.id));
+}
+
+/** Finds a disk of the account by id or name, with its app; 404 otherwise. */
+export async function resolveDisk(db: Db, accountId: string, ref: string): Promise<DiskWithApp> {
+  const row = await selectWithApp(db)
+    .where(and(eq(disks.accountId, accountId), isId("disk", ref) ? eq(disks.id, ref) : eq(disks.name, ref)))
+    .get();
+  if (!row) throw new ApiError("DISK_NOT_FOUND", `disk ${ref} not found`);
+  return row;
+}
+
+export async function diskView(db: Db, accountId: string, ref: string): Promise<DiskView> {
+  return viewOf(await resolveDisk(db, accountId, ref));
+}
+
+export async function listDisks(db: Db, accountId: string): Promise<DiskView[]> {
+  const rows = await selectWithApp(db).where(eq(disks.accountId, accountId)).orderBy(desc(disks.createdAt), desc(disks.id));
+  return rows.map(viewOf);
+}
+
+/**
+ * Inserts the row, then provisions the directory on the builder; if the
+ * builder refuses or is unreachable the row is removed again, so a disk either
+ * exists in both places or in neither.
+ */
+export async function createDisk(
+  db: Db,
+  config: Config,
+  accountId: string,
+  input: { name: string; sizeGb: number; mountPath: string },
+): Promise<DiskView> {
+  const now = Date.now();
+  const row: DiskRow = {
+    id: newId("disk"),
+    accountId,
+    name: input.name,
+    sizeGb: input.sizeGb,
+    mountPath: input.mountPath,
+    appId: null,
+    status: "available",
+    createdAt: now,
+    updatedAt: now,
+  };
+  try {
+    await db.insert(disks).values(row);
+  } catch (err) {
+    if (isUniqueViolation(err)) throw new ApiError("NAME_TAKEN", `a disk named "${input.name}" already exists`);
+    throw err;
+  }
+  const provisioned = await provisionDisk(config, row.id, { sizeBytes: row.sizeGb * GIB }).catch(async (err: unknown) => {
+    await db.delete(disks).where(eq(disks.id, row.id));
+    throw err;
+  });
+  if (!provisioned.ok) {
+    await db.delete(disks).where(eq(disks.id, row.id));
+    throw new ApiError("BUILDER_UNAVAILABLE", `the builder could not create the disk: ${provisioned.message}`);
+  }
+  return viewOf({ disk: row, app: null });
+}
+
+export async function attachDisk(db: Db, accountId: string, ref: string, app: AppRow): Promise<DiskView> {
+  const { disk, app: current } = await resolveDisk(db, accountId, ref);
+  if (current && current.id !== app.id) {
+    throw new ApiError("DISK_ATTACHED", `disk ${disk.name} is attached to app ${current.name}; detach it first`);
+  }
+  if (disk.status === "restoring") throw new ApiError("DISK_IN_USE", `disk ${disk.name} is being restored; attach it when the restore ends`);
+  const clash = await db
+    .select({ name: disks.name })
+    .from(disks)
+    .where(and(eq(disks.appId, app.id), eq(disks.mountPath, disk.mountPath)))
+    .get();
+  if (clash && clash.name !== disk.name) {
+    throw new ApiError("DISK_ATTACHED", `app ${app.name} already has disk ${clash.name} at ${disk.mountPath}`);
+  }
+  await db.update(disks).set({ appId: app.id, updatedAt: Date.now() }).where(eq(disks.id, disk.id));
+  return diskView(db, accountId, disk.id);
+}
+
+export async function detachDisk(db: Db, accountId: string, ref: string): Promise<DiskView> {
+  const { disk } = await resolveDisk(db, accountId, ref);
+  await db.update(disks).set({ appId: null, updatedAt: Date.now() }).where(eq(disks.id, disk.id));
+  return diskView(db, accountId, disk.id);
+}
+
+/** Refused while attached; the builder's data goes first so a failure leaves the disk listed. */
+export async function deleteDisk(db: Db, config: Config, accountId: string, ref: string): Promise<string> {
+  const { disk, app } = await resolveDisk(db, accountId, ref);
+  if (app) throw new ApiError("DISK_ATTACHED", `disk ${disk.name} is attached to app ${app.name}; detach it first`);
+  const destroyed = await destroyDisk(config, disk.id);
+  if (!destroyed.ok) throw new ApiError("BUILDER_UNAVAILABLE", `the builder could not delete the disk: ${destroyed.message}`);
+  await db.delete(disks).where(eq(disks.id, disk.id));
+  return disk.id;
+}
