@@ -189,7 +189,8 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
   const builderPort = await freePort();
   const apiUrl = `http://127.0.0.1:${port}`;
   const builderUrl = `http://127.0.0.1:${builderPort}`;
-  const env = { ...process.env, WRANGLER_SEND_METRICS: "false", CI: process.env.CI ?? "" };
+  // Nothing may need the internet: no metrics, no fetch of the `Request.cf` placeholder.
+  const env = { ...process.env, WRANGLER_SEND_METRICS: "false", CLOUDFLARE_CF_FETCH_ENABLED: "false" };
 
   await run(join(BIN, "wrangler"), ["d1", "migrations", "apply", "DB", "--local", "--persist-to", opts.persistDir], env);
 

@@ -1,0 +1,65 @@
+import { mkdtemp } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { type LocalStack, startLocalStack } from "../scripts/local-stack";
+
+export type LoadResult = { requests: number; errors: number; rps: number; p50: number; p99: number };
+
+export function percentile(sorted: number[], p: number): number {
+  if (sorted.length === 0) return Number.NaN;
+  return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]!;
+}
+
+/**
+ * Closed-loop load from this process: `concurrency` workers each send the next
+ * request as soon as the previous answer is read, for `durationMs`. Latencies
+ * in milliseconds; non-2xx/3xx answers count as errors.
+ */
+export async function load(
+  url: string,
+  init: RequestInit,
+  opts: { durationMs: number; concurrency: number; expectStatus?: number },
+): Promise<LoadResult> {
+  const latencies: number[] = [];
+  let errors = 0;
+  const deadline = performance.now() + opts.durationMs;
+  const started = performance.now();
+  await Promise.all(
+    Array.from({ length: opts.concurrency }, async () => {
+      while (performance.now() < deadline) {
+        const t0 = performance.now();
+        try {
+          const res = await fetch(url, init);
+          await res.arrayBuffer();
+          if (res.status !== (opts.expectStatus ?? 200)) errors++;
+        } catch {
+          errors++;
+        }
+        latencies.push(performance.now() - t0);
+      }
+    }),
+  );
+  const elapsed = (performance.now() - started) / 1000;
+  latencies.sort((a, b) => a - b);
+  return {
+    requests: latencies.length,
+    errors,
+    rps: latencies.length / elapsed,
+    p50: percentile(latencies, 50),
+    p99: percentile(latencies, 99),
+  };
+}
+
+/** A throwaway local system (own state, free ports) for one benchmark run. */
+export async function benchStack(): Promise<LocalStack> {
+  const dir = await mkdtemp(join(tmpdir(), "svc-bench-"));
+  return startLocalStack({
+    port: 0,
+    persistDir: join(dir, "state"),
+    stateDir: join(dir, "svc"),
+    secretsFile: join(dir, "dev.vars"),
+    output: "files",
+  });
+}
+
+export const fmt = (n: number, digits = 1) => n.toFixed(digits);
