@@ -29,6 +29,9 @@ export default defineConfig({
                 OPERATOR_TOKEN: "test-operator-token",
                 BUILDER_SECRET: builderSecret,
                 BUILDER_URL: builderUrl,
+                // Nothing listens here: completion reaches the Worker suites by polling,
+                // the path a lost callback takes in production.
+                PUBLIC_URL: "http://127.0.0.1:9",
                 ENV_ENCRYPTION_KEY: "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=",
                 R2_ACCESS_KEY_ID: "test-access-key",
                 R2_SECRET_ACCESS_KEY: "test-secret-access-key",
@@ -41,6 +44,8 @@ export default defineConfig({
           include: ["test/worker/**/*.test.ts"],
           setupFiles: ["./test/worker/apply-migrations.ts"],
           globalSetup: ["./test/support/worker-global-setup.ts"],
+          // cron-parser is CommonJS requiring luxon; pre-bundle it the way wrangler's esbuild does.
+          deps: { optimizer: { ssr: { enabled: true, include: ["cron-parser"] } } },
         },
       },
       {

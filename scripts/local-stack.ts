@@ -200,7 +200,7 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
     dataDir: join(opts.stateDir, "builder"),
     output: opts.output === "files" ? join(opts.stateDir, "builder.log") : "inherit",
   });
-  const vars = { ...secrets, BUILDER_URL: builderUrl, S3_ENDPOINT: `${apiUrl}/storage`, APPS_DOMAIN: `localhost:${port}`, APPS_URL_SCHEME: "http" };
+  const vars = { ...secrets, PUBLIC_URL: apiUrl, BUILDER_URL: builderUrl, S3_ENDPOINT: `${apiUrl}/storage`, APPS_DOMAIN: `localhost:${port}`, APPS_URL_SCHEME: "http" };
   const wrangler = startProcess(
     join(BIN, "wrangler"),
     [

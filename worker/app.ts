@@ -1,4 +1,4 @@
-import type { Context } from "hono";
+import type { Context, MiddlewareHandler } from "hono";
 import { bodyLimit } from "hono/body-limit";
 import { HTTPException } from "hono/http-exception";
 import { requestId } from "hono/request-id";
@@ -11,8 +11,10 @@ import { newRouter } from "./lib/router";
 import { accountRoutes } from "./routes/accounts";
 import { apiKeyRoutes } from "./routes/api-keys";
 import { appRoutes } from "./routes/apps";
+import { cronRoutes } from "./routes/crons";
 import { diskRoutes } from "./routes/disks";
 import { envVarRoutes } from "./routes/env-vars";
+import { internalRoutes } from "./routes/internal";
 
 /** Routes under /v1 reachable without an API key (the operator route checks its own token). */
 const PUBLIC_PATHS = new Set(["/v1/openapi.json", "/v1/accounts"]);
@@ -58,14 +60,15 @@ export function createApp() {
     c.set("db", openDb(c.env.DB));
     await next();
   });
-  app.use("/v1/*", (c, next) =>
+  const limitBody: MiddlewareHandler<AppEnv> = (c, next) =>
     bodyLimit({
       maxSize: c.get("config").MAX_REQUEST_BODY_BYTES,
       onError: () => {
         throw new ApiError("PAYLOAD_TOO_LARGE", `request body exceeds ${c.get("config").MAX_REQUEST_BODY_BYTES} bytes`);
       },
-    })(c, next),
-  );
+    })(c, next);
+  app.use("/v1/*", limitBody);
+  app.use("/internal/*", limitBody);
 
   // Authentication happens once here; routers only check scopes.
   app.use("/v1/*", (c, next) => (PUBLIC_PATHS.has(c.req.path) ? next() : requireKey(c, next)));
@@ -77,6 +80,8 @@ export function createApp() {
   app.route("/v1/apps", appRoutes);
   app.route("/v1/apps", envVarRoutes);
   app.route("/v1/disks", diskRoutes);
+  app.route("/v1/crons", cronRoutes);
+  app.route("/internal", internalRoutes);
 
   app.openAPIRegistry.registerComponent("securitySchemes", "bearerAuth", {
     type: "http",

@@ -1,9 +1,13 @@
 import { z } from "zod";
+import type { CronJob } from "../durable-objects/cron-job";
 
 /** Bindings and vars the Worker is deployed with (wrangler.toml + secrets). */
 export interface Env {
   DB: D1Database;
   BUCKET: R2Bucket;
+  CRON_JOB: DurableObjectNamespace<CronJob>;
+  /** Where the builder can reach this Worker (completion callbacks). */
+  PUBLIC_URL: string;
   APPS_DOMAIN: string;
   APPS_URL_SCHEME: string;
   S3_ENDPOINT: string;
@@ -29,6 +33,7 @@ const positiveInt = z.coerce.number().int().positive();
 const configSchema = z.object({
   APPS_DOMAIN: z.string().min(1),
   APPS_URL_SCHEME: z.enum(["http", "https"]),
+  PUBLIC_URL: z.url(),
   S3_ENDPOINT: z.url(),
   S3_BUCKET: z.string().min(1),
   BUILDER_URL: z.url(),

@@ -1,6 +1,8 @@
 import { createApp } from "./app";
 import type { Env } from "./env";
 
+export { CronJob } from "../durable-objects/cron-job";
+
 const app = createApp();
 
 export default {

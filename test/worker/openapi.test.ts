@@ -8,7 +8,7 @@ type OpenApiDoc = { openapi: string; info: { title: string }; paths: Record<stri
 function registeredRoutes(): string[] {
   const skip = new Set(["/v1/openapi.json", "/healthz"]);
   return createApp()
-    .routes.filter((r) => r.method !== "ALL" && !skip.has(r.path))
+    .routes.filter((r) => r.method !== "ALL" && r.path.startsWith("/v1/") && !skip.has(r.path))
     .map((r) => `${r.method.toLowerCase()} ${r.path.replace(/:([A-Za-z]+)/g, "{$1}").replace(/\/$/, "")}`);
 }
 

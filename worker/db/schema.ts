@@ -132,3 +132,66 @@ export const disks = sqliteTable(
 
 export type AppRow = typeof apps.$inferSelect;
 export type DiskRow = typeof disks.$inferSelect;
+
+export const CONCURRENCY_POLICIES = ["forbid", "allow", "replace"] as const;
+export type ConcurrencyPolicy = (typeof CONCURRENCY_POLICIES)[number];
+
+export const crons = sqliteTable(
+  "crons",
+  {
+    id: text("id").primaryKey(),
+    accountId: text("account_id")
+      .notNull()
+      .references(() => accounts.id, { onDelete: "cascade" }),
+    appId: text("app_id")
+      .notNull()
+      .references(() => apps.id, { onDelete: "cascade" }),
+    name: text("name").notNull(),
+    schedule: text("schedule").notNull(),
+    command: text("command").notNull(),
+    timezone: text("timezone").notNull().default("UTC"),
+    concurrencyPolicy: text("concurrency_policy", { enum: CONCURRENCY_POLICIES }).notNull().default("forbid"),
+    timeoutSeconds: integer("timeout_seconds").notNull().default(3600),
+    enabled: integer("enabled", { mode: "boolean" }).notNull().default(true),
+    /** Scheduled time of the most recent run (manual or scheduled). */
+    lastRunAt: integer("last_run_at"),
+    /** When the job's Durable Object alarm will fire next; null while disabled. */
+    nextRunAt: integer("next_run_at"),
+    createdAt: integer("created_at").notNull(),
+    updatedAt: integer("updated_at").notNull(),
+  },
+  (t) => [uniqueIndex("crons_account_name_idx").on(t.accountId, t.name), index("crons_app_idx").on(t.appId)],
+);
+
+export const CRON_RUN_STATUSES = ["running", "success", "failed"] as const;
+export type CronRunStatus = (typeof CRON_RUN_STATUSES)[number];
+
+export const cronRuns = sqliteTable(
+  "cron_runs",
+  {
+    cronId: text("cron_id")
+      .notNull()
+      .references(() => crons.id, { onDelete: "cascade" }),
+    /** `<name>-<unix seconds>` (scheduled) or `manual-<suffix>-<unix seconds>`: unique per job, so a duplicate alarm is a no-op. */
+    jobName: text("job_name").notNull(),
+    trigger: text("trigger", { enum: ["schedule", "manual"] }).notNull(),
+    status: text("status", { enum: CRON_RUN_STATUSES }).notNull(),
+    scheduledAt: integer("scheduled_at").notNull(),
+    startedAt: integer("started_at").notNull(),
+    finishedAt: integer("finished_at"),
+    exitCode: integer("exit_code"),
+    /** Why a failed run failed, in words (exit code, timeout, builder unreachable, cancelled…). */
+    error: text("error"),
+    builderJobId: text("builder_job_id"),
+    /** Set once the complete log is stored in R2. */
+    logKey: text("log_key"),
+  },
+  (t) => [
+    primaryKey({ columns: [t.cronId, t.jobName] }),
+    index("cron_runs_started_idx").on(t.cronId, t.startedAt),
+    index("cron_runs_running_idx").on(t.status),
+  ],
+);
+
+export type CronRow = typeof crons.$inferSelect;
+export type CronRunRow = typeof cronRuns.$inferSelect;

@@ -1,4 +1,4 @@
-import { BuilderError, DiskInfo, type DiskSpec, signRequest } from "../../builder/src/protocol";
+import { BuilderError, DiskInfo, type DiskSpec, JobStatus, type JobSpec, signRequest } from "../../builder/src/protocol";
 import type { Config } from "../env";
 import { ApiError } from "./errors";
 
@@ -42,4 +42,30 @@ export async function destroyDisk(config: Config, id: string): Promise<BuilderRe
   const res = await builderFetch(config, "DELETE", `/v1/disks/${id}`);
   if (res.ok || res.status === 404) return { ok: true, value: null };
   return failure(res);
+}
+
+/** Starts a job on the builder. */
+export async function submitJob(config: Config, spec: JobSpec): Promise<BuilderResult<JobStatus>> {
+  const res = await builderFetch(config, "POST", "/v1/jobs", spec);
+  if (!res.ok) return failure(res);
+  return { ok: true, value: JobStatus.parse(await res.json()) };
+}
+
+export async function getJob(config: Config, id: string): Promise<BuilderResult<JobStatus>> {
+  const res = await builderFetch(config, "GET", `/v1/jobs/${encodeURIComponent(id)}`);
+  if (!res.ok) return failure(res);
+  return { ok: true, value: JobStatus.parse(await res.json()) };
+}
+
+export async function cancelJob(config: Config, id: string): Promise<BuilderResult<JobStatus>> {
+  const res = await builderFetch(config, "POST", `/v1/jobs/${encodeURIComponent(id)}/cancel`);
+  if (!res.ok) return failure(res);
+  return { ok: true, value: JobStatus.parse(await res.json()) };
+}
+
+/** The job's complete log so far (the builder keeps at most 10 MiB). */
+export async function jobLog(config: Config, id: string): Promise<BuilderResult<string>> {
+  const res = await builderFetch(config, "GET", `/v1/jobs/${encodeURIComponent(id)}/logs?offset=0`);
+  if (!res.ok) return failure(res);
+  return { ok: true, value: await res.text() };
 }

@@ -1,6 +1,6 @@
 import { OpenAPIHono, z } from "@hono/zod-openapi";
 import type { AppEnv } from "../context";
-import { ApiError, type ErrorDetail } from "./errors";
+import { ApiError, type ErrorCode, type ErrorDetail } from "./errors";
 
 const LOCATIONS: Record<string, string> = { json: "", query: "query.", param: "path.", header: "header." };
 
@@ -14,14 +14,34 @@ export function detailsOf(target: string, issues: readonly z.core.$ZodIssue[]): 
 }
 
 /**
+ * A refinement whose failure has its own error code (e.g. INVALID_CRON_EXPRESSION)
+ * rather than VALIDATION_ERROR; `prefix` starts the error message.
+ */
+export function codedIssue(code: ErrorCode, prefix: string, message: string) {
+  return { code: "custom" as const, message, params: { apiCode: code, prefix } };
+}
+
+function codedOf(issues: readonly z.core.$ZodIssue[]): { code: ErrorCode; prefix: string; message: string } | null {
+  for (const issue of issues) {
+    if (issue.code === "custom" && typeof issue.params?.apiCode === "string") {
+      return { code: issue.params.apiCode as ErrorCode, prefix: String(issue.params.prefix), message: issue.message };
+    }
+  }
+  return null;
+}
+
+/**
  * Every router is built here so that validation failures of body, query and
- * path parameters become the same 400 VALIDATION_ERROR envelope.
+ * path parameters become the same 400 envelope: VALIDATION_ERROR, or the code
+ * a refinement asked for through {@link codedIssue}.
  */
 export function newRouter(): OpenAPIHono<AppEnv> {
   return new OpenAPIHono<AppEnv>({
     defaultHook: (result) => {
       if (!result.success) {
         const details = detailsOf(result.target, result.error.issues);
+        const coded = codedOf(result.error.issues);
+        if (coded) throw new ApiError(coded.code, `${coded.prefix}: ${coded.message}`, details);
         const summary = details.map((d) => `${d.field}: ${d.message}`).join("; ");
         throw new ApiError("VALIDATION_ERROR", `invalid request: ${summary}`, details);
       }

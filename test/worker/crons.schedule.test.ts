@@ -1,0 +1,151 @@
+import { runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
+import { describe, expect, it } from "vitest";
+import { nextRuns } from "../../worker/lib/cron";
+import { call, json, newAccount } from "./helpers";
+import { deliverAlarm, newApp, newCron, runs, stubOf, waitForRun } from "./cron-helpers";
+
+const at = (isoTime: string) => Date.parse(isoTime);
+const isoAll = (times: number[]) => times.map((t) => new Date(t).toISOString());
+
+describe("next-run math", () => {
+  it("*/15 * * * * runs on the quarter hours", () => {
+    expect(isoAll(nextRuns("*/15 * * * *", "UTC", at("2026-11-21T10:07:30Z"), 3))).toEqual([
+      "2026-11-21T10:15:00.000Z",
+      "2026-11-21T10:30:00.000Z",
+      "2026-11-21T10:45:00.000Z",
+    ]);
+    // Strictly after: a job due exactly now moves on to the next slot.
+    expect(isoAll(nextRuns("*/15 * * * *", "UTC", at("2026-11-21T10:15:00Z"), 1))).toEqual(["2026-11-21T10:30:00.000Z"]);
+  });
+
+  it("0 9 * * 1-5 skips the weekend", () => {
+    // 2026-11-20 is a Friday.
+    expect(isoAll(nextRuns("0 9 * * 1-5", "UTC", at("2026-11-20T09:00:00Z"), 2))).toEqual([
+      "2026-11-23T09:00:00.000Z",
+      "2026-11-24T09:00:00.000Z",
+    ]);
+  });
+
+  it("0 0 * * 7 is Sunday midnight, the same as 0 0 * * 0", () => {
+    const sevens = nextRuns("0 0 * * 7", "UTC", at("2026-11-21T12:00:00Z"), 3);
+    expect(isoAll(sevens)).toEqual(["2026-11-22T00:00:00.000Z", "2026-11-29T00:00:00.000Z", "2026-12-06T00:00:00.000Z"]);
+    expect(nextRuns("0 0 * * 0", "UTC", at("2026-11-21T12:00:00Z"), 3)).toEqual(sevens);
+  });
+
+  it("follows the job's time zone across a DST change (Europe/Berlin, 2026-10-25)", () => {
+    // 09:00 local is 07:00 UTC in summer time (CEST) and 08:00 UTC after the change to CET.
+    expect(isoAll(nextRuns("0 9 * * *", "Europe/Berlin", at("2026-10-23T12:00:00Z"), 3))).toEqual([
+      "2026-10-24T07:00:00.000Z",
+      "2026-10-25T08:00:00.000Z",
+      "2026-10-26T08:00:00.000Z",
+    ]);
+    // And into summer time (America/New_York, 2026-03-08): 12:00 EST is 17:00 UTC, 12:00 EDT is 16:00 UTC.
+    expect(isoAll(nextRuns("0 12 * * *", "America/New_York", at("2026-03-06T18:00:00Z"), 3))).toEqual([
+      "2026-03-07T17:00:00.000Z",
+      "2026-03-08T16:00:00.000Z",
+      "2026-03-09T16:00:00.000Z",
+    ]);
+  });
+
+  it("a job created in a non-UTC zone is armed at that zone's local time", async () => {
+    const { adminKey: key } = await newAccount();
+    const app = await newApp(key);
+    const cron = await newCron(key, { appId: app.id, schedule: "30 6 * * *", command: "true", timezone: "Asia/Kolkata" });
+    const alarm = await runInDurableObject(stubOf(cron.id), (_i, state) => state.storage.getAlarm());
+    // 06:30 in Kolkata (UTC+05:30, no DST) is 01:00 UTC.
+    expect([new Date(alarm!).getUTCHours(), new Date(alarm!).getUTCMinutes()]).toEqual([1, 0]);
+  });
+});
+
+describe("CronJob alarm", () => {
+  it("runs a due job once as <name>-<unix_seconds>, even when the alarm is delivered twice", async () => {
+    const { adminKey: key } = await newAccount();
+    const app = await newApp(key);
+    const cron = await newCron(key, { appId: app.id, command: "echo scheduled" });
+    const due = Math.floor(Date.now() / 1000) * 1000 - 1000;
+    expect(await deliverAlarm(cron.id, due)).toBe(true);
+    expect(await deliverAlarm(cron.id, due)).toBe(true);
+    const list = await runs(key, cron.id);
+    expect(list.map((r) => r.jobName)).toEqual([`${cron.name}-${due / 1000}`]);
+    const run = await waitForRun(key, cron.id, list[0]!.jobName);
+    expect(run.status).toBe("success");
+    const detail = (await json<{ data: { lastRun: string; nextRun: string } }>(await call(`/v1/crons/${cron.id}`, { key }))).data;
+    expect(Date.parse(detail.lastRun)).toBe(due);
+    expect(Date.parse(detail.nextRun)).toBeGreaterThan(Date.now());
+  });
+
+  it("a late alarm runs once and re-arms at the next slot after now, not a catch-up burst", async () => {
+    const { adminKey: key } = await newAccount();
+    const app = await newApp(key);
+    const cron = await newCron(key, { appId: app.id, schedule: "* * * * *", command: "true" });
+    const anHourAgo = Math.floor(Date.now() / 60_000) * 60_000 - 3_600_000;
+    await deliverAlarm(cron.id, anHourAgo);
+    expect((await runs(key, cron.id)).length).toBe(1);
+    const alarm = await runInDurableObject(stubOf(cron.id), (_i, state) => state.storage.getAlarm());
+    expect(alarm).toBeGreaterThan(Date.now());
+    expect(alarm! - Date.now()).toBeLessThanOrEqual(60_000);
+  });
+
+  it("skips a disabled job and a stopped app without recording a run, and arms the next alarm", async () => {
+    const { adminKey: key } = await newAccount();
+    const running = await newApp(key);
+    const stopped = await newApp(key, "stopped");
+    const disabled = await newCron(key, { appId: running.id, command: "true", enabled: false });
+    const onStopped = await newCron(key, { appId: stopped.id, command: "true" });
+    for (const cron of [disabled, onStopped]) {
+      expect(await deliverAlarm(cron.id, Date.now() - 1000)).toBe(true);
+      expect(await runs(key, cron.id)).toEqual([]);
+      const alarm = await runInDurableObject(stubOf(cron.id), (_i, state) => state.storage.getAlarm());
+      expect(alarm).toBeGreaterThan(Date.now());
+    }
+  });
+
+  it("forbid skips a due run while one is running; allow starts another", async () => {
+    const { adminKey: key } = await newAccount();
+    const app = await newApp(key);
+    for (const [policy, expected] of [
+      ["forbid", 1],
+      ["allow", 2],
+    ] as const) {
+      const cron = await newCron(key, { appId: app.id, command: "sleep 5", concurrencyPolicy: policy });
+      const first = Math.floor(Date.now() / 1000) * 1000 - 2000;
+      await deliverAlarm(cron.id, first);
+      await deliverAlarm(cron.id, first + 1000);
+      const list = await runs(key, cron.id);
+      expect(list.length, policy).toBe(expected);
+      for (const run of list) await call(`/v1/crons/${cron.id}/runs/${run.jobName}/cancel`, { method: "POST", key });
+    }
+  });
+
+  it("replace cancels the running run when the next one is due", async () => {
+    const { adminKey: key } = await newAccount();
+    const app = await newApp(key);
+    const cron = await newCron(key, { appId: app.id, command: "sleep 30", concurrencyPolicy: "replace" });
+    const first = Math.floor(Date.now() / 1000) * 1000 - 2000;
+    await deliverAlarm(cron.id, first);
+    await deliverAlarm(cron.id, first + 1000);
+    const list = await runs(key, cron.id);
+    const old = list.find((r) => r.jobName.endsWith(String(first / 1000)))!;
+    expect(old).toMatchObject({ status: "failed" });
+    expect(old.error).toContain("replaced");
+    await call(`/v1/crons/${cron.id}/runs/${cron.name}-${first / 1000 + 1}/cancel`, { method: "POST", key });
+  });
+
+  it("after delete, a stale alarm does nothing", async () => {
+    const { adminKey: key } = await newAccount();
+    const app = await newApp(key);
+    const cron = await newCron(key, { appId: app.id, command: "true" });
+    const stub = stubOf(cron.id);
+    await call(`/v1/crons/${cron.id}`, { method: "DELETE", key });
+    await runInDurableObject(stub, async (_i, state) => {
+      await state.storage.put("scheduledFor", Date.now() - 1000);
+      await state.storage.setAlarm(Date.now() + 60_000);
+    });
+    expect(await runDurableObjectAlarm(stub)).toBe(true);
+    const left = await runInDurableObject(stub, async (_i, state) => ({
+      alarm: await state.storage.getAlarm(),
+      keys: [...(await state.storage.list()).keys()],
+    }));
+    expect(left).toEqual({ alarm: null, keys: [] });
+  });
+});

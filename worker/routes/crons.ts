@@ -1,0 +1,292 @@
+import { createRoute, z } from "@hono/zod-openapi";
+import { requireScope } from "../auth/middleware";
+import { CONCURRENCY_POLICIES, CRON_RUN_STATUSES } from "../db/schema";
+import { checkSchedule, isTimeZone } from "../lib/cron";
+import { ApiError } from "../lib/errors";
+import { jobLog } from "../lib/builder-client";
+import { authErrors, codedIssue, errorResponse, jsonBody, newRouter } from "../lib/router";
+import { DnsLabel, Deleted, dataOf, Ref } from "../lib/schemas";
+import { resolveApp } from "../services/apps";
+import {
+  createCron,
+  cronDetail,
+  cronStub,
+  cronView,
+  deleteCron,
+  listCrons,
+  listRuns,
+  resolveCron,
+  resolveRun,
+  runView,
+  updateCron,
+} from "../services/crons";
+
+const Schedule = z
+  .string()
+  .superRefine((value, ctx) => {
+    const check = checkSchedule(value);
+    if (!check.ok) ctx.addIssue(codedIssue("INVALID_CRON_EXPRESSION", "invalid cron expression", check.message));
+  })
+  .openapi({ description: "Five fields: minute hour day-of-month month day-of-week", example: "*/15 * * * *" });
+
+const Command = z.string().min(1).max(10_000).refine((c) => !c.includes("\0"), "must not contain NUL");
+const TimeZone = z.string().max(64).refine(isTimeZone, "must be an IANA time zone, e.g. Europe/Berlin");
+const Timeout = z.number().int().min(1).max(43_200);
+
+const CreateCronBody = z
+  .strictObject({
+    appId: Ref.openapi({ description: "App id (or name)" }),
+    name: DnsLabel,
+    schedule: Schedule,
+    command: Command,
+    timezone: TimeZone.default("UTC"),
+    concurrencyPolicy: z.enum(CONCURRENCY_POLICIES).default("forbid"),
+    timeoutSeconds: Timeout.default(3600),
+    enabled: z.boolean().default(true),
+  })
+  .openapi("CreateCron", {
+    example: { appId: "app_0aB1cD2eF3gH4iJ5kL6mN7oP", name: "nightly-report", schedule: "0 3 * * *", command: "npm run report" },
+  });
+
+const UpdateCronBody = z
+  .strictObject({
+    schedule: Schedule.optional(),
+    command: Command.optional(),
+    timezone: TimeZone.optional(),
+    concurrencyPolicy: z.enum(CONCURRENCY_POLICIES).optional(),
+    timeoutSeconds: Timeout.optional(),
+    enabled: z.boolean().optional(),
+  })
+  .refine((b) => Object.keys(b).length > 0, "supply at least one field to change")
+  .openapi("UpdateCron", { example: { schedule: "*/30 * * * *" } });
+
+const CronSchema = z
+  .object({
+    id: z.string(),
+    appId: z.string(),
+    name: z.string(),
+    schedule: z.string(),
+    command: z.string(),
+    enabled: z.boolean(),
+    timezone: z.string(),
+    concurrencyPolicy: z.enum(CONCURRENCY_POLICIES),
+    timeoutSeconds: z.number().int(),
+    createdAt: z.string(),
+    updatedAt: z.string(),
+  })
+  .openapi("Cron");
+
+const CronDetailSchema = CronSchema.extend({
+  lastRun: z.string().nullable(),
+  nextRun: z.string().nullable(),
+  nextRuns: z.array(z.string()).openapi({ description: "The next five run times" }),
+}).openapi("CronDetail");
+
+const RunSchema = z
+  .object({
+    jobName: z.string().openapi({ example: "nightly-report-1795237200" }),
+    status: z.enum(CRON_RUN_STATUSES),
+    trigger: z.enum(["schedule", "manual"]),
+    startedAt: z.string(),
+    finishedAt: z.string().nullable(),
+    exitCode: z.number().int().nullable(),
+    error: z.string().nullable(),
+  })
+  .openapi("CronRun");
+
+const IdParam = z.object({ id: z.string().regex(/^cron_[0-9A-Za-z]{24}$/, "must be a cron job id (cron_…)") });
+const RunParam = IdParam.extend({ jobName: z.string().min(1).max(128) });
+const security = [{ bearerAuth: [] }];
+const json = <T extends z.ZodType>(description: string, schema: T) => ({
+  description,
+  content: { "application/json": { schema } },
+});
+const cronNotFound = { 404: errorResponse("No such cron job in this account (CRON_NOT_FOUND)") };
+
+export const cronRoutes = newRouter();
+cronRoutes.use("*", requireScope("deploy"));
+
+cronRoutes.openapi(
+  createRoute({
+    method: "post",
+    path: "/",
+    summary: "Create a cron job",
+    tags: ["Cron jobs"],
+    security,
+    request: { body: jsonBody(CreateCronBody) },
+    responses: {
+      201: json("Created", dataOf(CronSchema)),
+      ...authErrors,
+      404: errorResponse("app not found"),
+      409: errorResponse("Name taken (NAME_TAKEN)"),
+    },
+  }),
+  async (c) => {
+    const { appId, ...input } = c.req.valid("json");
+    const accountId = c.get("principal").accountId;
+    const app = await resolveApp(c.get("db"), accountId, appId);
+    const row = await createCron(c.get("db"), c.env, accountId, { ...input, appId: app.id });
+    return c.json({ data: cronView(row) }, 201);
+  },
+);
+
+cronRoutes.openapi(
+  createRoute({
+    method: "get",
+    path: "/",
+    summary: "List cron jobs",
+    tags: ["Cron jobs"],
+    security,
+    responses: { 200: json("Cron jobs, newest first", dataOf(z.array(CronSchema))), ...authErrors },
+  }),
+  async (c) => c.json({ data: (await listCrons(c.get("db"), c.get("principal").accountId)).map(cronView) }, 200),
+);
+
+cronRoutes.openapi(
+  createRoute({
+    method: "get",
+    path: "/{id}",
+    summary: "Get a cron job, with its last and next runs",
+    tags: ["Cron jobs"],
+    security,
+    request: { params: IdParam },
+    responses: { 200: json("The job", dataOf(CronDetailSchema)), ...authErrors, ...cronNotFound },
+  }),
+  async (c) => {
+    const row = await resolveCron(c.get("db"), c.get("principal").accountId, c.req.valid("param").id);
+    return c.json({ data: cronDetail(row) }, 200);
+  },
+);
+
+cronRoutes.openapi(
+  createRoute({
+    method: "patch",
+    path: "/{id}",
+    summary: "Update a cron job",
+    description: "Only the supplied fields change; the schedule is re-armed.",
+    tags: ["Cron jobs"],
+    security,
+    request: { params: IdParam, body: jsonBody(UpdateCronBody) },
+    responses: { 200: json("The whole job after the change", dataOf(CronDetailSchema)), ...authErrors, ...cronNotFound },
+  }),
+  async (c) => {
+    const db = c.get("db");
+    const cron = await resolveCron(db, c.get("principal").accountId, c.req.valid("param").id);
+    return c.json({ data: cronDetail(await updateCron(db, c.env, cron, c.req.valid("json"))) }, 200);
+  },
+);
+
+cronRoutes.openapi(
+  createRoute({
+    method: "delete",
+    path: "/{id}",
+    summary: "Delete a cron job, its alarm and its run history",
+    tags: ["Cron jobs"],
+    security,
+    request: { params: IdParam },
+    responses: { 200: json("Deleted", dataOf(Deleted)), ...authErrors, ...cronNotFound },
+  }),
+  async (c) => {
+    const cron = await resolveCron(c.get("db"), c.get("principal").accountId, c.req.valid("param").id);
+    await deleteCron(c.get("db"), c.env, cron);
+    return c.json({ data: { id: cron.id, deleted: true as const } }, 200);
+  },
+);
+
+cronRoutes.openapi(
+  createRoute({
+    method: "post",
+    path: "/{id}/run",
+    summary: "Run a cron job once, now",
+    description: "Manual runs start regardless of the schedule and the concurrency policy.",
+    tags: ["Cron jobs"],
+    security,
+    request: { params: IdParam },
+    responses: {
+      202: json("Started", dataOf(z.object({ jobName: z.string(), status: z.enum(CRON_RUN_STATUSES) }))),
+      ...authErrors,
+      ...cronNotFound,
+      409: errorResponse("The app is stopped (APP_STOPPED)"),
+    },
+  }),
+  async (c) => {
+    const db = c.get("db");
+    const accountId = c.get("principal").accountId;
+    const cron = await resolveCron(db, accountId, c.req.valid("param").id);
+    const app = await resolveApp(db, accountId, cron.appId);
+    if (app.status === "stopped") {
+      throw new ApiError("APP_STOPPED", `app ${app.name} is stopped; restart it (svc apps restart ${app.name}) to run its cron jobs`);
+    }
+    const started = await cronStub(c.env, cron.id).runNow();
+    if (!started) throw new ApiError("CRON_NOT_FOUND", `cron job ${cron.id} not found`);
+    return c.json({ data: started }, 202);
+  },
+);
+
+cronRoutes.openapi(
+  createRoute({
+    method: "get",
+    path: "/{id}/runs",
+    summary: "List a cron job's runs (newest first, last 100 kept)",
+    tags: ["Cron jobs"],
+    security,
+    request: { params: IdParam },
+    responses: { 200: json("Runs", dataOf(z.array(RunSchema))), ...authErrors, ...cronNotFound },
+  }),
+  async (c) => {
+    const cron = await resolveCron(c.get("db"), c.get("principal").accountId, c.req.valid("param").id);
+    return c.json({ data: (await listRuns(c.get("db"), cron.id)).map(runView) }, 200);
+  },
+);
+
+cronRoutes.openapi(
+  createRoute({
+    method: "get",
+    path: "/{id}/runs/{jobName}/logs",
+    summary: "A run's log, while it runs and after",
+    tags: ["Cron jobs"],
+    security,
+    request: { params: RunParam },
+    responses: {
+      200: json("Log lines: `<time> <out|err|svc> <text>`", dataOf(z.object({ logs: z.string() }))),
+      ...authErrors,
+      404: errorResponse("No such cron job (CRON_NOT_FOUND) or run (RUN_NOT_FOUND)"),
+    },
+  }),
+  async (c) => {
+    const { id, jobName } = c.req.valid("param");
+    const cron = await resolveCron(c.get("db"), c.get("principal").accountId, id);
+    const run = await resolveRun(c.get("db"), cron.id, jobName);
+    if (run.logKey) {
+      const object = await c.env.BUCKET.get(run.logKey);
+      return c.json({ data: { logs: object ? await object.text() : "" } }, 200);
+    }
+    const live = run.builderJobId ? await jobLog(c.get("config"), run.builderJobId).catch(() => null) : null;
+    return c.json({ data: { logs: live?.ok ? live.value : "" } }, 200);
+  },
+);
+
+cronRoutes.openapi(
+  createRoute({
+    method: "post",
+    path: "/{id}/runs/{jobName}/cancel",
+    summary: "Cancel a running run",
+    description: "Kills the run's process group. Cancelling a finished run changes nothing.",
+    tags: ["Cron jobs"],
+    security,
+    request: { params: RunParam },
+    responses: {
+      200: json("The run after the request", dataOf(RunSchema)),
+      ...authErrors,
+      404: errorResponse("No such cron job (CRON_NOT_FOUND) or run (RUN_NOT_FOUND)"),
+    },
+  }),
+  async (c) => {
+    const { id, jobName } = c.req.valid("param");
+    const db = c.get("db");
+    const cron = await resolveCron(db, c.get("principal").accountId, id);
+    const run = await resolveRun(db, cron.id, jobName);
+    if (run.status === "running") await cronStub(c.env, cron.id).cancel(jobName);
+    return c.json({ data: runView(await resolveRun(db, cron.id, jobName)) }, 200);
+  },
+);
