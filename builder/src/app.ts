@@ -1,0 +1,239 @@
+/**
+ * The builder's HTTP API in one request handler, shared by the entry point and
+ * anything that embeds the builder. Every route but `GET /healthz` requires a
+ * valid signature (protocol.ts); answers are JSON except the job log.
+ */
+import type { IncomingMessage, ServerResponse } from "node:http";
+import type { z } from "zod";
+import { DiskStore } from "./disks.js";
+import type { JobManager } from "./job-manager.js";
+import { streamLog } from "./logs.js";
+import { type BuilderError, type BuilderErrorCode, DiskSpec, JobSpec, type NonceCache, verifyRequest } from "./protocol.js";
+
+/** Largest request body accepted (a JobSpec holds at most a 100k-character command plus env). */
+const MAX_BODY_BYTES = 1024 * 1024;
+
+/** What the handler works with. */
+export interface BuilderServices {
+  secret: string;
+  jobs: JobManager;
+  disks: DiskStore;
+  nonces: NonceCache;
+}
+
+interface RouteContext {
+  params: string[];
+  url: URL;
+  body: Buffer;
+  response: ServerResponse;
+}
+
+interface Route {
+  method: string;
+  pattern: RegExp;
+  handle: (context: RouteContext) => Promise<void>;
+}
+
+function sendJson(response: ServerResponse, status: number, body: unknown): void {
+  const text = JSON.stringify(body);
+  response.writeHead(status, { "Content-Type": "application/json; charset=utf-8", "Content-Length": Buffer.byteLength(text) });
+  response.end(text);
+}
+
+function sendError(response: ServerResponse, status: number, code: BuilderErrorCode, message: string, details?: unknown): void {
+  const body: BuilderError = { error: { code, message, ...(details === undefined ? {} : { details }) } };
+  sendJson(response, status, body);
+}
+
+/** Parses and validates a JSON body; on failure the 400 is already sent and null returned. */
+function parseBody<T extends z.ZodType>(schema: T, context: RouteContext): z.infer<T> | null {
+  let value: unknown;
+  try {
+    value = JSON.parse(context.body.toString("utf8"));
+  } catch {
+    sendError(context.response, 400, "VALIDATION_ERROR", "body is not valid JSON");
+    return null;
+  }
+  const parsed = schema.safeParse(value);
+  if (!parsed.success) {
+    const details = parsed.error.issues.map((issue) => ({ path: issue.path.join("."), message: issue.message }));
+    sendError(context.response, 400, "VALIDATION_ERROR", "body does not match the schema", details);
+    return null;
+  }
+  return parsed.data;
+}
+
+function diskId(context: RouteContext): string | null {
+  const id = context.params[0] ?? "";
+  if (DiskStore.isValidId(id)) return id;
+  sendError(context.response, 400, "VALIDATION_ERROR", "disk id must match ^[A-Za-z0-9_-]{1,64}$", [
+    { path: "id", message: "invalid disk id" },
+  ]);
+  return null;
+}
+
+function routes({ jobs, disks }: BuilderServices): Route[] {
+  const jobNotFound = (response: ServerResponse) => sendError(response, 404, "JOB_NOT_FOUND", "job not found");
+  return [
+    {
+      method: "POST",
+      pattern: /^\/v1\/jobs$/,
+      async handle(context) {
+        const spec = parseBody(JobSpec, context);
+        if (!spec) return;
+        const status = await jobs.submit(spec);
+        if (status) sendJson(context.response, 201, status);
+        else sendError(context.response, 503, "UNAVAILABLE", "builder is shutting down; retry on another instance");
+      },
+    },
+    {
+      method: "GET",
+      pattern: /^\/v1\/jobs\/([^/]+)$/,
+      async handle({ params, response }) {
+        const status = jobs.status(params[0] ?? "");
+        if (status) sendJson(response, 200, status);
+        else jobNotFound(response);
+      },
+    },
+    {
+      method: "GET",
+      pattern: /^\/v1\/jobs\/([^/]+)\/logs$/,
+      async handle({ params, url, response }) {
+        const source = jobs.logSource(params[0] ?? "");
+        if (!source) return jobNotFound(response);
+        const offsetParam = url.searchParams.get("offset") ?? "0";
+        if (!/^\d{1,15}$/.test(offsetParam)) {
+          return sendError(response, 400, "VALIDATION_ERROR", "offset must be a non-negative integer", [
+            { path: "offset", message: "expected a non-negative integer" },
+          ]);
+        }
+        const follow = ["1", "true"].includes(url.searchParams.get("follow") ?? "");
+        response.writeHead(200, {
+          "Content-Type": "text/plain; charset=utf-8",
+          "Cache-Control": "no-store",
+          "X-Content-Type-Options": "nosniff",
+        });
+        await streamLog(source, Number(offsetParam), follow, response);
+      },
+    },
+    {
+      method: "POST",
+      pattern: /^\/v1\/jobs\/([^/]+)\/cancel$/,
+      async handle({ params, response }) {
+        const status = await jobs.cancel(params[0] ?? "");
+        if (status) sendJson(response, 200, status);
+        else jobNotFound(response);
+      },
+    },
+    {
+      method: "PUT",
+      pattern: /^\/v1\/disks\/([^/]+)$/,
+      async handle(context) {
+        const id = diskId(context);
+        if (id === null) return;
+        const spec = parseBody(DiskSpec, context);
+        if (!spec) return;
+        const { info, created } = await disks.put(id, spec.sizeBytes);
+        sendJson(context.response, created ? 201 : 200, info);
+      },
+    },
+    {
+      method: "GET",
+      pattern: /^\/v1\/disks\/([^/]+)$/,
+      async handle(context) {
+        const id = diskId(context);
+        if (id === null) return;
+        const info = await disks.info(id);
+        if (info) sendJson(context.response, 200, info);
+        else sendError(context.response, 404, "DISK_NOT_FOUND", "disk not found");
+      },
+    },
+    {
+      method: "DELETE",
+      pattern: /^\/v1\/disks\/([^/]+)$/,
+      async handle(context) {
+        const id = diskId(context);
+        if (id === null) return;
+        if (jobs.diskInUse(id)) return sendError(context.response, 409, "DISK_BUSY", "disk is used by a queued or running job");
+        if (!(await disks.remove(id))) return sendError(context.response, 404, "DISK_NOT_FOUND", "disk not found");
+        context.response.writeHead(204).end();
+      },
+    },
+  ];
+}
+
+/** Reads the body up to `limit` bytes; "too_large" as soon as it is exceeded. */
+function readBody(request: IncomingMessage, limit: number): Promise<Buffer | "too_large"> {
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    request.on("data", (chunk: Buffer) => {
+      size += chunk.length;
+      if (size > limit) {
+        request.pause();
+        resolve("too_large");
+      } else {
+        chunks.push(chunk);
+      }
+    });
+    request.on("end", () => resolve(Buffer.concat(chunks)));
+    request.on("error", reject);
+  });
+}
+
+function tooLarge(request: IncomingMessage, response: ServerResponse): void {
+  response.setHeader("Connection", "close");
+  response.once("finish", () => request.destroy());
+  sendError(response, 413, "PAYLOAD_TOO_LARGE", `request body exceeds ${MAX_BODY_BYTES} bytes`);
+}
+
+/** Builds the request handler: authentication, routing, error envelope. */
+export function createRequestHandler(services: BuilderServices): (request: IncomingMessage, response: ServerResponse) => void {
+  const table = routes(services);
+
+  const handle = async (request: IncomingMessage, response: ServerResponse): Promise<void> => {
+    const target = request.url ?? "/";
+    const method = request.method ?? "GET";
+    const url = new URL(target, "http://builder.invalid");
+    if (method === "GET" && url.pathname === "/healthz") return sendJson(response, 200, { ok: true });
+
+    if (Number(request.headers["content-length"] ?? 0) > MAX_BODY_BYTES) return tooLarge(request, response);
+    const body = await readBody(request, MAX_BODY_BYTES);
+    if (body === "too_large") return tooLarge(request, response);
+
+    const verdict = await verifyRequest({
+      secret: services.secret,
+      method,
+      path: target,
+      body,
+      headers: {
+        get: (name) => {
+          const value = request.headers[name.toLowerCase()];
+          return typeof value === "string" ? value : null;
+        },
+      },
+    });
+    if (!verdict.ok) return sendError(response, 401, "UNAUTHORIZED", verdict.reason);
+    if (!services.nonces.use(verdict.nonce, verdict.timestamp)) {
+      return sendError(response, 401, "UNAUTHORIZED", "replayed request: nonce already used");
+    }
+
+    const matching = table.filter((route) => route.pattern.test(url.pathname));
+    const route = matching.find((candidate) => candidate.method === method);
+    if (!route) {
+      if (matching.length === 0) return sendError(response, 404, "NOT_FOUND", `no route for ${url.pathname}`);
+      response.setHeader("Allow", matching.map((candidate) => candidate.method).join(", "));
+      return sendError(response, 405, "METHOD_NOT_ALLOWED", `${method} is not allowed on ${url.pathname}`);
+    }
+    const params = route.pattern.exec(url.pathname)?.slice(1) ?? [];
+    await route.handle({ params, url, body, response });
+  };
+
+  return (request, response) => {
+    handle(request, response).catch((error: unknown) => {
+      console.error(`builder: ${request.method} ${request.url} failed:`, error);
+      if (!response.headersSent) sendError(response, 500, "INTERNAL", "internal error");
+      else response.destroy();
+    });
+  };
+}

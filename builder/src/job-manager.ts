@@ -1,0 +1,356 @@
+/**
+ * The builder's jobs: admission (at most N at once, the rest queued in order),
+ * records that outlive the process (`jobs/<id>/status.json` + `jobs/<id>/log`,
+ * kept 24 h so the Worker can poll after a lost callback), cancellation, and the
+ * completion callback. Running one job is `runJob`'s business, not this file's.
+ */
+import { randomBytes } from "node:crypto";
+import { mkdir, readFile, readdir, rename, rm, stat, writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import { deliverCallback } from "./callback.js";
+import type { DiskStore } from "./disks.js";
+import { runJob } from "./jobs/run.js";
+import type { LogSource } from "./logs.js";
+import { type JobSpec, JobStatus } from "./protocol.js";
+import { type CgroupV2, JobLog, type JobUser, type SandboxOutcome } from "./sandbox.js";
+
+/** How long finished jobs (status and log) stay available. */
+const JOB_RETENTION_MS = 24 * 60 * 60 * 1000;
+const PRUNE_INTERVAL_MS = 60 * 60 * 1000;
+const SHUTDOWN_WAIT_MS = 10_000;
+const JOB_ID_PATTERN = /^job_[0-9A-Za-z]{24}$/;
+const BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+
+/** `job_` + 24 random base62 characters, like every id on the platform (DESIGN §3). */
+function newJobId(): string {
+  let id = "";
+  while (id.length < 24) {
+    for (const byte of randomBytes(32)) {
+      // 248 = 4 × 62: rejecting the rest keeps every character equally likely.
+      if (byte < 248 && id.length < 24) id += BASE62[byte % 62];
+    }
+  }
+  return `job_${id}`;
+}
+
+/** Wakes everyone waiting for "something happened" on one job. */
+class Changes {
+  #waiters: Array<() => void> = [];
+
+  wait(): Promise<void> {
+    return new Promise((resolve) => this.#waiters.push(resolve));
+  }
+
+  notify(): void {
+    const waiters = this.#waiters;
+    this.#waiters = [];
+    for (const resolve of waiters) resolve();
+  }
+}
+
+interface JobEntry {
+  status: JobStatus;
+  dir: string;
+  /** Held only until the job ends: its env may carry the app's secrets. */
+  spec: JobSpec | null;
+  log: JobLog | null;
+  abort: AbortController;
+  changes: Changes;
+  /** Resolves once the final status is recorded on disk. */
+  finished: Promise<void>;
+  markFinished: () => void;
+}
+
+/** What the manager needs from the server. */
+export interface JobManagerOptions {
+  dataDir: string;
+  maxConcurrent: number;
+  secret: string;
+  disks: DiskStore;
+  cgroups: CgroupV2 | null;
+  user: JobUser | null;
+}
+
+const isFinal = (status: JobStatus["status"]) => status === "succeeded" || status === "failed" || status === "cancelled";
+
+/** Owns every job of this builder process. */
+export class JobManager {
+  readonly #options: JobManagerOptions;
+  readonly #jobsDir: string;
+  readonly #jobs = new Map<string, JobEntry>();
+  readonly #queue: JobEntry[] = [];
+  readonly #diskUse = new Map<string, number>();
+  readonly #stopCallbacks = new AbortController();
+  #running = 0;
+  #closing = false;
+  #pruneTimer: NodeJS.Timeout | undefined;
+
+  private constructor(options: JobManagerOptions) {
+    this.#options = options;
+    this.#jobsDir = join(options.dataDir, "jobs");
+  }
+
+  /** Loads the records a previous process left (ending its unfinished jobs) and starts pruning. */
+  static async open(options: JobManagerOptions): Promise<JobManager> {
+    const manager = new JobManager(options);
+    await mkdir(manager.#jobsDir, { recursive: true, mode: 0o711 });
+    await manager.#recover();
+    manager.#pruneTimer = setInterval(() => void manager.#prune(), PRUNE_INTERVAL_MS);
+    manager.#pruneTimer.unref();
+    return manager;
+  }
+
+  /** Accepts a job: it starts at once, or queues while the builder is at its limit; null once shutting down. */
+  async submit(spec: JobSpec): Promise<JobStatus | null> {
+    if (this.#closing) return null;
+    const id = newJobId();
+    const dir = join(this.#jobsDir, id);
+    await mkdir(dir, { mode: 0o711 });
+    let markFinished = () => {};
+    const finished = new Promise<void>((resolve) => {
+      markFinished = resolve;
+    });
+    const entry: JobEntry = {
+      status: {
+        id,
+        status: "queued",
+        reason: null,
+        exitCode: null,
+        signal: null,
+        error: null,
+        peakMemoryBytes: 0,
+        logBytes: 0,
+        logTruncated: false,
+        createdAt: new Date().toISOString(),
+        startedAt: null,
+        finishedAt: null,
+        labels: spec.labels ?? {},
+      },
+      dir,
+      spec,
+      log: null,
+      abort: new AbortController(),
+      changes: new Changes(),
+      finished,
+      markFinished,
+    };
+    this.#jobs.set(id, entry);
+    if (spec.disk) this.#diskUse.set(spec.disk.id, (this.#diskUse.get(spec.disk.id) ?? 0) + 1);
+    this.#queue.push(entry);
+    this.#pump();
+    if (entry.status.status === "queued") await this.#persist(entry);
+    return this.#snapshot(entry);
+  }
+
+  /** The job's current status, or null for an unknown (or pruned) id. */
+  status(id: string): JobStatus | null {
+    const entry = this.#entry(id);
+    return entry ? this.#snapshot(entry) : null;
+  }
+
+  /** Cancels a queued or running job and answers once it has ended; a finished job is left as it was. */
+  async cancel(id: string): Promise<JobStatus | null> {
+    const entry = this.#entry(id);
+    if (!entry) return null;
+    if (entry.status.status === "queued") {
+      this.#queue.splice(this.#queue.indexOf(entry), 1);
+      await this.#finish(entry, { exitCode: null, signal: null, reason: "cancelled", error: "cancelled", peakMemoryBytes: 0 });
+    } else if (entry.status.status === "running") {
+      entry.abort.abort("cancelled");
+      await entry.finished;
+    }
+    return this.#snapshot(entry);
+  }
+
+  /** The job's log as the log route reads it, or null for an unknown id. */
+  logSource(id: string): LogSource | null {
+    const entry = this.#entry(id);
+    if (!entry) return null;
+    return {
+      path: join(entry.dir, "log"),
+      // Live jobs count flushed bytes; finished ones their recorded size; queued ones have no log yet.
+      available: () => entry.log?.bytes ?? (isFinal(entry.status.status) ? entry.status.logBytes : 0),
+      ended: () => isFinal(entry.status.status),
+      changed: () => entry.changes.wait(),
+    };
+  }
+
+  /** Whether a queued or running job names this disk (it must not be deleted then). */
+  diskInUse(diskId: string): boolean {
+    return (this.#diskUse.get(diskId) ?? 0) > 0;
+  }
+
+  /** Ends every job (queued ones without running them) and stops retrying callbacks. */
+  async shutdown(): Promise<void> {
+    this.#closing = true;
+    clearInterval(this.#pruneTimer);
+    const outcome: SandboxOutcome = {
+      exitCode: null,
+      signal: null,
+      reason: "error",
+      error: "builder shut down before the job started",
+      peakMemoryBytes: 0,
+    };
+    for (const entry of this.#queue.splice(0)) await this.#finish(entry, outcome);
+    const running = [...this.#jobs.values()].filter((entry) => entry.status.status === "running");
+    for (const entry of running) entry.abort.abort("shutdown");
+    await Promise.race([
+      Promise.all(running.map((entry) => entry.finished)),
+      new Promise((resolve) => setTimeout(resolve, SHUTDOWN_WAIT_MS).unref()),
+    ]);
+    this.#stopCallbacks.abort();
+  }
+
+  #entry(id: string): JobEntry | undefined {
+    return JOB_ID_PATTERN.test(id) ? this.#jobs.get(id) : undefined;
+  }
+
+  #snapshot(entry: JobEntry): JobStatus {
+    const { status, log } = entry;
+    return {
+      ...status,
+      logBytes: log ? log.bytes : status.logBytes,
+      logTruncated: log ? log.truncated : status.logTruncated,
+      labels: { ...status.labels },
+    };
+  }
+
+  #pump(): void {
+    while (this.#running < this.#options.maxConcurrent && this.#queue.length > 0) {
+      const entry = this.#queue.shift()!;
+      this.#running++;
+      entry.status.status = "running";
+      entry.status.startedAt = new Date().toISOString();
+      void this.#execute(entry);
+    }
+  }
+
+  async #execute(entry: JobEntry): Promise<void> {
+    const spec = entry.spec!;
+    let outcome: SandboxOutcome;
+    let recorded: Promise<void> = Promise.resolve();
+    try {
+      entry.log = await JobLog.open(join(entry.dir, "log"), () => entry.changes.notify());
+      // Recording "running" (so a restart can tell the job was cut short) need not delay the command.
+      recorded = this.#persist(entry);
+      outcome = await runJob({
+        id: entry.status.id,
+        spec,
+        jobDir: entry.dir,
+        log: entry.log,
+        disks: this.#options.disks,
+        cgroups: this.#options.cgroups,
+        user: this.#options.user,
+        signal: entry.abort.signal,
+      });
+    } catch (error) {
+      const message = error instanceof Error ? error.message : String(error);
+      console.error(`builder: job ${entry.status.id} failed inside the builder: ${message}`);
+      entry.log?.note("job failed: internal error in the builder");
+      outcome = { exitCode: null, signal: null, reason: "error", error: `internal error: ${message}`, peakMemoryBytes: 0 };
+    }
+    await entry.log?.close().catch((error: unknown) => console.error(`builder: closing log failed: ${String(error)}`));
+    await recorded;
+    this.#running--;
+    await this.#finish(entry, outcome);
+    this.#pump();
+  }
+
+  async #finish(entry: JobEntry, outcome: SandboxOutcome): Promise<void> {
+    const { status } = entry;
+    const callbackUrl = entry.spec?.callbackUrl;
+    const diskId = entry.spec?.disk?.id;
+    status.status = outcome.reason === null ? "succeeded" : outcome.reason === "cancelled" ? "cancelled" : "failed";
+    status.reason = outcome.reason;
+    status.exitCode = outcome.exitCode;
+    status.signal = outcome.signal;
+    status.error = outcome.error;
+    status.peakMemoryBytes = outcome.peakMemoryBytes;
+    status.logBytes = entry.log?.bytes ?? status.logBytes;
+    status.logTruncated = entry.log?.truncated ?? status.logTruncated;
+    status.finishedAt = new Date().toISOString();
+    entry.log = null;
+    entry.spec = null;
+    if (diskId !== undefined) {
+      const users = (this.#diskUse.get(diskId) ?? 1) - 1;
+      if (users > 0) this.#diskUse.set(diskId, users);
+      else this.#diskUse.delete(diskId);
+    }
+    entry.changes.notify();
+    await this.#persist(entry);
+    entry.markFinished();
+    if (callbackUrl) {
+      void deliverCallback({
+        url: callbackUrl,
+        status: this.#snapshot(entry),
+        secret: this.#options.secret,
+        signal: this.#stopCallbacks.signal,
+      });
+    }
+  }
+
+  /** Writes status.json atomically, so a crash leaves the old or the new record, never half. */
+  async #persist(entry: JobEntry): Promise<void> {
+    try {
+      const temporary = join(entry.dir, "status.json.tmp");
+      await writeFile(temporary, JSON.stringify(this.#snapshot(entry)), { mode: 0o600 });
+      await rename(temporary, join(entry.dir, "status.json"));
+    } catch (error) {
+      console.error(`builder: could not record job ${entry.status.id}: ${String(error)}`);
+    }
+  }
+
+  async #recover(): Promise<void> {
+    const cutoff = Date.now() - JOB_RETENTION_MS;
+    for (const name of await readdir(this.#jobsDir)) {
+      const dir = join(this.#jobsDir, name);
+      let status: JobStatus | null = null;
+      try {
+        const parsed = JobStatus.safeParse(JSON.parse(await readFile(join(dir, "status.json"), "utf8")));
+        if (parsed.success && parsed.data.id === name) status = parsed.data;
+      } catch {
+        status = null;
+      }
+      if (!status || (status.finishedAt !== null && Date.parse(status.finishedAt) < cutoff)) {
+        await rm(dir, { recursive: true, force: true });
+        continue;
+      }
+      const entry: JobEntry = {
+        status,
+        dir,
+        spec: null,
+        log: null,
+        abort: new AbortController(),
+        changes: new Changes(),
+        finished: Promise.resolve(),
+        markFinished: () => {},
+      };
+      this.#jobs.set(name, entry);
+      if (!isFinal(status.status)) {
+        await rm(join(dir, "work"), { recursive: true, force: true });
+        status.logBytes = await stat(join(dir, "log")).then(
+          (stats) => stats.size,
+          () => 0,
+        );
+        await this.#finish(entry, {
+          exitCode: null,
+          signal: null,
+          reason: "error",
+          error: "builder restarted before the job finished",
+          peakMemoryBytes: 0,
+        });
+      }
+    }
+  }
+
+  async #prune(): Promise<void> {
+    const cutoff = Date.now() - JOB_RETENTION_MS;
+    for (const [id, entry] of this.#jobs) {
+      const { finishedAt } = entry.status;
+      if (finishedAt !== null && Date.parse(finishedAt) < cutoff) {
+        this.#jobs.delete(id);
+        await rm(entry.dir, { recursive: true, force: true });
+      }
+    }
+  }
+}

@@ -1,0 +1,155 @@
+/**
+ * Runs the real builder as a child process for tests and benchmarks (builder,
+ * CLI and end-to-end suites share it), and talks to it the way the Worker does:
+ * every request signed with the shared secret.
+ */
+import { type ChildProcess, spawn } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { type JobSpec, JobStatus, signRequest } from "../../builder/src/protocol.js";
+
+const repoRoot = fileURLToPath(new URL("../..", import.meta.url));
+
+/** Options of {@link startBuilder}; everything has a throwaway default. */
+export interface StartBuilderOptions {
+  /** Shared HMAC secret; random by default. */
+  secret?: string;
+  /** Data directory; a fresh temporary one (removed by stop()) by default. */
+  dataDir?: string;
+  /** Extra environment for the builder (BUILDER_MAX_CONCURRENT_JOBS, BUILDER_JOB_USER, …). */
+  env?: Record<string, string>;
+}
+
+/** A running builder. */
+export interface BuilderProcess {
+  /** Base URL, e.g. `http://127.0.0.1:41234`. */
+  url: string;
+  secret: string;
+  dataDir: string;
+  pid: number;
+  /** Everything the builder printed so far (stdout and stderr). */
+  output(): string;
+  /** SIGTERM (the builder ends its jobs), SIGKILL after 15 s; removes a temporary data dir. */
+  stop(): Promise<void>;
+}
+
+function exitOf(child: ChildProcess): Promise<void> {
+  return new Promise((resolve) => {
+    if (child.exitCode !== null || child.signalCode !== null) resolve();
+    else child.once("exit", () => resolve());
+  });
+}
+
+/** Starts `builder/src/server.ts` on a free port and resolves once it listens. */
+export async function startBuilder(options: StartBuilderOptions = {}): Promise<BuilderProcess> {
+  const ownDataDir = options.dataDir === undefined;
+  const dataDir = options.dataDir ?? (await mkdtemp(join(tmpdir(), "svc-builder-")));
+  const secret = options.secret ?? randomBytes(24).toString("hex");
+  const child = spawn(process.execPath, ["--import", "tsx", "builder/src/server.ts"], {
+    cwd: repoRoot,
+    env: {
+      PATH: process.env.PATH ?? "/usr/bin:/bin",
+      BUILDER_SECRET: secret,
+      BUILDER_PORT: "0",
+      BUILDER_HOST: "127.0.0.1",
+      BUILDER_DATA_DIR: dataDir,
+      ...options.env,
+    },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let output = "";
+  const url = await new Promise<string>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`builder did not start within 30 s:\n${output}`)), 30_000);
+    const onData = (chunk: Buffer) => {
+      output += chunk.toString("utf8");
+      const match = /builder listening on (http:\/\/\S+)/.exec(output);
+      if (match?.[1]) {
+        clearTimeout(timer);
+        resolve(match[1]);
+      }
+    };
+    child.stdout?.on("data", onData);
+    child.stderr?.on("data", onData);
+    child.once("exit", (code) => {
+      clearTimeout(timer);
+      reject(new Error(`builder exited with code ${code} before listening:\n${output}`));
+    });
+  });
+  return {
+    url,
+    secret,
+    dataDir,
+    pid: child.pid ?? 0,
+    output: () => output,
+    async stop() {
+      const exited = exitOf(child);
+      child.kill("SIGTERM");
+      const killer = setTimeout(() => child.kill("SIGKILL"), 15_000);
+      await exited;
+      clearTimeout(killer);
+      if (ownDataDir) await rm(dataDir, { recursive: true, force: true });
+    },
+  };
+}
+
+/** Where and how to reach a builder. */
+export interface BuilderTarget {
+  url: string;
+  secret: string;
+}
+
+/** Options of {@link signedFetch}: an object body is sent as JSON. */
+export interface SignedFetchInit {
+  method?: string;
+  body?: string | object;
+  headers?: Record<string, string>;
+}
+
+/** Sends one request signed like the Worker's. */
+export async function signedFetch(target: BuilderTarget, path: string, init: SignedFetchInit = {}): Promise<Response> {
+  const method = init.method ?? "GET";
+  const body = init.body === undefined ? undefined : typeof init.body === "string" ? init.body : JSON.stringify(init.body);
+  const signature = await signRequest({ secret: target.secret, method, path, body: body ?? "" });
+  return fetch(target.url + path, {
+    method,
+    body,
+    headers: { ...(body === undefined ? {} : { "Content-Type": "application/json" }), ...signature, ...init.headers },
+  });
+}
+
+/** Submits a job; throws unless the builder accepted it. */
+export async function submitJob(target: BuilderTarget, spec: Partial<JobSpec> & { command: string }): Promise<JobStatus> {
+  const response = await signedFetch(target, "/v1/jobs", {
+    method: "POST",
+    body: { env: {}, timeoutSeconds: 60, memoryMb: 512, ...spec },
+  });
+  if (response.status !== 201) throw new Error(`submit failed: ${response.status} ${await response.text()}`);
+  return JobStatus.parse(await response.json());
+}
+
+/** Reads the job's log (following it, so this returns when the job has ended). */
+export async function followLog(target: BuilderTarget, id: string, offset = 0): Promise<string> {
+  const response = await signedFetch(target, `/v1/jobs/${id}/logs?offset=${offset}&follow=1`);
+  if (response.status !== 200) throw new Error(`log failed: ${response.status} ${await response.text()}`);
+  return response.text();
+}
+
+/** The job's current status. */
+export async function jobStatus(target: BuilderTarget, id: string): Promise<JobStatus> {
+  const response = await signedFetch(target, `/v1/jobs/${id}`);
+  if (response.status !== 200) throw new Error(`status failed: ${response.status} ${await response.text()}`);
+  return JobStatus.parse(await response.json());
+}
+
+/** Submits a job and waits for its end: final status plus the whole log. */
+export async function runToEnd(
+  target: BuilderTarget,
+  spec: Partial<JobSpec> & { command: string },
+): Promise<{ status: JobStatus; log: string }> {
+  const submitted = await submitJob(target, spec);
+  const log = await followLog(target, submitted.id);
+  return { status: await jobStatus(target, submitted.id), log };
+}
