@@ -1,0 +1,159 @@
+import { type Call, path } from "../api.js";
+import { defineCommand, type Group } from "../command.js";
+import { ago, CliError, fields, table, when } from "../output.js";
+import { positiveInteger } from "../parse.js";
+import { confirm } from "../prompt.js";
+
+/** An application as the API returns it. */
+export type App = {
+  id: string;
+  name: string;
+  runtime: string;
+  status: "running" | "stopped";
+  url: string;
+  memoryMb: number;
+  activeDeploymentId: string | null;
+  disks: { id: string; name: string; mountPath: string; sizeGb: number }[];
+  createdAt: string;
+  updatedAt: string;
+};
+
+const RUNTIMES = "static, node, python, ruby, go, rust, php, elixir, docker";
+
+/** Error context for a call about one app, so "not found" names the list command and the app. */
+function aboutApp(what: string, app: string): Call {
+  return { what, hints: { APP_NOT_FOUND: `no app "${app}" in this account: \`svc apps list\` shows the names and ids` } };
+}
+
+function describe(app: App): string {
+  const disks = app.disks.length
+    ? app.disks.map((d) => `${d.name} (${d.id}) ${d.sizeGb} GB at ${d.mountPath}`).join("\n")
+    : "none";
+  return fields([
+    ["id", app.id],
+    ["name", app.name],
+    ["runtime", app.runtime],
+    ["status", app.status],
+    ["url", app.url],
+    ["memory", `${app.memoryMb} MB`],
+    ["deployment", app.activeDeploymentId ?? "none yet"],
+    ["disks", disks],
+    ["created", when(app.createdAt)],
+    ["updated", when(app.updatedAt)],
+  ]);
+}
+
+const create = defineCommand({
+  name: "create",
+  summary: "Create an app",
+  description: `Runtimes: ${RUNTIMES}. The name becomes the app's subdomain, so it is unique across the
+whole service: lower-case letters, digits and hyphens.`,
+  options: {
+    name: { type: "string", value: "name", description: "app name (a DNS label, e.g. my-site)", required: true },
+    runtime: { type: "string", value: "runtime", description: RUNTIMES, required: true },
+    memory: { type: "string", value: "MB", description: "memory limit in MB (default chosen by the API)" },
+  },
+  examples: ["svc apps create --name my-site --runtime static", "svc apps create --name api --runtime node --memory 1024"],
+  async run({ opts, out, api, fail }) {
+    const memoryMb = opts.memory === undefined ? undefined : positiveInteger(opts.memory, "--memory", fail);
+    const app = await (await api()).data<App>(
+      "POST",
+      "/v1/apps",
+      { name: opts.name, runtime: opts.runtime, ...(memoryMb ? { memoryMb } : {}) },
+      {
+        what: `create app ${opts.name}`,
+        flags: { name: "--name", runtime: "--runtime", memoryMb: "--memory" },
+        hints: { NAME_TAKEN: "app names are subdomains, unique across the whole service: choose another --name" },
+      },
+    );
+    out.result(app, `Created app ${app.name}\n${describe(app)}`);
+  },
+});
+
+const list = defineCommand({
+  name: "list",
+  summary: "List your apps",
+  options: {},
+  async run({ out, api }) {
+    const apps = await (await api()).data<App[]>("GET", "/v1/apps", undefined, { what: "list apps" });
+    const human =
+      apps.length === 0
+        ? "No apps yet. Create one: svc apps create --name <name> --runtime <runtime>"
+        : table(apps, [
+            ["NAME", (a) => a.name],
+            ["ID", (a) => a.id],
+            ["RUNTIME", (a) => a.runtime],
+            ["STATUS", (a) => a.status],
+            ["MEMORY", (a) => `${a.memoryMb} MB`],
+            ["URL", (a) => a.url],
+            ["CREATED", (a) => ago(a.createdAt)],
+          ]);
+    out.result(apps, human);
+  },
+});
+
+const APP_ARG = [{ name: "app", description: "app name or id" }] as const;
+
+const info = defineCommand({
+  name: "info",
+  summary: "Show an app's details",
+  args: APP_ARG,
+  options: {},
+  async run({ args, out, api }) {
+    const app = await (await api()).data<App>("GET", path`/v1/apps/${args.app}`, undefined, aboutApp(`show app ${args.app}`, args.app));
+    out.result(app, describe(app));
+  },
+});
+
+const stop = defineCommand({
+  name: "stop",
+  summary: "Stop an app (its cron jobs stop running too)",
+  args: APP_ARG,
+  options: {},
+  async run({ args, out, api }) {
+    const app = await (await api()).data<App>("POST", path`/v1/apps/${args.app}/stop`, undefined, aboutApp(`stop app ${args.app}`, args.app));
+    out.result(app, `Stopped app ${app.name} (status: ${app.status})`);
+  },
+});
+
+const restart = defineCommand({
+  name: "restart",
+  summary: "Restart an app, starting it if stopped",
+  args: APP_ARG,
+  options: {},
+  async run({ args, out, api }) {
+    const app = await (await api()).data<App>(
+      "POST",
+      path`/v1/apps/${args.app}/restart`,
+      undefined,
+      aboutApp(`restart app ${args.app}`, args.app),
+    );
+    out.result(app, `Restarted app ${app.name} (status: ${app.status})`);
+  },
+});
+
+const remove = defineCommand({
+  name: "delete",
+  summary: "Delete an app and its env vars",
+  description: "Asks for confirmation on a terminal; scripts must pass --yes.",
+  args: APP_ARG,
+  options: { yes: { type: "boolean", short: "y", description: "delete without asking" } },
+  async run({ args, opts, out, api, interactive }) {
+    if (!opts.yes) {
+      if (!interactive) {
+        throw new CliError(`refusing to delete app ${args.app} without confirmation`, ["stdin is not a terminal, so svc cannot ask"], `pass --yes: svc apps delete ${args.app} --yes`);
+      }
+      if (!(await confirm(`Delete app ${args.app}? This cannot be undone.`))) throw new CliError(`app ${args.app} not deleted`, ["the question was not answered with y"]);
+    }
+    const deleted = await (await api()).data<{ id: string; deleted: true }>(
+      "DELETE",
+      path`/v1/apps/${args.app}`,
+      undefined,
+      aboutApp(`delete app ${args.app}`, args.app),
+    );
+    out.result(deleted, `Deleted app ${args.app} (${deleted.id})`);
+  },
+});
+
+/** `svc apps …`: the application lifecycle. */
+export const apps: Group = { name: "apps", summary: "Manage apps", commands: [create, list, info, stop, restart, remove] };

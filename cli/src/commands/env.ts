@@ -1,0 +1,104 @@
+import { type Call, path } from "../api.js";
+import { defineCommand, type Group } from "../command.js";
+import { ago, table } from "../output.js";
+
+/** An env var as listed; `value` only with `?reveal=true`. */
+type EnvVar = { name: string; updatedAt: string; value?: string };
+
+/** Shell-style variable names, the ones a process can actually read from its environment. */
+const NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
+
+const APP_OPTION = { app: { type: "string", value: "app", description: "app name or id", required: true } } as const;
+
+function aboutApp(what: string, app: string): Call {
+  return {
+    what,
+    hints: {
+      APP_NOT_FOUND: `no app "${app}" in this account: \`svc apps list\` shows the names and ids`,
+      ENV_VAR_NOT_FOUND: `\`svc env list --app ${app}\` shows the variables that are set`,
+    },
+  };
+}
+
+const set = defineCommand({
+  name: "set",
+  summary: "Set env vars of an app (others are kept)",
+  description: `Each argument is KEY=VALUE; the value is everything after the first "=" and may be empty.
+Values are encrypted at rest and injected into deployments and cron runs.`,
+  rest: { name: "KEY=VALUE", description: "a variable to set" },
+  options: APP_OPTION,
+  examples: ["svc env set DATABASE_URL=postgres://db/app NODE_ENV=production --app api"],
+  async run({ rest, opts, out, api, fail }) {
+    const vars: Record<string, string> = {};
+    for (const arg of rest) {
+      const eq = arg.indexOf("=");
+      if (eq <= 0) throw fail(`"${arg}" is not KEY=VALUE`);
+      const name = arg.slice(0, eq);
+      if (!NAME.test(name)) throw fail(`"${name}" is not a valid variable name (letters, digits and _, not starting with a digit)`);
+      vars[name] = arg.slice(eq + 1);
+    }
+    const list = await (await api()).data<EnvVar[]>(
+      "PATCH",
+      path`/v1/apps/${opts.app}/env`,
+      { vars },
+      aboutApp(`set env vars on app ${opts.app}`, opts.app),
+    );
+    out.result(list, `Set ${Object.keys(vars).join(", ")} on app ${opts.app}`);
+  },
+});
+
+const unset = defineCommand({
+  name: "unset",
+  summary: "Remove env vars from an app",
+  rest: { name: "KEY", description: "a variable to remove" },
+  options: APP_OPTION,
+  examples: ["svc env unset DEBUG LOG_LEVEL --app api"],
+  async run({ rest, opts, out, api, fail }) {
+    const names = [...new Set(rest)];
+    const bad = names.find((n) => !NAME.test(n));
+    if (bad !== undefined) throw fail(`"${bad}" is not a variable name${bad.includes("=") ? " (unset takes names only, not KEY=VALUE)" : ""}`);
+    const client = await api();
+    const results: { name: string; deleted: true }[] = [];
+    for (const name of names) {
+      results.push(
+        await client.data<{ name: string; deleted: true }>(
+          "DELETE",
+          path`/v1/apps/${opts.app}/env/${name}`,
+          undefined,
+          aboutApp(`unset ${name} on app ${opts.app}`, opts.app),
+        ),
+      );
+      out.step(`Unset ${name} on app ${opts.app}`);
+    }
+    out.result(results);
+  },
+});
+
+const list = defineCommand({
+  name: "list",
+  summary: "List an app's env vars (names only unless --reveal)",
+  options: {
+    ...APP_OPTION,
+    reveal: { type: "boolean", description: "also show the values" },
+  },
+  async run({ opts, out, api }) {
+    const vars = await (await api()).data<EnvVar[]>(
+      "GET",
+      `${path`/v1/apps/${opts.app}/env`}${opts.reveal ? "?reveal=true" : ""}`,
+      undefined,
+      aboutApp(`list env vars of app ${opts.app}`, opts.app),
+    );
+    const human =
+      vars.length === 0
+        ? `No env vars on app ${opts.app}. Set one: svc env set KEY=VALUE --app ${opts.app}`
+        : table(vars, [
+            ["NAME", (v) => v.name],
+            ["UPDATED", (v) => ago(v.updatedAt)],
+            ...(opts.reveal ? ([["VALUE", (v: EnvVar) => v.value ?? ""]] as const) : []),
+          ]);
+    out.result(vars, human);
+  },
+});
+
+/** `svc env …`: an app's environment variables. */
+export const env: Group = { name: "env", summary: "Manage an app's environment variables", commands: [set, unset, list] };

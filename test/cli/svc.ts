@@ -1,0 +1,84 @@
+import { spawn } from "node:child_process";
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { type LocalStack, ROOT, startLocalStack } from "../../scripts/local-stack.js";
+
+/** What one `svc` invocation produced. */
+export type SvcResult = { code: number | null; stdout: string; stderr: string };
+
+/** A private HOME / XDG_CONFIG_HOME, so tests never read or write the developer's real login. */
+export async function tempHome(): Promise<{ dir: string; env: Record<string, string>; remove(): Promise<void> }> {
+  const dir = await mkdtemp(join(tmpdir(), "svc-cli-home-"));
+  return {
+    dir,
+    env: { HOME: dir, XDG_CONFIG_HOME: join(dir, "config") },
+    remove: () => rm(dir, { recursive: true, force: true }),
+  };
+}
+
+/**
+ * Runs the real `svc` binary (cli/bin/svc.js) with only PATH plus the given
+ * variables in its environment, so SVC_* settings of the developer's shell
+ * cannot leak in. stdin is a pipe (not a terminal), closed after `input`.
+ */
+export function svc(args: readonly string[], env: Record<string, string>, input = ""): Promise<SvcResult> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, [join(ROOT, "cli", "bin", "svc.js"), ...args], {
+      cwd: ROOT,
+      env: { PATH: process.env.PATH ?? "", ...env },
+      stdio: ["pipe", "pipe", "pipe"],
+    });
+    let stdout = "";
+    let stderr = "";
+    child.stdout.on("data", (d: Buffer) => {
+      stdout += d;
+    });
+    child.stderr.on("data", (d: Buffer) => {
+      stderr += d;
+    });
+    child.on("error", reject);
+    child.on("close", (code) => resolve({ code, stdout, stderr }));
+    child.stdin.end(input);
+  });
+}
+
+/**
+ * How long a test file's `beforeAll` may take to start the stack. Longer than
+ * startLocalStack's own deadlines (migrations, then 90 s for wrangler dev), so
+ * a stack that never becomes healthy is stopped by startLocalStack itself
+ * instead of being orphaned when vitest abandons a timed-out hook.
+ */
+export const STACK_START_TIMEOUT_MS = 240_000;
+
+/** One local stack (wrangler dev + builder) in a temporary directory, removed again by `stop()`. */
+export async function startStack(): Promise<LocalStack> {
+  const dir = await mkdtemp(join(tmpdir(), "svc-cli-stack-"));
+  const stack = await startLocalStack({
+    port: 0,
+    persistDir: join(dir, "persist"),
+    stateDir: join(dir, "state"),
+    secretsFile: join(dir, "secrets.env"),
+    output: "files",
+  }).catch((err: unknown) => {
+    throw new Error(`local stack did not start (logs kept in ${join(dir, "state")}): ${err instanceof Error ? err.message : err}`);
+  });
+  return {
+    ...stack,
+    stop: async () => {
+      await stack.stop();
+      await rm(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+/** Creates a key straight through the API (not the CLI), for tests whose subject is another command. */
+export async function createKey(stack: LocalStack, name: string, scopes: string[]): Promise<{ id: string; key: string }> {
+  const res = await fetch(`${stack.apiUrl}/v1/api-keys`, {
+    method: "POST",
+    headers: { Authorization: `Bearer ${stack.adminKey}`, "Content-Type": "application/json" },
+    body: JSON.stringify({ name, scopes }),
+  });
+  if (res.status !== 201) throw new Error(`creating key ${name}: ${res.status} ${await res.text()}`);
+  return (await res.json()) as { id: string; key: string };
+}
