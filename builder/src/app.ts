@@ -6,9 +6,19 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { z } from "zod";
 import { DiskStore } from "./disks.js";
-import type { JobManager } from "./job-manager.js";
+import type { Admission, JobManager } from "./job-manager.js";
 import { streamLog } from "./logs.js";
-import { type BuilderError, type BuilderErrorCode, DiskSpec, JobSpec, type NonceCache, verifyRequest } from "./protocol.js";
+import {
+  BuildSpec,
+  type BuilderError,
+  type BuilderErrorCode,
+  DiskSpec,
+  JobSpec,
+  type NonceCache,
+  RestoreSpec,
+  SnapshotSpec,
+  verifyRequest,
+} from "./protocol.js";
 
 /** Largest request body accepted (a JobSpec holds at most a 100k-character command plus env). */
 const MAX_BODY_BYTES = 1024 * 1024;
@@ -43,6 +53,12 @@ function sendJson(response: ServerResponse, status: number, body: unknown): void
 function sendError(response: ServerResponse, status: number, code: BuilderErrorCode, message: string, details?: unknown): void {
   const body: BuilderError = { error: { code, message, ...(details === undefined ? {} : { details }) } };
   sendJson(response, status, body);
+}
+
+/** Answers a job submission: 201 with the status, or the refusal's error. */
+function sendAdmission(response: ServerResponse, admission: Admission): void {
+  if (admission.ok) sendJson(response, 201, admission.status);
+  else sendError(response, admission.code === "DISK_BUSY" ? 409 : 503, admission.code, admission.message);
 }
 
 /** Parses and validates a JSON body; on failure the 400 is already sent and null returned. */
@@ -81,9 +97,16 @@ function routes({ jobs, disks }: BuilderServices): Route[] {
       async handle(context) {
         const spec = parseBody(JobSpec, context);
         if (!spec) return;
-        const status = await jobs.submit(spec);
-        if (status) sendJson(context.response, 201, status);
-        else sendError(context.response, 503, "UNAVAILABLE", "builder is shutting down; retry on another instance");
+        sendAdmission(context.response, await jobs.submit(spec));
+      },
+    },
+    {
+      method: "POST",
+      pattern: /^\/v1\/builds$/,
+      async handle(context) {
+        const spec = parseBody(BuildSpec, context);
+        if (!spec) return;
+        sendAdmission(context.response, await jobs.submitBuild(spec));
       },
     },
     {
@@ -157,6 +180,24 @@ function routes({ jobs, disks }: BuilderServices): Route[] {
         if (jobs.diskInUse(id)) return sendError(context.response, 409, "DISK_BUSY", "disk is used by a queued or running job");
         if (!(await disks.remove(id))) return sendError(context.response, 404, "DISK_NOT_FOUND", "disk not found");
         context.response.writeHead(204).end();
+      },
+    },
+    {
+      method: "POST",
+      pattern: /^\/v1\/snapshots$/,
+      async handle(context) {
+        const spec = parseBody(SnapshotSpec, context);
+        if (!spec) return;
+        sendAdmission(context.response, await jobs.submitSnapshot(spec));
+      },
+    },
+    {
+      method: "POST",
+      pattern: /^\/v1\/restores$/,
+      async handle(context) {
+        const spec = parseBody(RestoreSpec, context);
+        if (!spec) return;
+        sendAdmission(context.response, await jobs.submitRestore(spec));
       },
     },
   ];

@@ -18,6 +18,8 @@ export interface BuilderConfig {
   maxConcurrentJobs: number;
   /** Unprivileged user for job processes; null runs them as the builder's own user. */
   jobUser: JobUser | null;
+  /** Package mirror builds install through; null keeps the package managers' default registry. */
+  npmRegistry: string | null;
 }
 
 const EnvSchema = z.object({
@@ -30,6 +32,7 @@ const EnvSchema = z.object({
     .string()
     .regex(/^\d+:\d+$/, 'must be "<uid>:<gid>"')
     .optional(),
+  NPM_CONFIG_REGISTRY: z.url({ protocol: /^https?$/, error: "must be an http(s) URL" }).optional(),
 });
 
 /** Parses the environment; expected mistakes come back as readable lines, not exceptions. */
@@ -59,6 +62,7 @@ export function loadConfig(
       dataDir: resolve(cwd, values.BUILDER_DATA_DIR),
       maxConcurrentJobs: values.BUILDER_MAX_CONCURRENT_JOBS,
       jobUser,
+      npmRegistry: values.NPM_CONFIG_REGISTRY ?? null,
     },
   };
 }

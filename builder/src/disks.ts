@@ -13,6 +13,15 @@
  * they own the location. Quotas are enforced by measuring (apparent file sizes,
  * hard links once) during and after each job, because the data dir's filesystem
  * has no per-directory quota the builder could rely on everywhere.
+ *
+ * A restore works beside `data/`, in directories named after its job:
+ *
+ *     disks/<id>/staging-<job>/    the archive is extracted here (builder-only, 0700)
+ *     disks/<id>/previous-<job>/   the old data, for the instant of the swap
+ *     disks/<id>/trash-<job>/      the old data once the swap committed, being deleted
+ *
+ * so a crash anywhere leaves either the old data (rolled back at the next start)
+ * or the new one (the commit was the rename to `trash-`), never a mix.
  */
 import type { Dirent } from "node:fs";
 import { chown, lstat, mkdir, readFile, readdir, rename, rm, writeFile } from "node:fs/promises";
@@ -77,10 +86,15 @@ export class DiskStore {
     this.#user = user;
   }
 
-  /** Creates the disks directory (traversable, not listable, by the job user). */
+  /**
+   * Creates the disks directory (traversable, not listable, by the job user) and
+   * settles the restores a crash interrupted, before any job can see a disk.
+   */
   static async open(root: string, user: JobUser | null): Promise<DiskStore> {
     await mkdir(root, { recursive: true, mode: 0o711 });
-    return new DiskStore(root, user);
+    const store = new DiskStore(root, user);
+    await store.#settleRestores();
+    return store;
   }
 
   /** Whether `id` can name a disk (it becomes a directory name). */
@@ -118,6 +132,46 @@ export class DiskStore {
     });
   }
 
+  /** The disk's quota without measuring its usage; null when the disk does not exist. */
+  async quotaBytes(id: string): Promise<number | null> {
+    return (await this.#readMeta(id))?.sizeBytes ?? null;
+  }
+
+  /**
+   * A fresh, empty directory beside the disk's data for a restore to fill (only
+   * the builder can enter it), or null when the disk does not exist.
+   */
+  async createStaging(id: string, jobId: string): Promise<string | null> {
+    return this.#locked(id, async () => {
+      if (!(await this.#readMeta(id))) return null;
+      const staging = join(this.#diskDir(id), `staging-${jobId}`);
+      await mkdir(staging, { mode: 0o700 });
+      return staging;
+    });
+  }
+
+  /**
+   * Puts a filled staging directory in place of the disk's data: data →
+   * `previous-<job>`, staging → data, then `previous-<job>` → `trash-<job>`,
+   * which commits. Returns the trash directory, which the caller deletes.
+   */
+  async replaceData(id: string, staging: string, jobId: string): Promise<string> {
+    return this.#locked(id, async () => {
+      const data = this.dataPath(id);
+      const previous = join(this.#diskDir(id), `previous-${jobId}`);
+      const trash = join(this.#diskDir(id), `trash-${jobId}`);
+      await rename(data, previous);
+      try {
+        await rename(staging, data);
+      } catch (error) {
+        await rename(previous, data);
+        throw error;
+      }
+      await rename(previous, trash);
+      return trash;
+    });
+  }
+
   /** Deletes the disk and its data; false when it did not exist. */
   async remove(id: string): Promise<boolean> {
     this.#assertId(id);
@@ -143,6 +197,39 @@ export class DiskStore {
       return typeof meta.sizeBytes === "number" ? meta : null;
     } catch {
       return null;
+    }
+  }
+
+  /**
+   * Rolls back swaps that did not commit (`previous-*` still there: it goes back
+   * to `data/`, and whatever was already renamed into its place is discarded),
+   * then deletes staging and trash directories in the background.
+   */
+  async #settleRestores(): Promise<void> {
+    const leftovers: string[] = [];
+    for (const id of await readdir(this.#root)) {
+      if (!DiskStore.isValidId(id)) continue;
+      const dir = this.#diskDir(id);
+      const names = await readdir(dir).catch(() => [] as string[]);
+      for (const name of names) {
+        if (!name.startsWith("previous-")) continue;
+        const discarded = join(dir, `trash-${name.slice("previous-".length)}`);
+        const restored = await lstat(this.dataPath(id)).then(
+          () => true,
+          () => false,
+        );
+        if (restored) await rename(this.dataPath(id), discarded);
+        await rename(join(dir, name), this.dataPath(id));
+        console.error(`builder: rolled back an interrupted restore of disk ${id}`);
+      }
+      for (const name of await readdir(dir).catch(() => [] as string[])) {
+        if (name.startsWith("staging-") || name.startsWith("trash-")) leftovers.push(join(dir, name));
+      }
+    }
+    for (const path of leftovers) {
+      void rm(path, { recursive: true, force: true }).catch((error: unknown) =>
+        console.error(`builder: could not delete ${path}: ${String(error)}`),
+      );
     }
   }
 

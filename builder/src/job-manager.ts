@@ -9,9 +9,12 @@ import { mkdir, readFile, readdir, rename, rm, stat, writeFile } from "node:fs/p
 import { join } from "node:path";
 import { deliverCallback } from "./callback.js";
 import type { DiskStore } from "./disks.js";
+import { runBuild } from "./jobs/build.js";
+import { restoreJob } from "./jobs/restore.js";
 import { runJob } from "./jobs/run.js";
+import { snapshotJob } from "./jobs/snapshot.js";
 import type { LogSource } from "./logs.js";
-import { type JobSpec, JobStatus } from "./protocol.js";
+import { type BuildSpec, type JobResult, type JobSpec, JobStatus, type RestoreSpec, type SnapshotSpec } from "./protocol.js";
 import { type CgroupV2, JobLog, type JobUser, type SandboxOutcome } from "./sandbox.js";
 
 /** How long finished jobs (status and log) stay available. */
@@ -48,11 +51,47 @@ class Changes {
   }
 }
 
+/** What {@link JobWork.execute} gets from the manager. */
+export interface JobContext {
+  id: string;
+  /** `jobs/<id>`: the log and status live here; `work/` below it is removed after a restart. */
+  jobDir: string;
+  log: JobLog;
+  /** Aborted on cancel (reason "cancelled") and on shutdown (reason "shutdown"). */
+  signal: AbortSignal;
+}
+
+/** How a job ended, plus what it produced (snapshots and restores). */
+export interface JobOutcome extends SandboxOutcome {
+  result?: JobResult;
+}
+
+/**
+ * One kind of job (run, snapshot, restore) as the manager sees it: the queue,
+ * records, disk bookkeeping and callback are shared, only `execute` differs.
+ */
+interface JobWork {
+  labels: Record<string, string> | undefined;
+  callbackUrl: string | undefined;
+  /**
+   * The disk the job uses. An exclusive job (a restore) is refused while any
+   * other job uses the disk, and every other job is refused while it holds it.
+   */
+  disk: { id: string; exclusive: boolean } | null;
+  /** Runs the job; ends the log with the outcome line and never throws for expected failures. */
+  execute(context: JobContext): Promise<JobOutcome>;
+}
+
+/** Answer to a submission: expected refusals are values, mapped to HTTP by the routes. */
+export type Admission =
+  | { ok: true; status: JobStatus }
+  | { ok: false; code: "UNAVAILABLE" | "DISK_BUSY"; message: string };
+
 interface JobEntry {
   status: JobStatus;
   dir: string;
-  /** Held only until the job ends: its env may carry the app's secrets. */
-  spec: JobSpec | null;
+  /** Held only until the job ends: a run's env may carry the app's secrets. */
+  work: JobWork | null;
   log: JobLog | null;
   abort: AbortController;
   changes: Changes;
@@ -69,6 +108,8 @@ export interface JobManagerOptions {
   disks: DiskStore;
   cgroups: CgroupV2 | null;
   user: JobUser | null;
+  /** Package mirror that builds install through (NPM_CONFIG_REGISTRY); null keeps npm's default. */
+  npmRegistry: string | null;
 }
 
 const isFinal = (status: JobStatus["status"]) => status === "succeeded" || status === "failed" || status === "cancelled";
@@ -80,6 +121,8 @@ export class JobManager {
   readonly #jobs = new Map<string, JobEntry>();
   readonly #queue: JobEntry[] = [];
   readonly #diskUse = new Map<string, number>();
+  /** Disks an exclusive job (a restore) holds. */
+  readonly #exclusiveDisks = new Set<string>();
   readonly #stopCallbacks = new AbortController();
   #running = 0;
   #closing = false;
@@ -100,12 +143,81 @@ export class JobManager {
     return manager;
   }
 
-  /** Accepts a job: it starts at once, or queues while the builder is at its limit; null once shutting down. */
-  async submit(spec: JobSpec): Promise<JobStatus | null> {
-    if (this.#closing) return null;
+  /**
+   * Accepts a run job: it starts at once, or queues while the builder is at its
+   * limit; refused once shutting down, or while its disk is being restored.
+   */
+  submit(spec: JobSpec): Promise<Admission> {
+    const { disks, cgroups, user } = this.#options;
+    return this.#admit({
+      labels: spec.labels,
+      callbackUrl: spec.callbackUrl,
+      disk: spec.disk ? { id: spec.disk.id, exclusive: false } : null,
+      execute: (context) => runJob({ ...context, spec, disks, cgroups, user }),
+    });
+  }
+
+  /** Accepts a static-site build (jobs/build.ts), queued and refused like a run; it uses no disk. */
+  submitBuild(spec: BuildSpec): Promise<Admission> {
+    const { cgroups, user, secret, npmRegistry } = this.#options;
+    return this.#admit({
+      labels: spec.labels,
+      callbackUrl: spec.callbackUrl,
+      disk: null,
+      execute: (context) => runBuild({ ...context, spec, cgroups, user, secret, npmRegistry }),
+    });
+  }
+
+  /**
+   * Accepts a disk snapshot (jobs/snapshot.ts). It only reads the disk, so runs
+   * and other snapshots may share it; deleting or restoring the disk may not.
+   */
+  submitSnapshot(spec: SnapshotSpec): Promise<Admission> {
+    const { disks, secret } = this.#options;
+    return this.#admit({
+      labels: spec.labels,
+      callbackUrl: spec.callbackUrl,
+      disk: { id: spec.diskId, exclusive: false },
+      execute: (context) => snapshotJob({ ...context, spec, disks, secret }),
+    });
+  }
+
+  /**
+   * Accepts a disk restore (jobs/restore.ts): refused while any job uses the
+   * disk, and refusing every job naming it until it has ended.
+   */
+  submitRestore(spec: RestoreSpec): Promise<Admission> {
+    const { disks, user } = this.#options;
+    return this.#admit({
+      labels: spec.labels,
+      callbackUrl: spec.callbackUrl,
+      disk: { id: spec.diskId, exclusive: true },
+      execute: (context) => restoreJob({ ...context, spec, disks, user }),
+    });
+  }
+
+  async #admit(work: JobWork): Promise<Admission> {
+    if (this.#closing) return { ok: false, code: "UNAVAILABLE", message: "builder is shutting down; retry on another instance" };
+    const { disk } = work;
+    if (disk) {
+      if (this.#exclusiveDisks.has(disk.id)) {
+        return { ok: false, code: "DISK_BUSY", message: `disk ${disk.id} is being restored; retry once the restore has ended` };
+      }
+      if (disk.exclusive && this.diskInUse(disk.id)) {
+        return { ok: false, code: "DISK_BUSY", message: `disk ${disk.id} is used by a queued or running job` };
+      }
+      // Claimed before the first await, so two submissions cannot both pass the checks above.
+      this.#diskUse.set(disk.id, (this.#diskUse.get(disk.id) ?? 0) + 1);
+      if (disk.exclusive) this.#exclusiveDisks.add(disk.id);
+    }
     const id = newJobId();
     const dir = join(this.#jobsDir, id);
-    await mkdir(dir, { mode: 0o711 });
+    try {
+      await mkdir(dir, { mode: 0o711 });
+    } catch (error) {
+      this.#releaseDisk(work);
+      throw error;
+    }
     let markFinished = () => {};
     const finished = new Promise<void>((resolve) => {
       markFinished = resolve;
@@ -124,10 +236,11 @@ export class JobManager {
         createdAt: new Date().toISOString(),
         startedAt: null,
         finishedAt: null,
-        labels: spec.labels ?? {},
+        labels: work.labels ?? {},
+        result: null,
       },
       dir,
-      spec,
+      work,
       log: null,
       abort: new AbortController(),
       changes: new Changes(),
@@ -135,11 +248,10 @@ export class JobManager {
       markFinished,
     };
     this.#jobs.set(id, entry);
-    if (spec.disk) this.#diskUse.set(spec.disk.id, (this.#diskUse.get(spec.disk.id) ?? 0) + 1);
     this.#queue.push(entry);
     this.#pump();
     if (entry.status.status === "queued") await this.#persist(entry);
-    return this.#snapshot(entry);
+    return { ok: true, status: this.#snapshot(entry) };
   }
 
   /** The job's current status, or null for an unknown (or pruned) id. */
@@ -226,23 +338,14 @@ export class JobManager {
   }
 
   async #execute(entry: JobEntry): Promise<void> {
-    const spec = entry.spec!;
-    let outcome: SandboxOutcome;
+    const work = entry.work!;
+    let outcome: JobOutcome;
     let recorded: Promise<void> = Promise.resolve();
     try {
       entry.log = await JobLog.open(join(entry.dir, "log"), () => entry.changes.notify());
       // Recording "running" (so a restart can tell the job was cut short) need not delay the command.
       recorded = this.#persist(entry);
-      outcome = await runJob({
-        id: entry.status.id,
-        spec,
-        jobDir: entry.dir,
-        log: entry.log,
-        disks: this.#options.disks,
-        cgroups: this.#options.cgroups,
-        user: this.#options.user,
-        signal: entry.abort.signal,
-      });
+      outcome = await work.execute({ id: entry.status.id, jobDir: entry.dir, log: entry.log, signal: entry.abort.signal });
     } catch (error) {
       const message = error instanceof Error ? error.message : String(error);
       console.error(`builder: job ${entry.status.id} failed inside the builder: ${message}`);
@@ -256,10 +359,9 @@ export class JobManager {
     this.#pump();
   }
 
-  async #finish(entry: JobEntry, outcome: SandboxOutcome): Promise<void> {
+  async #finish(entry: JobEntry, outcome: JobOutcome): Promise<void> {
     const { status } = entry;
-    const callbackUrl = entry.spec?.callbackUrl;
-    const diskId = entry.spec?.disk?.id;
+    const callbackUrl = entry.work?.callbackUrl;
     status.status = outcome.reason === null ? "succeeded" : outcome.reason === "cancelled" ? "cancelled" : "failed";
     status.reason = outcome.reason;
     status.exitCode = outcome.exitCode;
@@ -269,13 +371,10 @@ export class JobManager {
     status.logBytes = entry.log?.bytes ?? status.logBytes;
     status.logTruncated = entry.log?.truncated ?? status.logTruncated;
     status.finishedAt = new Date().toISOString();
+    status.result = outcome.result ?? null;
     entry.log = null;
-    entry.spec = null;
-    if (diskId !== undefined) {
-      const users = (this.#diskUse.get(diskId) ?? 1) - 1;
-      if (users > 0) this.#diskUse.set(diskId, users);
-      else this.#diskUse.delete(diskId);
-    }
+    if (entry.work) this.#releaseDisk(entry.work);
+    entry.work = null;
     entry.changes.notify();
     await this.#persist(entry);
     entry.markFinished();
@@ -287,6 +386,15 @@ export class JobManager {
         signal: this.#stopCallbacks.signal,
       });
     }
+  }
+
+  #releaseDisk(work: JobWork): void {
+    if (!work.disk) return;
+    const { id, exclusive } = work.disk;
+    const users = (this.#diskUse.get(id) ?? 1) - 1;
+    if (users > 0) this.#diskUse.set(id, users);
+    else this.#diskUse.delete(id);
+    if (exclusive) this.#exclusiveDisks.delete(id);
   }
 
   /** Writes status.json atomically, so a crash leaves the old or the new record, never half. */
@@ -318,7 +426,7 @@ export class JobManager {
       const entry: JobEntry = {
         status,
         dir,
-        spec: null,
+        work: null,
         log: null,
         abort: new AbortController(),
         changes: new Changes(),

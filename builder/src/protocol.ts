@@ -272,6 +272,15 @@ export const JobStatus = z.object({
   startedAt: z.iso.datetime().nullable(),
   finishedAt: z.iso.datetime().nullable(),
   labels: z.record(z.string(), z.string()),
+  /**
+   * What a snapshot, restore or build job produced, once it succeeded (null
+   * before and for other jobs; absent in records written before results
+   * existed). Lazy because {@link JobResult} is defined at the end of the file.
+   */
+  result: z
+    .lazy(() => JobResult)
+    .nullable()
+    .optional(),
 });
 export type JobStatus = z.infer<typeof JobStatus>;
 
@@ -322,3 +331,232 @@ export function parseLogLine(line: string): { time: string; stream: LogStream; t
   if (!match) return null;
   return { time: match[1]!, stream: match[2] as LogStream, text: match[3]! };
 }
+
+// ---------------------------------------------------------------------------
+// Disk snapshots and restores
+// ---------------------------------------------------------------------------
+//
+// Both are jobs like runs (same ids, status, logs, cancel and callback). A
+// snapshot streams a gzip-compressed tar of the disk's data directory (paths
+// relative to it, `./a/b`; ustar headers, pax extended headers for names or
+// link targets over 100 bytes or non-ASCII) to object storage through
+// presigned part URLs the Worker hands out one at a time:
+//
+//     builder → Worker   POST <partUrlEndpoint>  {"partNumber": N}   (signed)
+//     Worker  → builder  200 {"url": "<presigned PUT URL>"}
+//     builder → storage  PUT <url>  (Content-Length, no other auth)  → ETag
+//
+// A restore downloads such an archive from a presigned GET URL, checks it and
+// swaps it in for the disk's data. `expandedBytes` is the size of the
+// uncompressed tar stream (what `gzip -dc | wc -c` prints) and `entries` the
+// number of archive members (`tar tzf | wc -l`), for both, so the numbers of a
+// snapshot can serve as the limits of its restore.
+
+/** Smallest part an S3 multipart upload accepts (except the last one). */
+export const SNAPSHOT_MIN_PART_BYTES = 5 * 1024 * 1024;
+/** Largest part an S3 multipart upload accepts. */
+export const SNAPSHOT_MAX_PART_BYTES = 5 * 1024 * 1024 * 1024;
+/** Most parts an S3 multipart upload may have. */
+export const SNAPSHOT_MAX_PARTS = 10_000;
+
+const sha256Hex = z.string().regex(/^[0-9a-f]{64}$/, "must be 64 lowercase hex characters");
+
+/** A snapshot to take: what the Worker posts to `POST /v1/snapshots`. */
+export const SnapshotSpec = z.object({
+  diskId: z.string().regex(DISK_ID_PATTERN),
+  /** Every part but the last has exactly this size. */
+  partSizeBytes: z.int().min(SNAPSHOT_MIN_PART_BYTES).max(SNAPSHOT_MAX_PART_BYTES),
+  /** Signed `POST` here with a {@link PartUrlRequest} returns a {@link PartUrlResponse}. */
+  partUrlEndpoint: httpUrl,
+  callbackUrl: httpUrl.optional(),
+  labels: z.record(z.string(), z.string()).optional(),
+});
+export type SnapshotSpec = z.infer<typeof SnapshotSpec>;
+
+/** Body of the builder's signed request for one part's upload URL. */
+export const PartUrlRequest = z.object({ partNumber: z.int().min(1).max(SNAPSHOT_MAX_PARTS) });
+export type PartUrlRequest = z.infer<typeof PartUrlRequest>;
+
+/** The Worker's answer: a presigned URL the builder PUTs the part to. */
+export const PartUrlResponse = z.object({ url: httpUrl });
+export type PartUrlResponse = z.infer<typeof PartUrlResponse>;
+
+/** One uploaded part, as CompleteMultipartUpload needs it. */
+export const SnapshotPart = z.object({
+  partNumber: z.int().min(1).max(SNAPSHOT_MAX_PARTS),
+  /** The storage's `ETag` response header, verbatim (quotes included). */
+  etag: z.string(),
+});
+export type SnapshotPart = z.infer<typeof SnapshotPart>;
+
+/** What a succeeded snapshot reports in {@link JobStatus}'s `result`. */
+export const SnapshotResult = z.object({
+  kind: z.literal("snapshot"),
+  /** Bytes of the whole `.tar.gz` (the sum of the parts). */
+  sizeBytes: z.int().positive(),
+  /** SHA-256 of the whole `.tar.gz`, hex. */
+  sha256: sha256Hex,
+  /** In part-number order, 1 to N. */
+  parts: z.array(SnapshotPart).min(1),
+  entries: z.int().nonnegative(),
+  expandedBytes: z.int().nonnegative(),
+});
+export type SnapshotResult = z.infer<typeof SnapshotResult>;
+
+/** A restore to run: what the Worker posts to `POST /v1/restores`. */
+export const RestoreSpec = z.object({
+  diskId: z.string().regex(DISK_ID_PATTERN),
+  /** Presigned GET URL of the `.tar.gz`. */
+  archiveUrl: httpUrl,
+  /** The download must be exactly this long. */
+  expectedSizeBytes: z.int().min(1),
+  /** When given, the download's SHA-256 must match. */
+  expectedSha256: sha256Hex.optional(),
+  /** Most archive members accepted. */
+  maxEntries: z.int().min(1),
+  /** Most bytes the uncompressed tar stream may have; reading stops as soon as it is exceeded. */
+  maxExpandedBytes: z.int().min(1),
+  callbackUrl: httpUrl.optional(),
+  labels: z.record(z.string(), z.string()).optional(),
+});
+export type RestoreSpec = z.infer<typeof RestoreSpec>;
+
+/** What a succeeded restore reports in {@link JobStatus}'s `result`. */
+export const RestoreResult = z.object({
+  kind: z.literal("restore"),
+  entries: z.int().nonnegative(),
+  expandedBytes: z.int().nonnegative(),
+});
+export type RestoreResult = z.infer<typeof RestoreResult>;
+
+// ---------------------------------------------------------------------------
+// Static-site builds
+// ---------------------------------------------------------------------------
+//
+// A build is a job like a run (same ids, status, logs, cancel and callback),
+// submitted with `POST /v1/builds` (a BuildSpec). It downloads the source,
+// decides how to build it (overrides, then svc.json, then framework detection),
+// installs with the lockfile's package manager, builds under the memory limit,
+// hashes every file of the output folder into a manifest, and uploads the blobs
+// the Worker's storage lacks:
+//
+//     builder → Worker   POST <blobsEndpoint>  {"blobs": [{sha256, size, contentType}, …]}  (signed, ≤ 500 per request)
+//     Worker  → builder  200 {"missing": [{"sha256": "…", "url": "<presigned PUT URL>"}, …]}
+//     builder → storage  PUT <url>  (the bytes, with the announced Content-Length and Content-Type)
+//
+// Identical files are announced once. Network errors, 429 and 5xx are retried
+// with backoff. A succeeded build reports a BuildResult (with the manifest) in
+// JobStatus's `result`; a failed one reports none.
+
+/** Most blobs one blobs-endpoint request names. */
+export const BLOB_BATCH_LIMIT = 500;
+/** Most files one deployment may hold (Cloudflare Pages' limit); more fails the build. */
+export const MAX_MANIFEST_FILES = 20_000;
+/**
+ * Where the generated Dockerfile expects the generated web-server config: a
+ * file of this name beside the Dockerfile, at the root of the project.
+ */
+export const GENERATED_WEB_SERVER_CONFIG_PATH = "svc-nginx.conf";
+
+/**
+ * A folder inside the project in its normal form (`./dist/` → `dist`), or null
+ * when the path is absolute, climbs out with `..`, or names the project root
+ * (serving that would publish the whole source).
+ */
+export function projectDir(path: string): string | null {
+  if (path.startsWith("/") || path.includes("\\") || path.includes("\0")) return null;
+  const segments = path.split("/").filter((segment) => segment !== "" && segment !== ".");
+  if (segments.length === 0 || segments.includes("..")) return null;
+  return segments.join("/");
+}
+
+const isProjectDir = (path: string) => projectDir(path) !== null;
+const PROJECT_DIR_MESSAGE = "must be a folder inside the project: relative, without .. (e.g. dist)";
+
+/** A URL path of the manifest: leading slash, no empty, `.` or `..` segment. */
+function isManifestPath(path: string): boolean {
+  const segments = path.split("/");
+  return segments[0] === "" && !path.includes("\0") && segments.slice(1).every((s) => s !== "" && s !== "." && s !== "..");
+}
+
+/** A build to run: what the Worker posts to `POST /v1/builds`. */
+export const BuildSpec = z.object({
+  /** Presigned GET of the project's `.tar.gz`, extracted as the build's working directory. */
+  sourceUrl: httpUrl,
+  /** The app's variables: the install and build steps see them (install without NODE_ENV). */
+  env: JobSpec.shape.env,
+  /** Limits install and build alike. */
+  memoryMb: JobSpec.shape.memoryMb,
+  /** For the whole job: download, install, build, upload. */
+  timeoutSeconds: JobSpec.shape.timeoutSeconds,
+  /** Signed `POST` here with a {@link BlobsRequest} returns a {@link BlobsResponse}. */
+  blobsEndpoint: httpUrl,
+  callbackUrl: httpUrl.optional(),
+  labels: z.record(z.string(), z.string()).optional(),
+  /** The app's settings, which win over svc.json and detection. */
+  overrides: z
+    .strictObject({
+      buildCommand: z.string().min(1).max(100_000).refine(noNul, "must not contain NUL").optional(),
+      outputDir: z.string().max(1024).refine(isProjectDir, PROJECT_DIR_MESSAGE).optional(),
+      spa: z.boolean().optional(),
+    })
+    .optional(),
+});
+export type BuildSpec = z.infer<typeof BuildSpec>;
+
+/** One file of a built site. */
+export const ManifestEntry = z.object({
+  /** URL path, decoded (`/about/index.html`, `/café.html`): what the edge matches requests against. */
+  path: z.string().max(4096).refine(isManifestPath, "must start with / and have no empty, . or .. segment"),
+  /** Hex SHA-256 of the bytes: the blob's name in storage. */
+  sha256: sha256Hex,
+  size: z.int().nonnegative(),
+  /** From the extension; text types carry `; charset=utf-8`; unknown ones `application/octet-stream`. */
+  contentType: z.string().min(1).max(255),
+});
+export type ManifestEntry = z.infer<typeof ManifestEntry>;
+
+/** Body of the builder's signed request to the blobs endpoint. */
+export const BlobsRequest = z.object({
+  blobs: z.array(ManifestEntry.pick({ sha256: true, size: true, contentType: true })).min(1).max(BLOB_BATCH_LIMIT),
+});
+export type BlobsRequest = z.infer<typeof BlobsRequest>;
+
+/** The Worker's answer: a presigned PUT URL for each blob of the request its storage lacks. */
+export const BlobsResponse = z.object({ missing: z.array(z.object({ sha256: sha256Hex, url: httpUrl })) });
+export type BlobsResponse = z.infer<typeof BlobsResponse>;
+
+/** What a succeeded build reports in {@link JobStatus}'s `result`. */
+export const BuildResult = z.object({
+  kind: z.literal("build"),
+  /** Detected framework id (`vite`, `nextjs`, `astro`, `sveltekit`, `gatsby`, `nuxt`, `create-react-app`, `eleventy`), or null. */
+  framework: z.string().nullable(),
+  /** The command that ran, or null when nothing needed building (plain `static/` folder). */
+  buildCommand: z.string().nullable(),
+  /** Normalised, relative to the project root. */
+  outputDir: z.string(),
+  spa: z.boolean(),
+  /** Null when nothing was installed. */
+  packageManager: z.enum(["npm", "yarn", "pnpm"]).nullable(),
+  /** Sorted by path. */
+  manifest: z.array(ManifestEntry).max(MAX_MANIFEST_FILES),
+  /**
+   * Generated when the project has no Dockerfile or Containerfile (null when it
+   * has one): nginx serving the output with the edge's rules. Store
+   * `webServerConfig` as {@link GENERATED_WEB_SERVER_CONFIG_PATH} beside the Dockerfile.
+   */
+  artifacts: z.object({ dockerfile: z.string(), webServerConfig: z.string() }).nullable(),
+  /** Blobs the Worker lacked and that were PUT (0 when it had them all). */
+  uploadedBlobs: z.int().nonnegative(),
+  /** Highest memory use of the install and build steps. */
+  peakMemoryBytes: z.int().nonnegative(),
+});
+export type BuildResult = z.infer<typeof BuildResult>;
+
+// ---------------------------------------------------------------------------
+// Job results
+// ---------------------------------------------------------------------------
+
+/** Every kind of job result, told apart by `kind`. */
+export const JobResult = z.discriminatedUnion("kind", [SnapshotResult, RestoreResult, BuildResult]);
+export type JobResult = z.infer<typeof JobResult>;

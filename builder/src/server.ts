@@ -36,6 +36,7 @@ const jobs = await JobManager.open({
   disks,
   cgroups,
   user: config.jobUser,
+  npmRegistry: config.npmRegistry,
 });
 
 const server = createServer(createRequestHandler({ secret: config.secret, jobs, disks, nonces: new NonceCache() }));

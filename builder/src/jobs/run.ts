@@ -82,7 +82,7 @@ export async function runJob(input: RunJobInput): Promise<SandboxOutcome> {
 }
 
 /** Most runs leave an empty directory, which one rmdir removes; anything else needs the recursive walk. */
-async function removeWorkDir(workDir: string): Promise<void> {
+export async function removeWorkDir(workDir: string): Promise<void> {
   try {
     await rmdir(workDir);
   } catch {
@@ -90,17 +90,20 @@ async function removeWorkDir(workDir: string): Promise<void> {
   }
 }
 
-function failure(reason: SandboxOutcome["reason"], error: string): SandboxOutcome {
+/** An outcome for a job that ended before or without its command (shared by the job kinds). */
+export function failure(reason: SandboxOutcome["reason"], error: string): SandboxOutcome {
   return { exitCode: null, signal: null, reason, error, peakMemoryBytes: 0 };
 }
 
-function interrupted(signal: AbortSignal): SandboxOutcome {
+/** The outcome of a job whose signal was aborted: a cancel, or the builder shutting down. */
+export function interrupted(signal: AbortSignal): SandboxOutcome {
   return signal.reason === "shutdown"
     ? failure("error", "builder shut down before the job finished")
     : failure("cancelled", "cancelled");
 }
 
-function finish(log: JobLog, outcome: SandboxOutcome): SandboxOutcome {
+/** Writes the outcome as the log's last line (format in protocol.ts), so a log read on its own says how the job ended. */
+export function finish(log: JobLog, outcome: SandboxOutcome): SandboxOutcome {
   if (outcome.reason === null) log.note("job succeeded (exit code 0)");
   else if (outcome.reason === "cancelled") log.note("job cancelled");
   else log.note(`job failed: ${outcome.error}`);

@@ -1,0 +1,193 @@
+import { createHash, randomBytes } from "node:crypto";
+import { mkdir, mkdtemp, readdir, rm, symlink, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { Readable } from "node:stream";
+import { pipeline } from "node:stream/promises";
+import { createGzip, gzipSync } from "node:zlib";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import type { RestoreSpec } from "../../builder/src/protocol.js";
+import { type BuilderProcess, signedFetch, startBuilder } from "./builder-process.js";
+import { type FakeStorage, describeTree, restoreToEnd, startFakeStorage } from "./snapshot-storage.js";
+
+const MiB = 1024 * 1024;
+
+// A tar writer of its own, independent of the builder's, that writes whatever it is told.
+
+interface MemberOptions {
+  type?: string;
+  linkname?: string;
+  mode?: number;
+  /** Declared size when it differs from the content (bombs). */
+  size?: number;
+  /** Spoils the checksum. */
+  corrupt?: boolean;
+}
+
+function header(name: string, size: number, options: MemberOptions): Buffer {
+  const block = Buffer.alloc(512);
+  block.write(name, 0, 100);
+  block.write(`${(options.mode ?? 0o644).toString(8).padStart(7, "0")}\0`, 100, "latin1");
+  block.write("0000000\0", 108, "latin1");
+  block.write("0000000\0", 116, "latin1");
+  block.write(`${size.toString(8).padStart(11, "0")}\0`, 124, "latin1");
+  block.write("14000000000\0", 136, "latin1");
+  block.write(options.type ?? "0", 156, "latin1");
+  block.write(options.linkname ?? "", 157, 100);
+  block.write("ustar\x0000", 257, "latin1");
+  block.fill(0x20, 148, 156);
+  const sum = block.reduce((total, byte) => total + byte, 0) + (options.corrupt ? 1 : 0);
+  block.write(`${sum.toString(8).padStart(6, "0")}\0 `, 148, "latin1");
+  return block;
+}
+
+function member(name: string, content: string | Buffer = "", options: MemberOptions = {}): Buffer {
+  const body = Buffer.from(content);
+  const padding = Buffer.alloc((512 - (body.length % 512)) % 512);
+  return Buffer.concat([header(name, options.size ?? body.length, options), body, padding]);
+}
+const dir = (name: string) => member(name, "", { type: "5", mode: 0o755 });
+const symlinkMember = (name: string, target: string) => member(name, "", { type: "2", linkname: target });
+const hardlinkMember = (name: string, target: string) => member(name, "", { type: "1", linkname: target });
+const tar = (...members: Buffer[]) => Buffer.concat([...members, Buffer.alloc(1024)]);
+const tgz = (...members: Buffer[]) => gzipSync(tar(...members));
+
+/** `prefix` followed by `zeros` zero bytes, gzipped as a stream (a few hundred KiB for 200 MiB). */
+async function gzippedZeros(prefix: Buffer, zeros: number): Promise<Buffer> {
+  const chunks: Buffer[] = [];
+  async function* source() {
+    yield prefix;
+    const block = Buffer.alloc(MiB);
+    for (let left = zeros; left > 0; left -= MiB) yield block.subarray(0, Math.min(MiB, left));
+  }
+  await pipeline(Readable.from(source()), createGzip({ level: 9 }), async (gzipped: AsyncIterable<Buffer>) => {
+    for await (const chunk of gzipped) chunks.push(chunk);
+  });
+  return Buffer.concat(chunks);
+}
+
+let builder: BuilderProcess;
+let storage: FakeStorage;
+let sentinel: string;
+let victim: string;
+let original: string[];
+
+beforeAll(async () => {
+  builder = await startBuilder();
+  storage = await startFakeStorage(builder.secret);
+  sentinel = await mkdtemp(join(tmpdir(), "svc-sentinel-"));
+  const created = await signedFetch(builder, "/v1/disks/victim", { method: "PUT", body: { sizeBytes: MiB } });
+  expect(created.status).toBe(201);
+  victim = join(builder.dataDir, "disks/victim/data");
+  await mkdir(join(victim, "sub/inner"), { recursive: true });
+  await writeFile(join(victim, "sub/inner/data.bin"), randomBytes(4096));
+  await writeFile(join(victim, "keep.txt"), "the disk's own data\n", { mode: 0o640 });
+  await symlink("sub/inner", join(victim, "shortcut"));
+  original = await describeTree(victim);
+});
+afterAll(async () => {
+  await storage?.close();
+  await builder?.stop();
+  await rm(sentinel, { recursive: true, force: true });
+});
+
+type Case = [name: string, archive: () => Buffer | Promise<Buffer>, error: RegExp, spec?: Partial<RestoreSpec>];
+
+const cases: Case[] = [
+  ["path traversal (../evil)", () => tgz(member("../evil", "x")), /member "\.\.\/evil" contains a "\.\." component/],
+  ["traversal inside a path", () => tgz(dir("a/"), member("a/../../evil", "x")), /"a\/\.\.\/\.\.\/evil" contains a "\.\." component/],
+  ["an absolute path", () => tgz(member(`${sentinel}/evil`, "x")), /is an absolute path/],
+  ["a symlink to an absolute path", () => tgz(symlinkMember("link", sentinel)), /symlink "link" -> ".*" points outside the disk/],
+  ["a symlink climbing out", () => tgz(symlinkMember("link", "../../x")), /symlink "link" -> "\.\.\/\.\.\/x" points outside the disk/],
+  [
+    "a file written through a symlink",
+    () => tgz(dir("inside/"), symlinkMember("link", "inside"), member("link/evil", "x")),
+    /member "link\/evil" would be written through the symlink "link"/,
+  ],
+  [
+    "a symlink that escapes through a later symlink",
+    () => tgz(dir("a/"), dir("a/b/"), dir("x/"), symlinkMember("a/b/t", "s/../.."), symlinkMember("a/b/s", "../../x")),
+    /symlink "a\/b\/t" -> "s\/\.\.\/\.\." points outside the disk through other links/,
+  ],
+  ["a hardlink climbing out", () => tgz(hardlinkMember("h", "../../etc/passwd")), /hardlink "h" target "\.\.\/\.\.\/etc\/passwd" contains a "\.\."/],
+  ["a hardlink to an absolute path", () => tgz(hardlinkMember("h", "/etc/passwd")), /hardlink "h" target "\/etc\/passwd" is an absolute path/],
+  [
+    "a hardlink to a member that comes later",
+    () => tgz(hardlinkMember("h", "later"), member("later", "x")),
+    /hardlink "h" -> "later" does not name an earlier file of the archive/,
+  ],
+  [
+    "a hardlink through a symlink",
+    () => tgz(dir("d/"), member("d/f", "x"), symlinkMember("l", "d"), hardlinkMember("h", "l/f")),
+    /hardlink "h" -> "l\/f" does not name an earlier file/,
+  ],
+  ["a fifo", () => tgz(member("pipe", "", { type: "6" })), /member "pipe" is a fifo/],
+  ["a character device", () => tgz(member("null", "", { type: "3" })), /member "null" is a char device/],
+  ["a block device", () => tgz(member("sda", "", { type: "4" })), /member "sda" is a block device/],
+  [
+    "a gzip bomb declaring one 200 MiB member",
+    () => gzippedZeros(header("bomb", 200 * MiB, {}), 200 * MiB),
+    /member "bomb" \(200\.0 MiB\) takes the archive past 10\.0 MiB expanded/,
+    { maxExpandedBytes: 10 * MiB },
+  ],
+  [
+    "a gzip bomb of bare zeros",
+    () => gzippedZeros(Buffer.alloc(0), 200 * MiB),
+    /archive expands to more than 10\.0 MiB \(maxExpandedBytes\)/,
+    { maxExpandedBytes: 10 * MiB },
+  ],
+  [
+    "many small members past maxExpandedBytes",
+    () => tgz(...Array.from({ length: 8 }, (_, i) => member(`f${i}`, Buffer.alloc(100 * 1024, i)))),
+    /member "f5" \(100\.0 KiB\) takes the archive past 512\.0 KiB expanded/,
+    { maxExpandedBytes: 512 * 1024 },
+  ],
+  ["more members than maxEntries", () => tgz(...["a", "b", "c", "d"].map((name) => member(name, name))), /more than 3 entries/, { maxEntries: 3 }],
+  ["more data than the disk's quota", () => tgz(member("big", Buffer.alloc(2 * MiB, 1))), /more than the disk's quota of 1\.0 MiB/],
+  ["a truncated gzip stream", () => tgz(member("f", randomBytes(64 * 1024))).subarray(0, 30_000), /not a valid gzip stream/],
+  ["something that is not gzip", () => Buffer.from("just some text, not an archive"), /not a valid gzip stream/],
+  ["a corrupt tar header", () => tgz(member("f", "x", { corrupt: true })), /not a valid tar stream: header checksum mismatch/],
+  ["a tar stream cut inside a member", () => gzipSync(member("f", randomBytes(4096)).subarray(0, 2048)), /truncated archive/],
+  ["the same member twice", () => tgz(member("twice", "1"), member("twice", "2")), /member "twice" appears twice/],
+];
+
+describe("POST /v1/restores refuses hostile archives whole", () => {
+  it.each(cases)("refuses %s, leaving the disk as it was and nothing outside it", async (name, make, error, spec = {}) => {
+    const archive = await make();
+    const { status, log } = await restoreToEnd(builder, {
+      diskId: "victim",
+      archiveUrl: storage.serve(`case-${cases.findIndex((entry) => entry[0] === name)}`, archive),
+      expectedSizeBytes: archive.length,
+      ...spec,
+    });
+    expect(status, log).toMatchObject({ status: "failed", reason: "error", result: null });
+    expect(status.error).toMatch(error);
+    expect(log).toContain(`job failed: ${status.error}`);
+    // Refusals come at the first bad byte: a bomb never gets to expand.
+    expect(Date.parse(status.finishedAt!) - Date.parse(status.startedAt!)).toBeLessThan(5_000);
+    expect(await describeTree(victim)).toEqual(original);
+    expect(await readdir(join(builder.dataDir, "disks/victim"))).toEqual(["data", "disk.json"]);
+    expect(await readdir(join(builder.dataDir, "disks"))).toEqual(["victim"]);
+    expect(await readdir(sentinel)).toEqual([]);
+  });
+
+  it("refuses a download whose size or SHA-256 differs from the expected one", async () => {
+    const archive = tgz(member("fine.txt", "fine"));
+    const url = storage.serve("checked", archive);
+    const digest = createHash("sha256").update(archive).digest("hex");
+    const longer = await restoreToEnd(builder, { diskId: "victim", archiveUrl: url, expectedSizeBytes: archive.length + 1 });
+    expect(longer.status.error).toBe(`archive rejected: the download is ${archive.length} bytes, expected ${archive.length + 1} (expectedSizeBytes)`);
+    const wrongDigest = "0".repeat(64);
+    const tampered = await restoreToEnd(builder, {
+      diskId: "victim",
+      archiveUrl: url,
+      expectedSizeBytes: archive.length,
+      expectedSha256: wrongDigest,
+    });
+    expect(tampered.status.error).toBe(`archive rejected: the download's SHA-256 is ${digest}, expected ${wrongDigest} (expectedSha256)`);
+    const missing = await restoreToEnd(builder, { diskId: "victim", archiveUrl: `${storage.url}/archives/none`, expectedSizeBytes: 10 });
+    expect(missing.status.error).toBe("archive download failed: HTTP 404");
+    expect(await describeTree(victim)).toEqual(original);
+    expect(await readdir(join(builder.dataDir, "disks/victim"))).toEqual(["data", "disk.json"]);
+  });
+});
