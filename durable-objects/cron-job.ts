@@ -2,7 +2,7 @@ import { DurableObject } from "cloudflare:workers";
 import { and, asc, desc, eq } from "drizzle-orm";
 import type { JobSpec, JobStatus } from "../builder/src/protocol";
 import { openDb } from "../worker/db/client";
-import { type AppRow, apps, type CronRow, type CronRunRow, cronRuns, crons, disks } from "../worker/db/schema";
+import { type AppRow, apps, type CronRow, type CronRunRow, cronRuns, crons, type DiskRow, disks } from "../worker/db/schema";
 import { configOf, type Env } from "../worker/env";
 import { cancelJob, getJob, jobLog, submitJob } from "../worker/lib/builder-client";
 import { nextRuns } from "../worker/lib/cron";
@@ -10,6 +10,11 @@ import { randomBase62 } from "../worker/lib/ids";
 import { GIB } from "../worker/services/disks";
 import { envOf } from "../worker/services/env-vars";
 import { logKey, RUN_HISTORY } from "../worker/services/crons";
+
+/** Runs between history trims (trimming is a scan, so it is not done on every run). */
+const TRIM_EVERY_RUNS = 10;
+
+type Target = { app: AppRow; disk: DiskRow | null };
 
 /** How a finished run ended, whatever reported it (callback, poll, or a dispatch failure). */
 type Outcome = { status: "success" | "failed"; exitCode: number | null; error: string | null; log: string };
@@ -73,14 +78,13 @@ export class CronJob extends DurableObject<Env> {
   /** Starts a manual run now, whatever the schedule and concurrency policy say. */
   async runNow(): Promise<{ jobName: string; status: CronRunRow["status"] } | null> {
     const cron = await this.loadCron();
-    if (!cron) return null;
-    const app = await this.db.select().from(apps).where(eq(apps.id, cron.appId)).get();
-    if (!app) return null;
+    const target = cron && (await this.loadTarget(cron));
+    if (!cron || !target) return null;
     const now = Date.now();
     const jobName = `manual-${randomBase62(6).toLowerCase()}-${Math.floor(now / 1000)}`;
     const run = await this.insertRun(cron, jobName, "manual", now);
     if (!run) return null;
-    await this.dispatch(cron, app, run);
+    await this.dispatch(cron, target, run);
     await this.reschedule(cron);
     const after = await this.loadRun(cron.id, jobName);
     return { jobName, status: after?.status ?? "running" };
@@ -130,6 +134,17 @@ export class CronJob extends DurableObject<Env> {
     return (await this.db.select().from(crons).where(eq(crons.id, cronId)).get()) ?? null;
   }
 
+  /** The job's app and the disk attached to it, in one query. */
+  private async loadTarget(cron: CronRow): Promise<Target | null> {
+    const row = await this.db
+      .select({ app: apps, disk: disks })
+      .from(apps)
+      .leftJoin(disks, eq(disks.appId, apps.id))
+      .where(eq(apps.id, cron.appId))
+      .get();
+    return row ?? null;
+  }
+
   private async loadRun(cronId: string, jobName: string): Promise<CronRunRow | null> {
     return (
       (await this.db
@@ -172,8 +187,8 @@ export class CronJob extends DurableObject<Env> {
   }
 
   private async fire(cron: CronRow, due: number): Promise<void> {
-    const app = await this.db.select().from(apps).where(eq(apps.id, cron.appId)).get();
-    if (!app || !cron.enabled || app.status === "stopped") return;
+    const target = await this.loadTarget(cron);
+    if (!target || !cron.enabled || target.app.status === "stopped") return;
     const running = await this.runningRuns(cron.id);
     if (running.length > 0) {
       if (cron.concurrencyPolicy === "forbid") return;
@@ -182,7 +197,7 @@ export class CronJob extends DurableObject<Env> {
       }
     }
     const run = await this.insertRun(cron, `${cron.name}-${Math.floor(due / 1000)}`, "schedule", due);
-    if (run) await this.dispatch(cron, app, run);
+    if (run) await this.dispatch(cron, target, run);
   }
 
   /** Inserts a `running` run; null when a run of that name exists (a duplicate alarm delivery). */
@@ -192,22 +207,26 @@ export class CronJob extends DurableObject<Env> {
     trigger: CronRunRow["trigger"],
     scheduledAt: number,
   ): Promise<CronRunRow | null> {
-    const [run] = await this.db
-      .insert(cronRuns)
-      .values({ cronId: cron.id, jobName, trigger, status: "running", scheduledAt, startedAt: Date.now() })
-      .onConflictDoNothing()
-      .returning();
+    // One round trip; on a duplicate delivery the update rewrites the same lastRunAt.
+    const [[run]] = await this.db.batch([
+      this.db
+        .insert(cronRuns)
+        .values({ cronId: cron.id, jobName, trigger, status: "running", scheduledAt, startedAt: Date.now() })
+        .onConflictDoNothing()
+        .returning(),
+      this.db.update(crons).set({ lastRunAt: scheduledAt }).where(eq(crons.id, cron.id)),
+    ]);
     if (!run) return null;
-    await this.db.update(crons).set({ lastRunAt: scheduledAt }).where(eq(crons.id, cron.id));
-    await this.trimHistory(cron.id);
+    const inserted = ((await this.ctx.storage.get<number>("runsSinceTrim")) ?? 0) + 1;
+    if (inserted >= TRIM_EVERY_RUNS) await this.trimHistory(cron.id);
+    await this.ctx.storage.put("runsSinceTrim", inserted >= TRIM_EVERY_RUNS ? 0 : inserted);
     return run;
   }
 
   /** Sends the run to the builder with the app's decrypted env vars and its disk. */
-  private async dispatch(cron: CronRow, app: AppRow, run: CronRunRow): Promise<void> {
+  private async dispatch(cron: CronRow, { app, disk }: Target, run: CronRunRow): Promise<void> {
     const config = this.config;
     try {
-      const disk = await this.db.select().from(disks).where(eq(disks.appId, app.id)).get();
       if (disk?.status === "restoring") {
         await this.complete(cron, run, {
           status: "failed",
@@ -304,7 +323,7 @@ export class CronJob extends DurableObject<Env> {
       .where(and(eq(cronRuns.cronId, cron.id), eq(cronRuns.jobName, run.jobName), eq(cronRuns.status, "running")));
   }
 
-  /** Keeps the newest {@link RUN_HISTORY} runs; older ones go with their logs. */
+  /** Keeps the newest {@link RUN_HISTORY} runs (checked every {@link TRIM_EVERY_RUNS}); older ones go with their logs. */
   private async trimHistory(cronId: string): Promise<void> {
     const old = await this.db
       .select({ jobName: cronRuns.jobName })

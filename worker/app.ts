@@ -11,8 +11,12 @@ import { newRouter } from "./lib/router";
 import { accountRoutes } from "./routes/accounts";
 import { apiKeyRoutes } from "./routes/api-keys";
 import { appRoutes } from "./routes/apps";
+import { backupRoutes } from "./routes/backups";
 import { cronRoutes } from "./routes/crons";
+import { deploymentRoutes } from "./routes/deployments";
 import { diskRoutes } from "./routes/disks";
+import { serveSite, siteName } from "./sites/serve";
+import { storageRoutes } from "./storage/gateway";
 import { envVarRoutes } from "./routes/env-vars";
 import { internalRoutes } from "./routes/internal";
 
@@ -54,12 +58,16 @@ function fromHttpException(err: HTTPException): ApiError {
 export function createApp() {
   const app = newRouter();
 
-  app.use("*", requestId({ headerName: "X-Request-Id" }));
   app.use("*", async (c, next) => {
-    c.set("config", configOf(c.env));
+    const config = configOf(c.env);
+    // Requests for <app>.<APPS_DOMAIN> are static sites, answered before any API machinery.
+    const site = siteName(c.req.header("Host") ?? new URL(c.req.url).host, config.APPS_DOMAIN);
+    if (site) return serveSite(c.req.raw, c.env, (p) => c.executionCtx.waitUntil(p), site);
+    c.set("config", config);
     c.set("db", openDb(c.env.DB));
     await next();
   });
+  app.use("*", requestId({ headerName: "X-Request-Id" }));
   const limitBody: MiddlewareHandler<AppEnv> = (c, next) =>
     bodyLimit({
       maxSize: c.get("config").MAX_REQUEST_BODY_BYTES,
@@ -79,9 +87,12 @@ export function createApp() {
   app.route("/v1/api-keys", apiKeyRoutes);
   app.route("/v1/apps", appRoutes);
   app.route("/v1/apps", envVarRoutes);
+  app.route("/v1/apps", deploymentRoutes);
   app.route("/v1/disks", diskRoutes);
+  app.route("/v1/disks", backupRoutes);
   app.route("/v1/crons", cronRoutes);
   app.route("/internal", internalRoutes);
+  app.route("/storage", storageRoutes);
 
   app.openAPIRegistry.registerComponent("securitySchemes", "bearerAuth", {
     type: "http",

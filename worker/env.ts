@@ -1,11 +1,17 @@
 import { z } from "zod";
+import type { BackupJob } from "../durable-objects/backup-job";
 import type { CronJob } from "../durable-objects/cron-job";
+import type { Deployment } from "../durable-objects/deployment";
+import type { RestoreJob } from "../durable-objects/restore-job";
 
 /** Bindings and vars the Worker is deployed with (wrangler.toml + secrets). */
 export interface Env {
   DB: D1Database;
   BUCKET: R2Bucket;
   CRON_JOB: DurableObjectNamespace<CronJob>;
+  BACKUP_JOB: DurableObjectNamespace<BackupJob>;
+  RESTORE_JOB: DurableObjectNamespace<RestoreJob>;
+  DEPLOYMENT: DurableObjectNamespace<Deployment>;
   /** Where the builder can reach this Worker (completion callbacks). */
   PUBLIC_URL: string;
   APPS_DOMAIN: string;

@@ -24,7 +24,7 @@ describe("/v1/apps lifecycle", () => {
     const created = await call("/v1/apps", { method: "POST", key, body: { name, runtime: "static" } });
     expect(created.status).toBe(201);
     const app = (await json<Data<App>>(created)).data;
-    expect(app).toMatchObject({ name, runtime: "static", status: "running", activeDeploymentId: null, disks: [], memoryMb: 512 });
+    expect(app).toMatchObject({ name, runtime: "static", status: "running", activeDeploymentId: null, disks: [], memoryMb: 1024 });
     expect(app.id).toMatch(/^app_[0-9A-Za-z]{24}$/);
     expect(app.url).toBe(`${env.APPS_URL_SCHEME}://${name}.${env.APPS_DOMAIN}`);
 

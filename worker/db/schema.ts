@@ -195,3 +195,147 @@ export const cronRuns = sqliteTable(
 
 export type CronRow = typeof crons.$inferSelect;
 export type CronRunRow = typeof cronRuns.$inferSelect;
+
+export const BACKUP_STATUSES = ["creating", "ready", "failed"] as const;
+export type BackupStatus = (typeof BACKUP_STATUSES)[number];
+
+export const backups = sqliteTable(
+  "backups",
+  {
+    id: text("id").primaryKey(),
+    accountId: text("account_id")
+      .notNull()
+      .references(() => accounts.id, { onDelete: "cascade" }),
+    diskId: text("disk_id")
+      .notNull()
+      .references(() => disks.id, { onDelete: "cascade" }),
+    status: text("status", { enum: BACKUP_STATUSES }).notNull(),
+    description: text("description").notNull().default(""),
+    /** Archive size once ready; 0 before. */
+    sizeBytes: integer("size_bytes").notNull().default(0),
+    /** Quota held while creating (the disk's used bytes when the backup started). */
+    reservedBytes: integer("reserved_bytes").notNull().default(0),
+    sha256: text("sha256"),
+    objectKey: text("object_key").notNull(),
+    failureReason: text("failure_reason"),
+    createdAt: integer("created_at").notNull(),
+    completedAt: integer("completed_at"),
+    /** Deleted by the retention sweep after this time (plan retention from completion). */
+    expiresAt: integer("expires_at"),
+  },
+  (t) => [index("backups_disk_idx").on(t.diskId, t.createdAt), index("backups_account_idx").on(t.accountId, t.status)],
+);
+
+/** A presigned restore upload (spec "Restore upload"); the object lives at `objectKey`. */
+export const restoreUploads = sqliteTable(
+  "restore_uploads",
+  {
+    id: text("id").primaryKey(),
+    accountId: text("account_id")
+      .notNull()
+      .references(() => accounts.id, { onDelete: "cascade" }),
+    diskId: text("disk_id")
+      .notNull()
+      .references(() => disks.id, { onDelete: "cascade" }),
+    sizeBytes: integer("size_bytes").notNull(),
+    objectKey: text("object_key").notNull(),
+    /** R2 multipart upload id when the archive is uploaded in parts. */
+    multipartUploadId: text("multipart_upload_id"),
+    /** When the upload URL stops working. */
+    expiresAt: integer("expires_at").notNull(),
+    /** Set when a restore consumed the upload. */
+    usedAt: integer("used_at"),
+    createdAt: integer("created_at").notNull(),
+  },
+  (t) => [index("restore_uploads_expiry_idx").on(t.expiresAt)],
+);
+
+export const RESTORE_STATUSES = ["running", "succeeded", "failed"] as const;
+export type RestoreStatus = (typeof RESTORE_STATUSES)[number];
+
+export const restores = sqliteTable(
+  "restores",
+  {
+    id: text("id").primaryKey(),
+    accountId: text("account_id")
+      .notNull()
+      .references(() => accounts.id, { onDelete: "cascade" }),
+    diskId: text("disk_id")
+      .notNull()
+      .references(() => disks.id, { onDelete: "cascade" }),
+    /** The archive restored: an uploaded object or a ready backup's. */
+    objectKey: text("object_key").notNull(),
+    sizeBytes: integer("size_bytes").notNull(),
+    sha256: text("sha256"),
+    uploadId: text("upload_id"),
+    backupId: text("backup_id"),
+    status: text("status", { enum: RESTORE_STATUSES }).notNull(),
+    error: text("error"),
+    builderJobId: text("builder_job_id"),
+    createdAt: integer("created_at").notNull(),
+    finishedAt: integer("finished_at"),
+  },
+  (t) => [index("restores_disk_idx").on(t.diskId, t.createdAt)],
+);
+
+export type BackupRow = typeof backups.$inferSelect;
+export type RestoreUploadRow = typeof restoreUploads.$inferSelect;
+export type RestoreRow = typeof restores.$inferSelect;
+
+export const DEPLOYMENT_STATUSES = ["queued", "building", "deploying", "ready", "failed", "cancelled"] as const;
+export type DeploymentStatus = (typeof DEPLOYMENT_STATUSES)[number];
+
+export const deployments = sqliteTable(
+  "deployments",
+  {
+    id: text("id").primaryKey(),
+    accountId: text("account_id")
+      .notNull()
+      .references(() => accounts.id, { onDelete: "cascade" }),
+    appId: text("app_id")
+      .notNull()
+      .references(() => apps.id, { onDelete: "cascade" }),
+    status: text("status", { enum: DEPLOYMENT_STATUSES }).notNull(),
+    error: text("error"),
+    /** The uploaded source archive (.tar.gz) and its announced size. */
+    sourceKey: text("source_key").notNull(),
+    sourceSizeBytes: integer("source_size_bytes").notNull(),
+    uploadExpiresAt: integer("upload_expires_at").notNull(),
+    framework: text("framework"),
+    outputDir: text("output_dir"),
+    spa: integer("spa", { mode: "boolean" }),
+    /** R2 key of the manifest (path → sha256, size, content type); immutable once written. */
+    manifestKey: text("manifest_key"),
+    fileCount: integer("file_count"),
+    totalBytes: integer("total_bytes"),
+    uploadedBlobs: integer("uploaded_blobs"),
+    peakMemoryBytes: integer("peak_memory_bytes"),
+    builderJobId: text("builder_job_id"),
+    createdAt: integer("created_at").notNull(),
+    startedAt: integer("started_at"),
+    builtAt: integer("built_at"),
+    finishedAt: integer("finished_at"),
+  },
+  (t) => [index("deployments_app_idx").on(t.appId, t.createdAt)],
+);
+
+/** One line of an app's web-server log (spec: `svc logs <app>`). */
+export const requestLogs = sqliteTable(
+  "request_logs",
+  {
+    id: integer("id").primaryKey({ autoIncrement: true }),
+    appId: text("app_id")
+      .notNull()
+      .references(() => apps.id, { onDelete: "cascade" }),
+    at: integer("at").notNull(),
+    method: text("method").notNull(),
+    path: text("path").notNull(),
+    status: integer("status").notNull(),
+    bytes: integer("bytes").notNull(),
+    durationMs: integer("duration_ms").notNull(),
+  },
+  (t) => [index("request_logs_app_idx").on(t.appId, t.id)],
+);
+
+export type DeploymentRow = typeof deployments.$inferSelect;
+export type RequestLogRow = typeof requestLogs.$inferSelect;

@@ -1,4 +1,14 @@
-import { BuilderError, DiskInfo, type DiskSpec, JobStatus, type JobSpec, signRequest } from "../../builder/src/protocol";
+import {
+  BuilderError,
+  type BuildSpec,
+  DiskInfo,
+  type DiskSpec,
+  type JobSpec,
+  JobStatus,
+  type RestoreSpec,
+  type SnapshotSpec,
+  signRequest,
+} from "../../builder/src/protocol";
 import type { Config } from "../env";
 import { ApiError } from "./errors";
 
@@ -68,4 +78,37 @@ export async function jobLog(config: Config, id: string): Promise<BuilderResult<
   const res = await builderFetch(config, "GET", `/v1/jobs/${encodeURIComponent(id)}/logs?offset=0`);
   if (!res.ok) return failure(res);
   return { ok: true, value: await res.text() };
+}
+
+/** The disk's size and current usage on the builder. */
+export async function diskUsage(config: Config, id: string): Promise<BuilderResult<DiskInfo>> {
+  const res = await builderFetch(config, "GET", `/v1/disks/${encodeURIComponent(id)}`);
+  if (!res.ok) return failure(res);
+  return { ok: true, value: DiskInfo.parse(await res.json()) };
+}
+
+/** Starts a snapshot (tar.gz of the disk streamed in parts to presigned URLs). */
+export async function submitSnapshot(config: Config, spec: SnapshotSpec): Promise<BuilderResult<JobStatus>> {
+  const res = await builderFetch(config, "POST", "/v1/snapshots", spec);
+  if (!res.ok) return failure(res);
+  return { ok: true, value: JobStatus.parse(await res.json()) };
+}
+
+/** Starts a restore (download, validate, extract to staging, swap in). */
+export async function submitRestore(config: Config, spec: RestoreSpec): Promise<BuilderResult<JobStatus>> {
+  const res = await builderFetch(config, "POST", "/v1/restores", spec);
+  if (!res.ok) return failure(res);
+  return { ok: true, value: JobStatus.parse(await res.json()) };
+}
+
+/** Starts a static-site build. */
+export async function submitBuild(config: Config, spec: BuildSpec): Promise<BuilderResult<JobStatus>> {
+  const res = await builderFetch(config, "POST", "/v1/builds", spec);
+  if (!res.ok) return failure(res);
+  return { ok: true, value: JobStatus.parse(await res.json()) };
+}
+
+/** The job's log as a stream; with `follow` it stays open until the job ends. */
+export async function jobLogStream(config: Config, id: string, follow: boolean): Promise<Response> {
+  return builderFetch(config, "GET", `/v1/jobs/${encodeURIComponent(id)}/logs?offset=0${follow ? "&follow=1" : ""}`);
 }

@@ -24,16 +24,18 @@ export type ErrorCode =
   | "DISK_IN_USE"
   | "DISK_ATTACHED"
   | "BACKUP_NOT_READY"
+  | "DEPLOYMENT_NOT_READY"
   | "UPLOAD_INCOMPLETE"
   | "BACKUP_QUOTA_EXCEEDED"
   | "NAME_TAKEN"
   | "PRESIGNED_URL_EXPIRED"
+  | "LENGTH_REQUIRED"
   | "PAYLOAD_TOO_LARGE"
   | "RATE_LIMITED"
   | "BUILDER_UNAVAILABLE"
   | "INTERNAL";
 
-export type ErrorStatus = 400 | 401 | 403 | 404 | 405 | 409 | 410 | 413 | 429 | 500 | 502;
+export type ErrorStatus = 400 | 401 | 403 | 404 | 405 | 409 | 410 | 411 | 413 | 429 | 500 | 502;
 
 /** One exhaustive code → status switch; adding a code without a status fails type-checking. */
 export function statusOf(code: ErrorCode): ErrorStatus {
@@ -63,12 +65,15 @@ export function statusOf(code: ErrorCode): ErrorStatus {
     case "DISK_IN_USE":
     case "DISK_ATTACHED":
     case "BACKUP_NOT_READY":
+    case "DEPLOYMENT_NOT_READY":
     case "UPLOAD_INCOMPLETE":
     case "BACKUP_QUOTA_EXCEEDED":
     case "NAME_TAKEN":
       return 409;
     case "PRESIGNED_URL_EXPIRED":
       return 410;
+    case "LENGTH_REQUIRED":
+      return 411;
     case "PAYLOAD_TOO_LARGE":
       return 413;
     case "RATE_LIMITED":

@@ -25,7 +25,13 @@ const CreateAppBody = z
   .strictObject({
     name: DnsLabel,
     runtime: z.enum(RUNTIMES),
-    memoryMb: z.number().int().min(128).max(16_384).default(512),
+    memoryMb: z
+      .number()
+      .int()
+      .min(128)
+      .max(16_384)
+      .default(1024)
+      .openapi({ description: "Memory limit of the app, its cron runs and its builds (OOMKilled above)" }),
   })
   .openapi("CreateApp", { example: { name: "my-site", runtime: "static" } });
 

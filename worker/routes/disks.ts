@@ -147,7 +147,7 @@ diskRoutes.openapi(
     },
   }),
   async (c) => {
-    const id = await deleteDisk(c.get("db"), c.get("config"), c.get("principal").accountId, c.req.valid("param").disk);
+    const id = await deleteDisk(c.get("db"), c.get("config"), c.env.BUCKET, c.get("principal").accountId, c.req.valid("param").disk);
     return c.json({ data: { id, deleted: true as const } }, 200);
   },
 );

@@ -6,6 +6,7 @@ import { nextRuns } from "../lib/cron";
 import { ApiError } from "../lib/errors";
 import { newId } from "../lib/ids";
 import { iso, isoOrNull } from "../lib/time";
+import { deletePrefix } from "../storage/objects";
 
 /** Runs kept per job (DESIGN §6); older runs and their logs are removed. */
 export const RUN_HISTORY = 100;
@@ -142,12 +143,7 @@ export async function updateCron(db: Db, env: Env, cron: CronRow, patch: CronPat
 /** Disarms the alarm first, then removes logs, runs and the job. */
 export async function deleteCron(db: Db, env: Env, cron: CronRow): Promise<void> {
   await cronStub(env, cron.id).destroy();
-  let cursor: string | undefined;
-  do {
-    const page = await env.BUCKET.list({ prefix: `cron-logs/${cron.id}/`, cursor });
-    if (page.objects.length > 0) await env.BUCKET.delete(page.objects.map((o) => o.key));
-    cursor = page.truncated ? page.cursor : undefined;
-  } while (cursor);
+  await deletePrefix(env.BUCKET, `cron-logs/${cron.id}/`);
   await db.delete(crons).where(eq(crons.id, cron.id));
 }
 

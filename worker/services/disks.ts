@@ -6,6 +6,7 @@ import { destroyDisk, provisionDisk } from "../lib/builder-client";
 import { ApiError } from "../lib/errors";
 import { isId, newId } from "../lib/ids";
 import { iso } from "../lib/time";
+import { deletePrefix } from "../storage/objects";
 
 export const GIB = 1024 ** 3;
 
@@ -137,12 +138,19 @@ export async function detachDisk(db: Db, accountId: string, ref: string): Promis
   return diskView(db, accountId, disk.id);
 }
 
-/** Refused while attached; the builder's data goes first so a failure leaves the disk listed. */
-export async function deleteDisk(db: Db, config: Config, accountId: string, ref: string): Promise<string> {
+/**
+ * Refused while attached or restoring. The builder's data goes first so a
+ * failure leaves the disk listed; then the disk's backup archives and restore
+ * uploads, then the rows (backups cascade with the disk).
+ */
+export async function deleteDisk(db: Db, config: Config, bucket: R2Bucket, accountId: string, ref: string): Promise<string> {
   const { disk, app } = await resolveDisk(db, accountId, ref);
   if (app) throw new ApiError("DISK_ATTACHED", `disk ${disk.name} is attached to app ${app.name}; detach it first`);
+  if (disk.status === "restoring") throw new ApiError("DISK_IN_USE", `disk ${disk.name} is being restored`);
   const destroyed = await destroyDisk(config, disk.id);
   if (!destroyed.ok) throw new ApiError("BUILDER_UNAVAILABLE", `the builder could not delete the disk: ${destroyed.message}`);
+  await deletePrefix(bucket, `backups/${disk.id}/`);
+  await deletePrefix(bucket, `restore-uploads/${disk.id}/`);
   await db.delete(disks).where(eq(disks.id, disk.id));
   return disk.id;
 }

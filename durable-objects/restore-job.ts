@@ -1,0 +1,75 @@
+import { eq } from "drizzle-orm";
+import type { JobStatus } from "../builder/src/protocol";
+import { apps, disks, restores } from "../worker/db/schema";
+import { submitRestore } from "../worker/lib/builder-client";
+import { presign } from "../worker/storage/presign";
+import { setAppStatus } from "../worker/services/apps";
+import { GIB } from "../worker/services/disks";
+import { failureOf, SingleBuilderJob } from "./single-job";
+
+/** Most entries a restored archive may hold (bounds a tar of millions of empty files). */
+export const RESTORE_MAX_ENTRIES = 1_000_000;
+
+/**
+ * One object per restore: the builder downloads the archive through a
+ * presigned GET, validates it, extracts into staging and swaps it in
+ * atomically (a failure leaves the disk as it was). Afterwards the disk is
+ * available again and, on success, its app is restarted on the new data.
+ */
+export class RestoreJob extends SingleBuilderJob {
+  async start(restoreId: string): Promise<void> {
+    const restore = await this.db.select().from(restores).where(eq(restores.id, restoreId)).get();
+    if (restore?.status !== "running") return;
+    await this.ctx.storage.put("restoreId", restoreId);
+    const disk = await this.db.select().from(disks).where(eq(disks.id, restore.diskId)).get();
+    if (!disk) {
+      await this.fail("the disk no longer exists");
+      return;
+    }
+    const { url } = await presign(this.config, {
+      method: "GET",
+      key: restore.objectKey,
+      expiresInSeconds: this.config.PRESIGNED_URL_TTL_SECONDS,
+    });
+    const submitted = await submitRestore(this.config, {
+      diskId: disk.id,
+      archiveUrl: url,
+      expectedSizeBytes: restore.sizeBytes,
+      ...(restore.sha256 ? { expectedSha256: restore.sha256 } : {}),
+      maxEntries: RESTORE_MAX_ENTRIES,
+      maxExpandedBytes: disk.sizeGb * GIB,
+      callbackUrl: new URL("/internal/builder/callback", this.config.PUBLIC_URL).href,
+      labels: { kind: "restore", restoreId },
+    }).catch((err: unknown) => ({ ok: false as const, message: err instanceof Error ? err.message : String(err) }));
+    if (!submitted.ok) {
+      await this.fail(`the builder could not start the restore: ${submitted.message}`);
+      return;
+    }
+    await this.ctx.storage.put("builderJobId", submitted.value.id);
+    await this.db.update(restores).set({ builderJobId: submitted.value.id }).where(eq(restores.id, restoreId));
+    await this.watch(submitted.value.id);
+  }
+
+  protected maxRuntimeMs(): number {
+    return 12 * 3_600_000;
+  }
+
+  protected async finish(status: JobStatus | { error: string }): Promise<void> {
+    const restoreId = await this.ctx.storage.get<string>("restoreId");
+    const restore = restoreId ? await this.db.select().from(restores).where(eq(restores.id, restoreId)).get() : null;
+    if (!restore) return;
+    const error = failureOf(status);
+    const now = Date.now();
+    await this.db.batch([
+      this.db
+        .update(restores)
+        .set({ status: error ? "failed" : "succeeded", error, finishedAt: now })
+        .where(eq(restores.id, restore.id)),
+      this.db.update(disks).set({ status: "available", updatedAt: now }).where(eq(disks.id, restore.diskId)),
+    ]);
+    if (error) return;
+    const disk = await this.db.select().from(disks).where(eq(disks.id, restore.diskId)).get();
+    const app = disk?.appId ? await this.db.select().from(apps).where(eq(apps.id, disk.appId)).get() : null;
+    if (app) await setAppStatus(this.db, app, "running");
+  }
+}

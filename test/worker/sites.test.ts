@@ -1,0 +1,133 @@
+import { env, exports } from "cloudflare:workers";
+import { describe, expect, it } from "vitest";
+import { newId } from "../../worker/lib/ids";
+import { blobKey, type Manifest, manifestKey } from "../../worker/sites/serve";
+import { call, newAccount } from "./helpers";
+
+async function sha256(text: string): Promise<string> {
+  const digest = await crypto.subtle.digest("SHA-256", new TextEncoder().encode(text));
+  return [...new Uint8Array(digest)].map((b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+/** Publishes files as a ready, active deployment the way the Deployment object does. */
+async function publish(appId: string, accountId: string, files: Record<string, [string, string]>, spa: boolean): Promise<string> {
+  const manifest: Manifest = { spa, files: {} };
+  for (const [path, [contentType, body]] of Object.entries(files)) {
+    const sha = await sha256(body);
+    await env.BUCKET.put(blobKey(sha), body);
+    manifest.files[path] = { sha256: sha, size: new TextEncoder().encode(body).byteLength, contentType };
+  }
+  const id = newId("deployment");
+  await env.BUCKET.put(manifestKey(id), JSON.stringify(manifest));
+  const now = Date.now();
+  await env.DB.batch([
+    env.DB.prepare(
+      "INSERT INTO deployments (id, account_id, app_id, status, source_key, source_size_bytes, upload_expires_at, manifest_key, created_at) VALUES (?, ?, ?, 'ready', ?, 1, ?, ?, ?)",
+    ).bind(id, accountId, appId, `sources/${appId}/${id}.tar.gz`, now, manifestKey(id), now),
+    env.DB.prepare("UPDATE apps SET active_deployment_id = ? WHERE id = ?").bind(id, appId),
+  ]);
+  return id;
+}
+
+async function newSite(spa: boolean, files: Record<string, [string, string]>) {
+  const { accountId, adminKey } = await newAccount();
+  const name = `site-${crypto.randomUUID().slice(0, 8)}`;
+  const app = ((await (await call("/v1/apps", { method: "POST", key: adminKey, body: { name, runtime: "static" } })).json()) as { data: { id: string } }).data;
+  const deploymentId = await publish(app.id, accountId, files, spa);
+  return { name, appId: app.id, accountId, key: adminKey, deploymentId };
+}
+
+const get = (name: string, path: string, init: RequestInit = {}) =>
+  exports.default.fetch(new Request(`http://${name}.${env.APPS_DOMAIN}${path}`, init));
+
+const HTML = "text/html; charset=utf-8";
+const files = (): Record<string, [string, string]> => ({
+  "/index.html": [HTML, "<h1>home</h1>"],
+  "/404.html": [HTML, "<h1>custom not found</h1>"],
+  "/about/index.html": [HTML, "<h1>about</h1>"],
+  "/assets/app-4f3a9c1b.js": ["text/javascript; charset=utf-8", "console.log('app')"],
+  "/style.css": ["text/css; charset=utf-8", "body{color:red}"],
+});
+
+describe("edge serving on <app>.<APPS_DOMAIN>", () => {
+  it("serves files with content types, dir/ → index.html, ETag → 304, HEAD and Range", async () => {
+    const { name } = await newSite(false, files());
+    const home = await get(name, "/");
+    expect(home.status).toBe(200);
+    expect(home.headers.get("Content-Type")).toBe(HTML);
+    expect(home.headers.get("Cache-Control")).toBe("no-cache");
+    expect(await home.text()).toBe("<h1>home</h1>");
+    const js = await get(name, "/assets/app-4f3a9c1b.js");
+    expect(js.headers.get("Content-Type")).toBe("text/javascript; charset=utf-8");
+    expect(js.headers.get("Cache-Control")).toBe("public, max-age=31536000, immutable");
+    expect((await get(name, "/style.css")).headers.get("Content-Type")).toBe("text/css; charset=utf-8");
+    expect(await (await get(name, "/about/")).text()).toBe("<h1>about</h1>");
+
+    const etag = home.headers.get("ETag")!;
+    const cached = await get(name, "/", { headers: { "If-None-Match": etag } });
+    expect(cached.status).toBe(304);
+    expect(await cached.text()).toBe("");
+
+    const head = await get(name, "/style.css", { method: "HEAD" });
+    expect([head.status, head.headers.get("Content-Length"), await head.text()]).toEqual([200, "15", ""]);
+    const range = await get(name, "/style.css", { headers: { Range: "bytes=0-3" } });
+    expect([range.status, range.headers.get("Content-Range"), await range.text()]).toEqual([206, "bytes 0-3/15", "body"]);
+  });
+
+  it("without spa: a miss is 404.html with 404", async () => {
+    const { name } = await newSite(false, files());
+    const miss = await get(name, "/about-us");
+    expect(miss.status).toBe(404);
+    expect(await miss.text()).toBe("<h1>custom not found</h1>");
+    expect(miss.headers.get("Cache-Control")).toBe("no-cache");
+  });
+
+  it("with spa: a miss is index.html with 200, and 404.html is ignored", async () => {
+    const { name } = await newSite(true, files());
+    const deep = await get(name, "/deep/route");
+    expect(deep.status).toBe(200);
+    expect(await deep.text()).toBe("<h1>home</h1>");
+    expect(deep.headers.get("Cache-Control")).toBe("no-cache");
+  });
+
+  it("refuses other methods (405), answers unknown apps 404 and stopped apps 503", async () => {
+    const { name, key } = await newSite(false, files());
+    const post = await get(name, "/", { method: "POST", body: "x" });
+    expect(post.status).toBe(405);
+    expect(post.headers.get("Allow")).toBe("GET, HEAD");
+    expect((await get("no-such-app-here", "/")).status).toBe(404);
+    await call(`/v1/apps/${name}/stop`, { method: "POST", key });
+    await new Promise((r) => setTimeout(r, 2100));
+    expect((await get(name, "/")).status).toBe(503);
+  });
+
+  it("switching the active deployment takes effect within seconds (rollback serves the old content)", async () => {
+    const { name, appId, accountId, key, deploymentId: first } = await newSite(false, files());
+    expect(await (await get(name, "/")).text()).toBe("<h1>home</h1>");
+    await publish(appId, accountId, { ...files(), "/index.html": [HTML, "<h1>home v2</h1>"] }, false);
+    await new Promise((r) => setTimeout(r, 2100));
+    expect(await (await get(name, "/")).text()).toBe("<h1>home v2</h1>");
+    const rollback = await call(`/v1/apps/${name}/deployments/${first}/activate`, { method: "POST", key });
+    expect(rollback.status).toBe(200);
+    await new Promise((r) => setTimeout(r, 2100));
+    expect(await (await get(name, "/")).text()).toBe("<h1>home</h1>");
+  });
+
+  it("logs each request off the serving path, readable through GET /v1/apps/:app/logs", async () => {
+    const { name, key } = await newSite(false, files());
+    await get(name, "/");
+    await get(name, "/missing");
+    let logs: { method: string; path: string; status: number; bytes: number; durationMs: number; id: number }[] = [];
+    for (let i = 0; i < 30 && logs.length < 2; i++) {
+      await new Promise((r) => setTimeout(r, 200));
+      logs = ((await (await call(`/v1/apps/${name}/logs`, { key })).json()) as { data: typeof logs }).data;
+    }
+    expect(logs.map((l) => [l.method, l.path, l.status])).toEqual([
+      ["GET", "/", 200],
+      ["GET", "/missing", 404],
+    ]);
+    expect(logs[0]!.bytes).toBe(13);
+    const after = ((await (await call(`/v1/apps/${name}/logs?after=${logs[0]!.id}`, { key })).json()) as { data: typeof logs }).data;
+    expect(after.map((l) => l.path)).toEqual(["/missing"]);
+  });
+});

@@ -1,0 +1,51 @@
+import { describe, expect, it } from "vitest";
+import { cacheControl, decide, type ManifestEntry, matchesEtag, normalisePath } from "../../worker/sites/resolve";
+
+const entry = (contentType = "text/html; charset=utf-8"): ManifestEntry => ({ sha256: "a".repeat(64), size: 1, contentType });
+const site = (...paths: string[]) => {
+  const files = new Map(paths.map((p) => [p, entry(p.endsWith(".js") ? "text/javascript; charset=utf-8" : "text/html; charset=utf-8")]));
+  return (p: string) => files.get(p);
+};
+
+describe("decide (static-site serving rules)", () => {
+  const lookup = site("/index.html", "/about/index.html", "/docs.html", "/404.html", "/assets/app-4f3a9c1b.js");
+
+  it("serves files, dir/ → dir/index.html, and extensionless pages", () => {
+    expect(decide("/", lookup, false)).toMatchObject({ kind: "file", path: "/index.html", status: 200 });
+    expect(decide("/assets/app-4f3a9c1b.js", lookup, false)).toMatchObject({ kind: "file", path: "/assets/app-4f3a9c1b.js" });
+    expect(decide("/about/", lookup, false)).toMatchObject({ kind: "file", path: "/about/index.html" });
+    expect(decide("/about", lookup, false)).toMatchObject({ kind: "file", path: "/about/index.html" });
+    expect(decide("/docs", lookup, false)).toMatchObject({ kind: "file", path: "/docs.html" });
+  });
+
+  it("answers a miss with index.html (200) when spa, ignoring 404.html", () => {
+    expect(decide("/deep/route", lookup, true)).toMatchObject({ kind: "spa-fallback", path: "/index.html", status: 200 });
+  });
+
+  it("answers a miss with 404.html (404) without spa, or a plain 404 when there is none", () => {
+    expect(decide("/nope", lookup, false)).toMatchObject({ kind: "not-found-page", path: "/404.html", status: 404 });
+    expect(decide("/nope", site("/index.html"), false)).toEqual({ kind: "not-found", status: 404 });
+  });
+
+  it("never resolves paths that climb out or are malformed", () => {
+    expect(normalisePath("/a/../etc/passwd")).toBeNull();
+    expect(normalisePath("/a/%2e%2e/b")).toBeNull();
+    expect(normalisePath("/%E0%A4%A")).toBeNull();
+    expect(normalisePath("/caf%C3%A9.html")).toBe("/café.html");
+    expect(decide("/%2e%2e/index.html", lookup, false)).toMatchObject({ kind: "not-found-page" });
+  });
+
+  it("marks HTML and fallbacks no-cache, fingerprinted assets immutable", () => {
+    expect(cacheControl(decide("/", lookup, false) as never)).toBe("no-cache");
+    expect(cacheControl(decide("/deep", lookup, true) as never)).toBe("no-cache");
+    expect(cacheControl(decide("/assets/app-4f3a9c1b.js", lookup, false) as never)).toBe("public, max-age=31536000, immutable");
+  });
+
+  it("matches If-None-Match lists, weak tags and *", () => {
+    expect(matchesEtag('"x", "abc"', '"abc"')).toBe(true);
+    expect(matchesEtag('W/"abc"', '"abc"')).toBe(true);
+    expect(matchesEtag("*", '"abc"')).toBe(true);
+    expect(matchesEtag('"other"', '"abc"')).toBe(false);
+    expect(matchesEtag(null, '"abc"')).toBe(false);
+  });
+});

@@ -1,0 +1,310 @@
+import { createRoute, z } from "@hono/zod-openapi";
+import { and, desc, eq, gt } from "drizzle-orm";
+import { requireScope } from "../auth/middleware";
+import { DEPLOYMENT_STATUSES, requestLogs } from "../db/schema";
+import { jobLogStream } from "../lib/builder-client";
+import { ApiError } from "../lib/errors";
+import { authErrors, errorResponse, jsonBody, newRouter } from "../lib/router";
+import { dataOf, Ref } from "../lib/schemas";
+import { iso } from "../lib/time";
+import { appView, resolveApp } from "../services/apps";
+import {
+  ARTIFACTS,
+  activateDeployment,
+  artifactKey,
+  buildLogKey,
+  createDeployment,
+  deploymentStub,
+  deploymentView,
+  listDeployments,
+  resolveDeployment,
+  startDeployment,
+} from "../services/deployments";
+import { AppSchema } from "./apps";
+
+const DeploymentSchema = z
+  .object({
+    id: z.string().openapi({ example: "dep_0aB1cD2eF3gH4iJ5kL6mN7oP" }),
+    appId: z.string(),
+    status: z.enum(DEPLOYMENT_STATUSES),
+    active: z.boolean().openapi({ description: "Whether the app serves this deployment now" }),
+    error: z.string().nullable(),
+    framework: z.string().nullable(),
+    outputDir: z.string().nullable(),
+    spa: z.boolean().nullable(),
+    fileCount: z.number().int().nullable(),
+    totalBytes: z.number().int().nullable(),
+    uploadedBlobs: z.number().int().nullable().openapi({ description: "Files whose content storage did not have yet" }),
+    peakMemoryBytes: z.number().int().nullable(),
+    url: z.string(),
+    createdAt: z.string(),
+    startedAt: z.string().nullable(),
+    builtAt: z.string().nullable(),
+    finishedAt: z.string().nullable(),
+    buildMs: z.number().int().nullable(),
+  })
+  .openapi("Deployment");
+
+const AppParam = z.object({ app: Ref.openapi({ description: "App id or name" }) });
+const DeploymentParam = AppParam.extend({ id: z.string().regex(/^dep_[0-9A-Za-z]{24}$/, "must be a deployment id (dep_…)") });
+const security = [{ bearerAuth: [] }];
+const json = <T extends z.ZodType>(description: string, schema: T) => ({
+  description,
+  content: { "application/json": { schema } },
+});
+const notFound = { 404: errorResponse("app not found, or no such deployment (DEPLOYMENT_NOT_FOUND)") };
+
+export const deploymentRoutes = newRouter();
+deploymentRoutes.use("*", requireScope("deploy"));
+
+deploymentRoutes.openapi(
+  createRoute({
+    method: "post",
+    path: "/{app}/deployments",
+    summary: "Create a deployment and get a presigned URL to upload its source (.tar.gz, ≤ 100 MB)",
+    description: "PUT the archive to `uploadUrl` with exactly `sizeBytes` bytes, then POST …/start.",
+    tags: ["Deployments"],
+    security,
+    request: {
+      params: AppParam,
+      body: jsonBody(z.strictObject({ sizeBytes: z.number().int().min(1) }).openapi("CreateDeployment", { example: { sizeBytes: 48213 } })),
+    },
+    responses: {
+      201: json("Created", dataOf(z.object({ deployment: DeploymentSchema, uploadUrl: z.string(), expiresAt: z.string() }))),
+      ...authErrors,
+      ...notFound,
+      413: errorResponse("Source archive over the limit (PAYLOAD_TOO_LARGE)"),
+    },
+  }),
+  async (c) => {
+    const db = c.get("db");
+    const app = await resolveApp(db, c.get("principal").accountId, c.req.valid("param").app);
+    const created = await createDeployment(db, c.get("config"), app, c.req.valid("json").sizeBytes);
+    return c.json(
+      {
+        data: {
+          deployment: deploymentView(c.get("config"), app, created.row),
+          uploadUrl: created.uploadUrl,
+          expiresAt: iso(created.expiresAt),
+        },
+      },
+      201,
+    );
+  },
+);
+
+deploymentRoutes.openapi(
+  createRoute({
+    method: "post",
+    path: "/{app}/deployments/{id}/start",
+    summary: "Start building an uploaded deployment",
+    tags: ["Deployments"],
+    security,
+    request: { params: DeploymentParam },
+    responses: {
+      202: json("Building", dataOf(DeploymentSchema)),
+      ...authErrors,
+      ...notFound,
+      409: errorResponse("The source was not uploaded, or differs in size (UPLOAD_INCOMPLETE)"),
+      410: errorResponse("The upload URL expired unused (PRESIGNED_URL_EXPIRED)"),
+    },
+  }),
+  async (c) => {
+    const db = c.get("db");
+    const { app: ref, id } = c.req.valid("param");
+    const app = await resolveApp(db, c.get("principal").accountId, ref);
+    const row = await startDeployment(db, c.env, await resolveDeployment(db, app, id));
+    return c.json({ data: deploymentView(c.get("config"), app, row) }, 202);
+  },
+);
+
+deploymentRoutes.openapi(
+  createRoute({
+    method: "get",
+    path: "/{app}/deployments",
+    summary: "List an app's deployments (the last 10 are kept)",
+    tags: ["Deployments"],
+    security,
+    request: { params: AppParam },
+    responses: { 200: json("Newest first", dataOf(z.array(DeploymentSchema))), ...authErrors, ...notFound },
+  }),
+  async (c) => {
+    const db = c.get("db");
+    const app = await resolveApp(db, c.get("principal").accountId, c.req.valid("param").app);
+    return c.json({ data: (await listDeployments(db, app.id)).map((d) => deploymentView(c.get("config"), app, d)) }, 200);
+  },
+);
+
+deploymentRoutes.openapi(
+  createRoute({
+    method: "get",
+    path: "/{app}/deployments/{id}",
+    summary: "Get a deployment: status, error, timings",
+    tags: ["Deployments"],
+    security,
+    request: { params: DeploymentParam },
+    responses: { 200: json("The deployment", dataOf(DeploymentSchema)), ...authErrors, ...notFound },
+  }),
+  async (c) => {
+    const db = c.get("db");
+    const { app: ref, id } = c.req.valid("param");
+    const app = await resolveApp(db, c.get("principal").accountId, ref);
+    return c.json({ data: deploymentView(c.get("config"), app, await resolveDeployment(db, app, id)) }, 200);
+  },
+);
+
+deploymentRoutes.openapi(
+  createRoute({
+    method: "get",
+    path: "/{app}/deployments/{id}/logs",
+    summary: "A deployment's build log; with follow=true it streams until the build ends",
+    tags: ["Deployments"],
+    security,
+    request: { params: DeploymentParam, query: z.object({ follow: z.enum(["true", "false"]).optional() }) },
+    responses: {
+      200: { description: "text/plain log lines: `<time> <out|err|svc> <text>`" },
+      ...authErrors,
+      ...notFound,
+    },
+  }),
+  async (c) => {
+    const db = c.get("db");
+    const { app: ref, id } = c.req.valid("param");
+    const app = await resolveApp(db, c.get("principal").accountId, ref);
+    const row = await resolveDeployment(db, app, id);
+    const headers = { "Content-Type": "text/plain; charset=utf-8", "Cache-Control": "no-store" };
+    const stored = await c.env.BUCKET.get(buildLogKey(row.id));
+    if (stored) return c.body(stored.body, 200, headers);
+    if (!row.builderJobId) return c.body("", 200, headers);
+    const live = await jobLogStream(c.get("config"), row.builderJobId, c.req.valid("query").follow === "true");
+    if (!live.ok) throw new ApiError("BUILDER_UNAVAILABLE", `the builder could not return the log (HTTP ${live.status})`);
+    return c.body(live.body ?? "", 200, headers);
+  },
+);
+
+deploymentRoutes.openapi(
+  createRoute({
+    method: "post",
+    path: "/{app}/deployments/{id}/activate",
+    summary: "Serve this (older) ready deployment: instant rollback",
+    tags: ["Deployments"],
+    security,
+    request: { params: DeploymentParam },
+    responses: {
+      200: json("The app, now serving the deployment", dataOf(AppSchema)),
+      ...authErrors,
+      ...notFound,
+      409: errorResponse("The deployment is not ready (DEPLOYMENT_NOT_READY)"),
+    },
+  }),
+  async (c) => {
+    const db = c.get("db");
+    const { app: ref, id } = c.req.valid("param");
+    const app = await resolveApp(db, c.get("principal").accountId, ref);
+    const updated = await activateDeployment(db, app, await resolveDeployment(db, app, id));
+    return c.json({ data: await appView(db, c.get("config"), updated) }, 200);
+  },
+);
+
+deploymentRoutes.openapi(
+  createRoute({
+    method: "post",
+    path: "/{app}/deployments/{id}/cancel",
+    summary: "Cancel a build in progress",
+    tags: ["Deployments"],
+    security,
+    request: { params: DeploymentParam },
+    responses: { 200: json("The deployment", dataOf(DeploymentSchema)), ...authErrors, ...notFound },
+  }),
+  async (c) => {
+    const db = c.get("db");
+    const { app: ref, id } = c.req.valid("param");
+    const app = await resolveApp(db, c.get("principal").accountId, ref);
+    const row = await resolveDeployment(db, app, id);
+    if (row.status === "building" || row.status === "queued") await deploymentStub(c.env, row.id).cancel();
+    return c.json({ data: deploymentView(c.get("config"), app, await resolveDeployment(db, app, id)) }, 200);
+  },
+);
+
+deploymentRoutes.openapi(
+  createRoute({
+    method: "get",
+    path: "/{app}/deployments/{id}/artifacts/{name}",
+    summary: "A generated container build file of the deployment (Dockerfile, svc-nginx.conf)",
+    description: "Generated when the project has no Dockerfile or Containerfile: nginx serving the output with the same SPA/404 rules as the edge.",
+    tags: ["Deployments"],
+    security,
+    request: { params: DeploymentParam.extend({ name: z.enum(ARTIFACTS) }) },
+    responses: {
+      200: { description: "text/plain file" },
+      ...authErrors,
+      404: errorResponse("No such deployment, or the project had its own container build file (NOT_FOUND)"),
+    },
+  }),
+  async (c) => {
+    const db = c.get("db");
+    const { app: ref, id, name } = c.req.valid("param");
+    const app = await resolveApp(db, c.get("principal").accountId, ref);
+    const row = await resolveDeployment(db, app, id);
+    const object = await c.env.BUCKET.get(artifactKey(row.id, name));
+    if (!object) throw new ApiError("NOT_FOUND", `deployment ${row.id} has no generated ${name}`);
+    return c.body(object.body, 200, { "Content-Type": "text/plain; charset=utf-8" });
+  },
+);
+
+const RequestLogSchema = z
+  .object({
+    id: z.number().int().openapi({ description: "Increasing; pass the last one as `after` to follow" }),
+    time: z.string(),
+    method: z.string(),
+    path: z.string(),
+    status: z.number().int(),
+    bytes: z.number().int(),
+    durationMs: z.number().int(),
+  })
+  .openapi("RequestLog");
+
+deploymentRoutes.openapi(
+  createRoute({
+    method: "get",
+    path: "/{app}/logs",
+    summary: "The app's web-server log: recent requests and their status codes",
+    description: "Oldest first. To follow, poll with `after` = the last id seen.",
+    tags: ["Deployments"],
+    security,
+    request: {
+      params: AppParam,
+      query: z.object({
+        after: z.coerce.number().int().min(0).optional(),
+        limit: z.coerce.number().int().min(1).max(1000).default(100),
+      }),
+    },
+    responses: { 200: json("Requests", dataOf(z.array(RequestLogSchema))), ...authErrors, 404: errorResponse("app not found") },
+  }),
+  async (c) => {
+    const db = c.get("db");
+    const app = await resolveApp(db, c.get("principal").accountId, c.req.valid("param").app);
+    const { after, limit } = c.req.valid("query");
+    const rows = await db
+      .select()
+      .from(requestLogs)
+      .where(after === undefined ? eq(requestLogs.appId, app.id) : and(eq(requestLogs.appId, app.id), gt(requestLogs.id, after)))
+      .orderBy(after === undefined ? desc(requestLogs.id) : requestLogs.id)
+      .limit(limit);
+    const ordered = after === undefined ? rows.reverse() : rows;
+    return c.json(
+      {
+        data: ordered.map((r) => ({
+          id: r.id,
+          time: iso(r.at),
+          method: r.method,
+          path: r.path,
+          status: r.status,
+          bytes: r.bytes,
+          durationMs: r.durationMs,
+        })),
+      },
+      200,
+    );
+  },
+);

@@ -1,0 +1,345 @@
+import { and, desc, eq, sql } from "drizzle-orm";
+import type { Db } from "../db/client";
+import {
+  accounts,
+  type BackupRow,
+  backups,
+  type DiskRow,
+  disks,
+  type RestoreRow,
+  type RestoreUploadRow,
+  restoreUploads,
+  restores,
+} from "../db/schema";
+import type { Config, Env } from "../env";
+import { diskUsage } from "../lib/builder-client";
+import { ApiError } from "../lib/errors";
+import { newId } from "../lib/ids";
+import { PLAN_LIMITS } from "../lib/plans";
+import { iso, isoOrNull } from "../lib/time";
+import { presign } from "../storage/presign";
+import { isInUse, resolveDisk } from "./disks";
+
+/** Archives above this are uploaded in parts (DESIGN §7). */
+export const MULTIPART_THRESHOLD_BYTES = 100 * 1024 * 1024;
+/** R2 allows 10,000 parts; parts grow with the archive so that limit is never reached. */
+const MIN_PART_BYTES = 64 * 1024 * 1024;
+const MAX_PARTS = 10_000;
+/** Even an empty disk's archive takes some bytes; a backup never reserves less than this. */
+const MIN_RESERVATION_BYTES = 64 * 1024;
+
+export type BackupView = {
+  id: string;
+  diskId: string;
+  sizeBytes: number;
+  status: BackupRow["status"];
+  description: string;
+  createdAt: string;
+  completedAt?: string;
+  sha256?: string;
+  failureReason?: string;
+  expiresAt?: string;
+};
+
+export function backupView(row: BackupRow): BackupView {
+  return {
+    id: row.id,
+    diskId: row.diskId,
+    sizeBytes: row.sizeBytes,
+    status: row.status,
+    description: row.description,
+    createdAt: iso(row.createdAt),
+    ...(row.completedAt !== null ? { completedAt: iso(row.completedAt) } : {}),
+    ...(row.sha256 !== null ? { sha256: row.sha256 } : {}),
+    ...(row.failureReason !== null ? { failureReason: row.failureReason } : {}),
+    ...(row.expiresAt !== null ? { expiresAt: iso(row.expiresAt) } : {}),
+  };
+}
+
+export type RestoreView = {
+  jobId: string;
+  diskId: string;
+  status: RestoreRow["status"];
+  error: string | null;
+  createdAt: string;
+  finishedAt: string | null;
+};
+
+export function restoreView(row: RestoreRow): RestoreView {
+  return {
+    jobId: row.id,
+    diskId: row.diskId,
+    status: row.status,
+    error: row.error,
+    createdAt: iso(row.createdAt),
+    finishedAt: isoOrNull(row.finishedAt),
+  };
+}
+
+export const backupStub = (env: Env, backupId: string) => env.BACKUP_JOB.get(env.BACKUP_JOB.idFromName(backupId));
+export const restoreStub = (env: Env, restoreId: string) => env.RESTORE_JOB.get(env.RESTORE_JOB.idFromName(restoreId));
+
+/**
+ * Bytes counted against the account's backup space: ready backups, the
+ * reservation of backups still being created, and database dumps (spec: one
+ * quota shared by disk backups and database dumps).
+ */
+const usageSql = (accountId: string) => sql`(
+  coalesce((select sum(case when status = 'ready' then size_bytes when status = 'creating' then reserved_bytes else 0 end)
+            from backups where account_id = ${accountId}), 0)
+  + coalesce((select sum(size_bytes) from database_dumps where account_id = ${accountId} and deleted_at is null), 0)
+)`;
+
+export async function backupUsage(db: Db, accountId: string): Promise<number> {
+  const row = await db.get<{ used: number }>(sql`select ${usageSql(accountId)} as used`);
+  return row.used;
+}
+
+/**
+ * Creates a `creating` backup only if it fits the plan's quota; the check and
+ * the insert are one statement, so concurrent requests cannot both squeeze in.
+ */
+export async function createBackup(
+  db: Db,
+  config: Config,
+  accountId: string,
+  disk: DiskRow,
+  description: string,
+): Promise<BackupRow> {
+  const account = await db.select({ plan: accounts.plan }).from(accounts).where(eq(accounts.id, accountId)).get();
+  if (!account) throw new ApiError("UNAUTHORIZED", "account not found");
+  const quota = PLAN_LIMITS[account.plan].backupQuotaBytes;
+  const usage = await diskUsage(config, disk.id);
+  if (!usage.ok) throw new ApiError("BUILDER_UNAVAILABLE", `the builder could not measure the disk: ${usage.message}`);
+  const reserved = Math.max(usage.value.usedBytes, MIN_RESERVATION_BYTES);
+  const id = newId("backup");
+  const now = Date.now();
+  const objectKey = `backups/${disk.id}/${id}.tar.gz`;
+  const inserted = await db.run(sql`
+    insert into backups (id, account_id, disk_id, status, description, size_bytes, reserved_bytes, object_key, created_at)
+    select ${id}, ${accountId}, ${disk.id}, 'creating', ${description}, 0, ${reserved}, ${objectKey}, ${now}
+    where ${usageSql(accountId)} + ${reserved} <= ${quota}`);
+  if (inserted.meta.changes !== 1) {
+    const used = await backupUsage(db, accountId);
+    throw new ApiError(
+      "BACKUP_QUOTA_EXCEEDED",
+      `backup space is full: ${used} of ${quota} bytes used and this disk holds ${reserved}; delete old backups or upgrade the plan`,
+    );
+  }
+  return (await db.select().from(backups).where(eq(backups.id, id)).get())!;
+}
+
+export async function listBackups(db: Db, diskId: string): Promise<BackupRow[]> {
+  return db.select().from(backups).where(eq(backups.diskId, diskId)).orderBy(desc(backups.createdAt), desc(backups.id));
+}
+
+export async function resolveBackup(db: Db, diskId: string, backupId: string): Promise<BackupRow> {
+  const row = await db
+    .select()
+    .from(backups)
+    .where(and(eq(backups.id, backupId), eq(backups.diskId, diskId)))
+    .get();
+  if (!row) throw new ApiError("BACKUP_NOT_FOUND", `backup ${backupId} not found; list the disk's backups`);
+  return row;
+}
+
+export function requireReady(backup: BackupRow): void {
+  if (backup.status === "creating") throw new ApiError("BACKUP_NOT_READY", `backup ${backup.id} is still being created`);
+  if (backup.status === "failed") {
+    throw new ApiError("BACKUP_NOT_READY", `backup ${backup.id} failed (${backup.failureReason ?? "unknown reason"}) and has no archive`);
+  }
+}
+
+/** Removes the archive and the row, which frees its quota. */
+export async function deleteBackup(db: Db, env: Env, backup: BackupRow): Promise<void> {
+  if (backup.status === "creating") {
+    throw new ApiError("BACKUP_NOT_READY", `backup ${backup.id} is still being created; delete it when it is ready`);
+  }
+  await env.BUCKET.delete(backup.objectKey);
+  await db.delete(backups).where(eq(backups.id, backup.id));
+}
+
+export type PresignedUpload = {
+  uploadUrl: string;
+  uploadId: string;
+  expiresAt: string;
+  parts?: { partNumber: number; url: string; sizeBytes: number }[];
+};
+
+/** Part size for an archive of `size` bytes: at least 64 MiB, never more than 10,000 parts. */
+export function partSizeFor(size: number): number {
+  return Math.max(MIN_PART_BYTES, Math.ceil(size / MAX_PARTS));
+}
+
+/**
+ * Presigned PUT for a restore archive of exactly `sizeBytes`; above the
+ * multipart threshold the upload is also offered in parts (each part URL
+ * signed for its exact length).
+ */
+export async function presignRestoreUpload(
+  db: Db,
+  env: Env,
+  config: Config,
+  accountId: string,
+  disk: DiskRow,
+  sizeBytes: number,
+): Promise<PresignedUpload> {
+  const id = newId("upload");
+  const objectKey = `restore-uploads/${disk.id}/${id}.tar.gz`;
+  const ttl = config.PRESIGNED_URL_TTL_SECONDS;
+  const single = await presign(config, { method: "PUT", key: objectKey, expiresInSeconds: ttl, contentLength: sizeBytes });
+  let multipartUploadId: string | null = null;
+  let parts: PresignedUpload["parts"];
+  if (sizeBytes > MULTIPART_THRESHOLD_BYTES) {
+    multipartUploadId = (await env.BUCKET.createMultipartUpload(objectKey)).uploadId;
+    const partSize = partSizeFor(sizeBytes);
+    const count = Math.ceil(sizeBytes / partSize);
+    parts = await Promise.all(
+      Array.from({ length: count }, async (_, i) => {
+        const partBytes = i === count - 1 ? sizeBytes - partSize * (count - 1) : partSize;
+        const { url } = await presign(config, {
+          method: "PUT",
+          key: objectKey,
+          expiresInSeconds: ttl,
+          contentLength: partBytes,
+          query: { partNumber: String(i + 1), uploadId: multipartUploadId! },
+        });
+        return { partNumber: i + 1, url, sizeBytes: partBytes };
+      }),
+    );
+  }
+  const row: RestoreUploadRow = {
+    id,
+    accountId,
+    diskId: disk.id,
+    sizeBytes,
+    objectKey,
+    multipartUploadId,
+    expiresAt: single.expiresAt,
+    usedAt: null,
+    createdAt: Date.now(),
+  };
+  await db.insert(restoreUploads).values(row);
+  return { uploadUrl: single.url, uploadId: id, expiresAt: iso(single.expiresAt), ...(parts ? { parts } : {}) };
+}
+
+type ArchiveSource = { objectKey: string; sizeBytes: number; sha256: string | null; uploadId: string | null; backupId: string | null };
+
+/**
+ * Checks an upload is complete (finishing a multipart upload from the client's
+ * part list), or explains why not: unknown → 404, window passed without an
+ * upload → 410, not (fully) uploaded or size differs → 409.
+ */
+export async function uploadedArchive(
+  db: Db,
+  env: Env,
+  diskId: string,
+  uploadId: string,
+  parts: { partNumber: number; etag: string }[] | undefined,
+): Promise<ArchiveSource> {
+  const upload = await db
+    .select()
+    .from(restoreUploads)
+    .where(and(eq(restoreUploads.id, uploadId), eq(restoreUploads.diskId, diskId)))
+    .get();
+  if (!upload || upload.usedAt !== null) throw new ApiError("UPLOAD_NOT_FOUND", `upload ${uploadId} not found; request a new one with presign`);
+  let object = await env.BUCKET.head(upload.objectKey);
+  if (!object && upload.multipartUploadId && parts && parts.length > 0) {
+    try {
+      await env.BUCKET.resumeMultipartUpload(upload.objectKey, upload.multipartUploadId).complete(
+        parts.map((p) => ({ partNumber: p.partNumber, etag: p.etag.replace(/^"|"$/g, "") })),
+      );
+    } catch (err) {
+      throw new ApiError("UPLOAD_INCOMPLETE", `the uploaded parts could not be assembled: ${err instanceof Error ? err.message : err}`);
+    }
+    object = await env.BUCKET.head(upload.objectKey);
+  }
+  if (!object) {
+    if (Date.now() > upload.expiresAt) {
+      throw new ApiError("PRESIGNED_URL_EXPIRED", "the upload URL expired before an archive was uploaded; request a new one with presign");
+    }
+    throw new ApiError(
+      "UPLOAD_INCOMPLETE",
+      upload.multipartUploadId && !parts
+        ? "the archive was not uploaded yet (for a multipart upload, pass the uploaded parts and their ETags)"
+        : "the archive was not uploaded yet; PUT it to the uploadUrl first",
+    );
+  }
+  if (object.size !== upload.sizeBytes) {
+    throw new ApiError("UPLOAD_INCOMPLETE", `the uploaded archive has ${object.size} bytes, ${upload.sizeBytes} were announced`);
+  }
+  return { objectKey: upload.objectKey, sizeBytes: upload.sizeBytes, sha256: null, uploadId: upload.id, backupId: null };
+}
+
+export function backupArchive(backup: BackupRow): ArchiveSource {
+  requireReady(backup);
+  return { objectKey: backup.objectKey, sizeBytes: backup.sizeBytes, sha256: backup.sha256, uploadId: null, backupId: backup.id };
+}
+
+/**
+ * Starts a restore: refused while the disk is in use (attached to a running
+ * app) or already restoring; marks the disk `restoring` and the upload used in
+ * one batch, then hands over to the RestoreJob Durable Object.
+ */
+export async function startRestore(
+  db: Db,
+  env: Env,
+  accountId: string,
+  diskRef: string,
+  source: ArchiveSource,
+): Promise<RestoreRow> {
+  const entry = await resolveDisk(db, accountId, diskRef);
+  if (isInUse(entry)) {
+    throw new ApiError(
+      "DISK_IN_USE",
+      `disk ${entry.disk.name} is attached to running app ${entry.app!.name}; detach the disk or stop the app, restore, then attach it again`,
+    );
+  }
+  const now = Date.now();
+  const row: RestoreRow = {
+    id: newId("restore"),
+    accountId,
+    diskId: entry.disk.id,
+    objectKey: source.objectKey,
+    sizeBytes: source.sizeBytes,
+    sha256: source.sha256,
+    uploadId: source.uploadId,
+    backupId: source.backupId,
+    status: "running",
+    error: null,
+    builderJobId: null,
+    createdAt: now,
+    finishedAt: null,
+  };
+  const claimed = await db
+    .update(disks)
+    .set({ status: "restoring", updatedAt: now })
+    .where(and(eq(disks.id, entry.disk.id), eq(disks.status, "available")))
+    .returning({ id: disks.id });
+  if (claimed.length === 0) throw new ApiError("DISK_IN_USE", `disk ${entry.disk.name} is already being restored`);
+  await db.batch([
+    db.insert(restores).values(row),
+    ...(source.uploadId ? [db.update(restoreUploads).set({ usedAt: now }).where(eq(restoreUploads.id, source.uploadId))] : []),
+  ]);
+  try {
+    await restoreStub(env, row.id).start(row.id);
+  } catch (err) {
+    const error = `the restore could not start: ${err instanceof Error ? err.message : String(err)}`;
+    await db.batch([
+      db.update(restores).set({ status: "failed", error, finishedAt: Date.now() }).where(eq(restores.id, row.id)),
+      db.update(disks).set({ status: "available", updatedAt: Date.now() }).where(eq(disks.id, entry.disk.id)),
+    ]);
+    return { ...row, status: "failed", error };
+  }
+  return row;
+}
+
+export async function resolveRestore(db: Db, diskId: string, restoreId: string): Promise<RestoreRow> {
+  const row = await db
+    .select()
+    .from(restores)
+    .where(and(eq(restores.id, restoreId), eq(restores.diskId, diskId)))
+    .get();
+  if (!row) throw new ApiError("NOT_FOUND", `restore job ${restoreId} not found`);
+  return row;
+}

@@ -1,0 +1,158 @@
+import { and, desc, eq } from "drizzle-orm";
+import { GENERATED_WEB_SERVER_CONFIG_PATH } from "../../builder/src/protocol";
+import type { Db } from "../db/client";
+import { type AppRow, apps, type DeploymentRow, deployments } from "../db/schema";
+import type { Config, Env } from "../env";
+import { ApiError } from "../lib/errors";
+import { newId } from "../lib/ids";
+import { iso, isoOrNull } from "../lib/time";
+import { presign } from "../storage/presign";
+import { appUrl } from "./apps";
+
+/** Deployments kept per app for instant rollback (issue: the last 10). */
+export const KEPT_DEPLOYMENTS = 10;
+
+export const sourceKey = (appId: string, deploymentId: string) => `sources/${appId}/${deploymentId}.tar.gz`;
+export const buildLogKey = (deploymentId: string) => `deploy-logs/${deploymentId}.log`;
+/** Generated when the project has no container build file (spec rule 2). */
+export const ARTIFACTS = ["Dockerfile", GENERATED_WEB_SERVER_CONFIG_PATH] as const;
+export type ArtifactName = (typeof ARTIFACTS)[number];
+export const artifactKey = (deploymentId: string, name: ArtifactName) => `artifacts/${deploymentId}/${name}`;
+
+export type DeploymentView = {
+  id: string;
+  appId: string;
+  status: DeploymentRow["status"];
+  active: boolean;
+  error: string | null;
+  framework: string | null;
+  outputDir: string | null;
+  spa: boolean | null;
+  fileCount: number | null;
+  totalBytes: number | null;
+  uploadedBlobs: number | null;
+  peakMemoryBytes: number | null;
+  url: string;
+  createdAt: string;
+  startedAt: string | null;
+  builtAt: string | null;
+  finishedAt: string | null;
+  buildMs: number | null;
+};
+
+export function deploymentView(config: Config, app: AppRow, row: DeploymentRow): DeploymentView {
+  return {
+    id: row.id,
+    appId: row.appId,
+    status: row.status,
+    active: app.activeDeploymentId === row.id,
+    error: row.error,
+    framework: row.framework,
+    outputDir: row.outputDir,
+    spa: row.spa,
+    fileCount: row.fileCount,
+    totalBytes: row.totalBytes,
+    uploadedBlobs: row.uploadedBlobs,
+    peakMemoryBytes: row.peakMemoryBytes,
+    url: appUrl(config, app.name),
+    createdAt: iso(row.createdAt),
+    startedAt: isoOrNull(row.startedAt),
+    builtAt: isoOrNull(row.builtAt),
+    finishedAt: isoOrNull(row.finishedAt),
+    buildMs: row.startedAt !== null && row.builtAt !== null ? row.builtAt - row.startedAt : null,
+  };
+}
+
+export const deploymentStub = (env: Env, id: string) => env.DEPLOYMENT.get(env.DEPLOYMENT.idFromName(id));
+
+/** A deployment waiting for its source, with a presigned PUT signed for exactly `sizeBytes`. */
+export async function createDeployment(
+  db: Db,
+  config: Config,
+  app: AppRow,
+  sizeBytes: number,
+): Promise<{ row: DeploymentRow; uploadUrl: string; expiresAt: number }> {
+  if (sizeBytes > config.MAX_BUILD_UPLOAD_BYTES) {
+    throw new ApiError(
+      "PAYLOAD_TOO_LARGE",
+      `the source archive is ${sizeBytes} bytes; build uploads are limited to ${config.MAX_BUILD_UPLOAD_BYTES} bytes (leave out node_modules, build output and large assets)`,
+    );
+  }
+  const id = newId("deployment");
+  const key = sourceKey(app.id, id);
+  const upload = await presign(config, {
+    method: "PUT",
+    key,
+    expiresInSeconds: config.PRESIGNED_URL_TTL_SECONDS,
+    contentLength: sizeBytes,
+  });
+  const row: DeploymentRow = {
+    id,
+    accountId: app.accountId,
+    appId: app.id,
+    status: "queued",
+    error: null,
+    sourceKey: key,
+    sourceSizeBytes: sizeBytes,
+    uploadExpiresAt: upload.expiresAt,
+    framework: null,
+    outputDir: null,
+    spa: null,
+    manifestKey: null,
+    fileCount: null,
+    totalBytes: null,
+    uploadedBlobs: null,
+    peakMemoryBytes: null,
+    builderJobId: null,
+    createdAt: Date.now(),
+    startedAt: null,
+    builtAt: null,
+    finishedAt: null,
+  };
+  await db.insert(deployments).values(row);
+  return { row, uploadUrl: upload.url, expiresAt: upload.expiresAt };
+}
+
+export async function resolveDeployment(db: Db, app: AppRow, id: string): Promise<DeploymentRow> {
+  const row = await db
+    .select()
+    .from(deployments)
+    .where(and(eq(deployments.id, id), eq(deployments.appId, app.id)))
+    .get();
+  if (!row) throw new ApiError("DEPLOYMENT_NOT_FOUND", `deployment ${id} not found`);
+  return row;
+}
+
+export async function listDeployments(db: Db, appId: string): Promise<DeploymentRow[]> {
+  return db.select().from(deployments).where(eq(deployments.appId, appId)).orderBy(desc(deployments.createdAt), desc(deployments.id));
+}
+
+/** Checks the source arrived whole, then hands the deployment to its Durable Object. */
+export async function startDeployment(db: Db, env: Env, row: DeploymentRow): Promise<DeploymentRow> {
+  if (row.status !== "queued" || row.startedAt !== null) return row;
+  const source = await env.BUCKET.head(row.sourceKey);
+  if (!source) {
+    if (Date.now() > row.uploadExpiresAt) {
+      throw new ApiError("PRESIGNED_URL_EXPIRED", "the upload URL expired before the source was uploaded; create a new deployment");
+    }
+    throw new ApiError("UPLOAD_INCOMPLETE", "the source archive was not uploaded yet; PUT it to the uploadUrl first");
+  }
+  if (source.size !== row.sourceSizeBytes) {
+    throw new ApiError("UPLOAD_INCOMPLETE", `the uploaded source has ${source.size} bytes, ${row.sourceSizeBytes} were announced`);
+  }
+  await deploymentStub(env, row.id).start(row.id);
+  return (await db.select().from(deployments).where(eq(deployments.id, row.id)).get()) ?? row;
+}
+
+/** Points the app at a ready deployment: one UPDATE, so the switch is atomic. */
+export async function activateDeployment(db: Db, app: AppRow, row: DeploymentRow): Promise<AppRow> {
+  if (row.status !== "ready" || !row.manifestKey) {
+    throw new ApiError("DEPLOYMENT_NOT_READY", `deployment ${row.id} is ${row.status}; only ready deployments can be activated`);
+  }
+  const [updated] = await db
+    .update(apps)
+    .set({ activeDeploymentId: row.id, updatedAt: Date.now() })
+    .where(eq(apps.id, app.id))
+    .returning();
+  return updated ?? app;
+}

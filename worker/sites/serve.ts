@@ -1,0 +1,134 @@
+import { eq } from "drizzle-orm";
+import { openDb } from "../db/client";
+import { apps } from "../db/schema";
+import type { Env } from "../env";
+import { cacheControl, type Decision, decide, type ManifestEntry, matchesEtag } from "./resolve";
+import { logRequest } from "./request-log";
+
+/** The manifest a deployment publishes; immutable for the deployment's life. */
+export type Manifest = { spa: boolean; files: Record<string, ManifestEntry> };
+
+export const manifestKey = (deploymentId: string) => `manifests/${deploymentId}.json`;
+export const blobKey = (sha256: string) => `blobs/${sha256}`;
+
+type SiteApp = { id: string; status: "running" | "stopped"; activeDeploymentId: string | null };
+
+/** How long an app's active deployment is trusted per isolate: a switch is visible within seconds. */
+const APP_TTL_MS = 2_000;
+const MAX_MANIFESTS = 64;
+
+const appCache = new Map<string, { app: SiteApp | null; at: number }>();
+const manifestCache = new Map<string, Manifest>();
+
+/** `<name>.<APPS_DOMAIN>` → name; null for any other host (the API). */
+export function siteName(host: string | undefined, appsDomain: string): string | null {
+  if (!host) return null;
+  const h = host.toLowerCase();
+  const suffix = `.${appsDomain.toLowerCase()}`;
+  if (!h.endsWith(suffix)) return null;
+  const name = h.slice(0, -suffix.length);
+  return /^[a-z0-9]([a-z0-9-]{0,50}[a-z0-9])?$/.test(name) ? name : null;
+}
+
+async function siteApp(env: Env, name: string, now: number): Promise<SiteApp | null> {
+  const cached = appCache.get(name);
+  if (cached && now - cached.at < APP_TTL_MS) return cached.app;
+  const app =
+    (await openDb(env.DB)
+      .select({ id: apps.id, status: apps.status, activeDeploymentId: apps.activeDeploymentId })
+      .from(apps)
+      .where(eq(apps.name, name))
+      .get()) ?? null;
+  appCache.set(name, { app, at: now });
+  return app;
+}
+
+async function manifestOf(env: Env, deploymentId: string): Promise<Manifest | null> {
+  const cached = manifestCache.get(deploymentId);
+  if (cached) return cached;
+  const object = await env.BUCKET.get(manifestKey(deploymentId));
+  if (!object) return null;
+  const manifest = (await object.json()) as Manifest;
+  if (manifestCache.size >= MAX_MANIFESTS) manifestCache.delete(manifestCache.keys().next().value!);
+  manifestCache.set(deploymentId, manifest);
+  return manifest;
+}
+
+function page(status: number, title: string, extra: Record<string, string> = {}): Response {
+  const body = `<!doctype html><meta charset="utf-8"><title>${title}</title><h1>${title}</h1>\n`;
+  return new Response(body, { status, headers: { "Content-Type": "text/html; charset=utf-8", "Cache-Control": "no-cache", ...extra } });
+}
+
+async function respond(request: Request, env: Env, decision: Exclude<Decision, { kind: "not-found" }>): Promise<Response> {
+  const { entry } = decision;
+  const etag = `"${entry.sha256}"`;
+  const headers: Record<string, string> = {
+    "Content-Type": entry.contentType,
+    "Cache-Control": cacheControl(decision),
+    ETag: etag,
+    "Accept-Ranges": "bytes",
+  };
+  if (decision.status === 200 && matchesEtag(request.headers.get("If-None-Match"), etag)) {
+    return new Response(null, { status: 304, headers });
+  }
+  const ranged = decision.status === 200 && request.headers.has("Range");
+  const object =
+    request.method === "HEAD"
+      ? null
+      : await env.BUCKET.get(blobKey(entry.sha256), ranged ? { range: request.headers } : undefined);
+  if (request.method === "HEAD") return new Response(null, { status: decision.status, headers: { ...headers, "Content-Length": String(entry.size) } });
+  if (!object) return page(500, "Site file missing");
+  if (ranged && object.range && "offset" in object.range) {
+    const offset = object.range.offset ?? 0;
+    const length = object.range.length ?? entry.size - offset;
+    return new Response(object.body, {
+      status: 206,
+      headers: { ...headers, "Content-Length": String(length), "Content-Range": `bytes ${offset}-${offset + length - 1}/${entry.size}` },
+    });
+  }
+  return new Response(object.body, { status: decision.status, headers: { ...headers, "Content-Length": String(entry.size) } });
+}
+
+/**
+ * Edge serving for `Host: <app>.<APPS_DOMAIN>`: app → active deployment's
+ * manifest (cached per isolate) → blob in R2. Every answer is logged for
+ * `svc logs <app>` after the response, never before it.
+ */
+export async function serveSite(
+  request: Request,
+  env: Env,
+  waitUntil: (promise: Promise<unknown>) => void,
+  name: string,
+): Promise<Response> {
+  const started = Date.now();
+  const app = await siteApp(env, name, started);
+  let response: Response;
+  if (!app) response = page(404, "No such site");
+  else if (request.method !== "GET" && request.method !== "HEAD") response = page(405, "Method not allowed", { Allow: "GET, HEAD" });
+  else if (app.status === "stopped") response = page(503, "This app is stopped");
+  else {
+    const manifest = app.activeDeploymentId ? await manifestOf(env, app.activeDeploymentId) : null;
+    if (!manifest) response = page(404, "Nothing deployed yet");
+    else {
+      const decision = decide(new URL(request.url).pathname, (p) => manifest.files[p], manifest.spa);
+      response = decision.kind === "not-found" ? page(404, "Not found") : await respond(request, env, decision);
+    }
+  }
+  if (app) {
+    const length = Number(response.headers.get("Content-Length") ?? 0);
+    logRequest(
+      env.DB,
+      {
+        appId: app.id,
+        at: started,
+        method: request.method,
+        path: new URL(request.url).pathname.slice(0, 2048),
+        status: response.status,
+        bytes: request.method === "HEAD" || response.status === 304 ? 0 : length,
+        durationMs: Date.now() - started,
+      },
+      waitUntil,
+    );
+  }
+  return response;
+}
