@@ -5,6 +5,7 @@ import { chmod, mkdir, readFile, writeFile } from "node:fs/promises";
 import { createServer } from "node:net";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
+import { launchBuilder } from "./builder-process";
 
 /**
  * Starts the whole system locally: D1 migrations, the builder, `wrangler dev`,
@@ -97,9 +98,7 @@ function run(cmd: string, args: string[], env: NodeJS.ProcessEnv): Promise<strin
 }
 
 /** Output of a child: inherited, or appended to a log file. */
-type Output = "inherit" | string;
-
-function startProcess(cmd: string, args: string[], env: NodeJS.ProcessEnv, output: Output): ChildProcess {
+function startProcess(cmd: string, args: string[], env: NodeJS.ProcessEnv, output: "inherit" | string): ChildProcess {
   const sink = output === "inherit" ? "inherit" : openSync(output, "a");
   // Own process group, so stopping it also ends the grandchildren (workerd under wrangler).
   return spawn(cmd, args, { cwd: ROOT, env, stdio: ["ignore", sink, sink], detached: true });
@@ -136,31 +135,6 @@ async function stopProcess(child: ChildProcess): Promise<void> {
   clearTimeout(timer);
 }
 
-export type BuilderProcess = { url: string; ready: Promise<void>; stop(): Promise<void> };
-
-/**
- * Starts the builder (data plane) as a child process with only the variables
- * it needs, so nothing of the caller's environment reaches user commands.
- * Used by `npm start`, the Worker test suite and the CLI tests alike.
- */
-export function startBuilder(opts: { port: number; secret: string; dataDir: string; output: Output }): BuilderProcess {
-  const child = startProcess(
-    join(BIN, "tsx"),
-    [join(ROOT, "builder", "src", "server.ts")],
-    {
-      PATH: process.env.PATH,
-      HOME: process.env.HOME,
-      BUILDER_SECRET: opts.secret,
-      BUILDER_PORT: String(opts.port),
-      BUILDER_DATA_DIR: opts.dataDir,
-      ...(process.env.NPM_CONFIG_REGISTRY ? { NPM_CONFIG_REGISTRY: process.env.NPM_CONFIG_REGISTRY } : {}),
-    },
-    opts.output,
-  );
-  const url = `http://127.0.0.1:${opts.port}`;
-  return { url, ready: waitFor(`${url}/healthz`, child, "builder", 30_000), stop: () => stopProcess(child) };
-}
-
 /** Returns the saved admin key if it still works, else creates an account through the operator route. */
 async function adminKeyFor(apiUrl: string, secrets: LocalSecrets, stateDir: string): Promise<string> {
   const keyFile = join(stateDir, "local-admin-key");
@@ -186,20 +160,18 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
   await mkdir(opts.persistDir, { recursive: true });
   const secrets = await ensureSecrets(opts.secretsFile);
   const port = opts.port || (await freePort());
-  const builderPort = await freePort();
   const apiUrl = `http://127.0.0.1:${port}`;
-  const builderUrl = `http://127.0.0.1:${builderPort}`;
   // Nothing may need the internet: no metrics, no fetch of the `Request.cf` placeholder.
   const env = { ...process.env, WRANGLER_SEND_METRICS: "false", CLOUDFLARE_CF_FETCH_ENABLED: "false" };
 
   await run(join(BIN, "wrangler"), ["d1", "migrations", "apply", "DB", "--local", "--persist-to", opts.persistDir], env);
 
-  const builder = await startBuilder({
-    port: builderPort,
+  const builder = await launchBuilder({
     secret: secrets.BUILDER_SECRET,
     dataDir: join(opts.stateDir, "builder"),
-    output: opts.output === "files" ? join(opts.stateDir, "builder.log") : "inherit",
+    log: opts.output === "files" ? { file: join(opts.stateDir, "builder.log") } : "inherit",
   });
+  const builderUrl = builder.url;
   const vars = { ...secrets, PUBLIC_URL: apiUrl, BUILDER_URL: builderUrl, S3_ENDPOINT: `${apiUrl}/storage`, APPS_DOMAIN: `localhost:${port}`, APPS_URL_SCHEME: "http" };
   const wrangler = startProcess(
     join(BIN, "wrangler"),
@@ -223,7 +195,7 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
     await Promise.all([stopProcess(wrangler), builder.stop()]);
   };
   try {
-    await Promise.all([builder.ready, waitFor(`${apiUrl}/healthz`, wrangler, "wrangler dev", 90_000)]);
+    await waitFor(`${apiUrl}/healthz`, wrangler, "wrangler dev", 90_000);
     const adminKey = await adminKeyFor(apiUrl, secrets, opts.stateDir);
     return { apiUrl, builderUrl, adminKey, secrets, stop };
   } catch (err) {

@@ -3,15 +3,12 @@
  * CLI and end-to-end suites share it), and talks to it the way the Worker does:
  * every request signed with the shared secret.
  */
-import { type ChildProcess, spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { fileURLToPath } from "node:url";
 import { type JobSpec, JobStatus, signRequest } from "../../builder/src/protocol.js";
-
-const repoRoot = fileURLToPath(new URL("../..", import.meta.url));
+import { launchBuilder } from "../../scripts/builder-process.js";
 
 /** Options of {@link startBuilder}; everything has a throwaway default. */
 export interface StartBuilderOptions {
@@ -36,60 +33,18 @@ export interface BuilderProcess {
   stop(): Promise<void>;
 }
 
-function exitOf(child: ChildProcess): Promise<void> {
-  return new Promise((resolve) => {
-    if (child.exitCode !== null || child.signalCode !== null) resolve();
-    else child.once("exit", () => resolve());
-  });
-}
-
-/** Starts `builder/src/server.ts` on a free port and resolves once it listens. */
+/** Starts `builder/src/server.ts` on a free port (see scripts/builder-process.ts) and resolves once it listens. */
 export async function startBuilder(options: StartBuilderOptions = {}): Promise<BuilderProcess> {
   const ownDataDir = options.dataDir === undefined;
   const dataDir = options.dataDir ?? (await mkdtemp(join(tmpdir(), "svc-builder-")));
   const secret = options.secret ?? randomBytes(24).toString("hex");
-  const child = spawn(process.execPath, ["--import", "tsx", "builder/src/server.ts"], {
-    cwd: repoRoot,
-    env: {
-      PATH: process.env.PATH ?? "/usr/bin:/bin",
-      BUILDER_SECRET: secret,
-      BUILDER_PORT: "0",
-      BUILDER_HOST: "127.0.0.1",
-      BUILDER_DATA_DIR: dataDir,
-      ...options.env,
-    },
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-  let output = "";
-  const url = await new Promise<string>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`builder did not start within 30 s:\n${output}`)), 30_000);
-    const onData = (chunk: Buffer) => {
-      output += chunk.toString("utf8");
-      const match = /builder listening on (http:\/\/\S+)/.exec(output);
-      if (match?.[1]) {
-        clearTimeout(timer);
-        resolve(match[1]);
-      }
-    };
-    child.stdout?.on("data", onData);
-    child.stderr?.on("data", onData);
-    child.once("exit", (code) => {
-      clearTimeout(timer);
-      reject(new Error(`builder exited with code ${code} before listening:\n${output}`));
-    });
-  });
+  const builder = await launchBuilder({ secret, dataDir, ...(options.env ? { env: options.env } : {}) });
   return {
-    url,
+    ...builder,
     secret,
     dataDir,
-    pid: child.pid ?? 0,
-    output: () => output,
     async stop() {
-      const exited = exitOf(child);
-      child.kill("SIGTERM");
-      const killer = setTimeout(() => child.kill("SIGKILL"), 15_000);
-      await exited;
-      clearTimeout(killer);
+      await builder.stop();
       if (ownDataDir) await rm(dataDir, { recursive: true, force: true });
     },
   };

@@ -1,7 +1,7 @@
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { startBuilder } from "../../scripts/local-stack";
+import { launchBuilder } from "../../scripts/builder-process";
 
 /**
  * The Worker suites talk to a real builder process: vitest.config.ts picks its
@@ -9,13 +9,12 @@ import { startBuilder } from "../../scripts/local-stack";
  */
 export default async function setup(): Promise<() => Promise<void>> {
   const dataDir = await mkdtemp(join(tmpdir(), "svc-worker-builder-"));
-  const builder = startBuilder({
+  const builder = await launchBuilder({
     port: Number(process.env.SVC_TEST_BUILDER_PORT),
     secret: process.env.SVC_TEST_BUILDER_SECRET ?? "",
     dataDir,
-    output: join(dataDir, "builder.log"),
+    log: { file: join(dataDir, "builder.log") },
   });
-  await builder.ready;
   return async () => {
     await builder.stop();
     await rm(dataDir, { recursive: true, force: true });
