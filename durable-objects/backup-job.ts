@@ -1,13 +1,15 @@
 import { eq } from "drizzle-orm";
 import type { JobStatus } from "../builder/src/protocol";
-import { accounts, backups } from "../worker/db/schema";
+import { accounts, backups, disks } from "../worker/db/schema";
+import { GIB } from "../worker/services/disks";
 import { submitSnapshot } from "../worker/lib/builder-client";
 import { PLAN_LIMITS } from "../worker/lib/plans";
 import { presign } from "../worker/storage/presign";
 import { failureOf, SingleBuilderJob } from "./single-job";
 
-/** Snapshot parts: small enough to keep the builder's memory flat, ≥ R2's 5 MiB minimum. */
-export const SNAPSHOT_PART_BYTES = 8 * 1024 * 1024;
+/** Snapshot parts: ≥ R2's 5 MiB minimum, and large enough that a full disk stays under 10,000 parts. */
+const MIN_PART_BYTES = 8 * 1024 * 1024;
+const MAX_PARTS = 9_000;
 const DAY_MS = 86_400_000;
 
 /**
@@ -20,6 +22,7 @@ export class BackupJob extends SingleBuilderJob {
   async start(backupId: string): Promise<void> {
     const backup = await this.db.select().from(backups).where(eq(backups.id, backupId)).get();
     if (backup?.status !== "creating") return;
+    const disk = await this.db.select({ sizeGb: disks.sizeGb }).from(disks).where(eq(disks.id, backup.diskId)).get();
     const upload = await this.env.BUCKET.createMultipartUpload(backup.objectKey, {
       httpMetadata: { contentType: "application/gzip" },
     });
@@ -27,7 +30,7 @@ export class BackupJob extends SingleBuilderJob {
     const base = this.config.PUBLIC_URL;
     const submitted = await submitSnapshot(this.config, {
       diskId: backup.diskId,
-      partSizeBytes: SNAPSHOT_PART_BYTES,
+      partSizeBytes: Math.max(MIN_PART_BYTES, Math.ceil(((disk?.sizeGb ?? 1) * GIB) / MAX_PARTS)),
       partUrlEndpoint: new URL(`/internal/backups/${backupId}/part-url`, base).href,
       callbackUrl: new URL("/internal/builder/callback", base).href,
       labels: { kind: "backup", backupId },

@@ -9,6 +9,7 @@ import { failureOf, SingleBuilderJob } from "./single-job";
 
 /** Most entries a restored archive may hold (bounds a tar of millions of empty files). */
 export const RESTORE_MAX_ENTRIES = 1_000_000;
+const TAR_OVERHEAD_PER_ENTRY = 1536;
 
 /**
  * One object per restore: the builder downloads the archive through a
@@ -37,7 +38,8 @@ export class RestoreJob extends SingleBuilderJob {
       expectedSizeBytes: restore.sizeBytes,
       ...(restore.sha256 ? { expectedSha256: restore.sha256 } : {}),
       maxEntries: RESTORE_MAX_ENTRIES,
-      maxExpandedBytes: disk.sizeGb * GIB,
+      // Tar adds up to ~1.5 KiB per entry; the builder checks the restored data against the quota itself.
+      maxExpandedBytes: disk.sizeGb * GIB + TAR_OVERHEAD_PER_ENTRY * RESTORE_MAX_ENTRIES,
       callbackUrl: new URL("/internal/builder/callback", this.config.PUBLIC_URL).href,
       labels: { kind: "restore", restoreId },
     }).catch((err: unknown) => ({ ok: false as const, message: err instanceof Error ? err.message : String(err) }));
