@@ -71,9 +71,10 @@ export abstract class SingleBuilderJob extends DurableObject<Env> {
   }
 }
 
-/** The failure message of a status that did not succeed. */
+/** The failure message of a status that did not succeed; memory kills are named `OOMKilled` (spec, "Errors"). */
 export function failureOf(status: JobStatus | { error: string }): string | null {
   if (!("id" in status)) return status.error;
   if (status.status === "succeeded") return null;
-  return status.error ?? `the job ended ${status.status}`;
+  const message = status.error ?? `the job ended ${status.status}`;
+  return status.reason === "OOMKilled" ? `OOMKilled: ${message}` : message;
 }
