@@ -140,6 +140,38 @@ export class ApiClient {
     return parsed.data as T;
   }
 
+  /**
+   * A call whose success body is read as it arrives (a build log followed
+   * live): resolves to the Response once its headers are in, with no time
+   * limit on the body; a failure is reported like any other call's.
+   */
+  async stream(route: string, call: Call): Promise<Response> {
+    const connect = new AbortController();
+    const timer = setTimeout(() => connect.abort(new DOMException("timed out", "TimeoutError")), TIMEOUT_MS);
+    let res: Response;
+    try {
+      res = await fetch(`${this.target.apiUrl}${route}`, {
+        headers: { Authorization: `Bearer ${this.target.apiKey}`, Accept: "text/plain, application/json", "User-Agent": `svc-cli/${VERSION}` },
+        signal: connect.signal,
+      });
+    } catch (err) {
+      throw new RequestFailed(call.what, { kind: "network", message: networkMessage(err) }, call, this.target);
+    } finally {
+      clearTimeout(timer);
+    }
+    if (res.ok) return res;
+    const text = await res.text().catch(() => "");
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(text);
+    } catch {
+      throw this.badResponse(res.status, text, call);
+    }
+    const error = errorEnvelope(parsed);
+    if (!error) throw this.badResponse(res.status, text, call);
+    throw new RequestFailed(call.what, { kind: "api", status: res.status, error }, call, this.target);
+  }
+
   private badResponse(status: number, text: string, call: Call): RequestFailed {
     const body = text.length > 300 ? `${text.slice(0, 300)}…` : text;
     return new RequestFailed(call.what, { kind: "bad-response", status, body: body.trim() }, call, this.target);

@@ -1,16 +1,21 @@
 import { ApiClient } from "./api.js";
 import { type BaseContext, type Command, GLOBAL_OPTIONS, type Group, helpRows } from "./command.js";
 import { apps } from "./commands/apps.js";
+import { backups } from "./commands/backups.js";
+import { cron } from "./commands/cron.js";
+import { deploy, deployments } from "./commands/deploy.js";
 import { disk } from "./commands/disk.js";
 import { env } from "./commands/env.js";
+import { init } from "./commands/init.js";
 import { keys } from "./commands/keys.js";
 import { login, logout } from "./commands/login.js";
+import { logs } from "./commands/logs.js";
 import { type ResolvedConfig, resolveConfig } from "./config.js";
 import { CliError, Output, reportError, UsageError } from "./output.js";
 import { VERSION } from "./version.js";
 
 /** Every top-level entry, in help order. A new noun is one file under commands/ and one line here. */
-const ENTRIES: readonly (Group | Command)[] = [login, logout, keys, apps, env, disk];
+const ENTRIES: readonly (Group | Command)[] = [login, logout, keys, apps, env, disk, backups, cron, init, deploy, deployments, logs];
 
 const isGroup = (entry: Group | Command): entry is Group => "commands" in entry;
 

@@ -147,6 +147,8 @@ function hintFor(err: RequestFailed): string | undefined {
     }
     case "NAME_TAKEN":
       return "choose another name";
+    case "INVALID_CRON_EXPRESSION":
+      return 'a schedule is five fields, quoted in the shell: minute (0-59) hour (0-23) day-of-month (1-31) month (1-12) day-of-week (0-7, 0 and 7 are Sunday), e.g. "*/15 * * * *" or "0 9 * * 1-5"';
     case "NOT_FOUND":
     case "METHOD_NOT_ALLOWED":
       return `the API at ${target.apiUrl} does not offer this operation: is it the svc API, and up to date?`;

@@ -3,6 +3,7 @@ import { defineCommand, type Group } from "../command.js";
 import { ago, CliError, fields, table, when } from "../output.js";
 import { positiveInteger } from "../parse.js";
 import { confirm } from "../prompt.js";
+import { buildLogs } from "./logs.js";
 
 /** An application as the API returns it. */
 export type App = {
@@ -156,4 +157,4 @@ const remove = defineCommand({
 });
 
 /** `svc apps …`: the application lifecycle. */
-export const apps: Group = { name: "apps", summary: "Manage apps", commands: [create, list, info, stop, restart, remove] };
+export const apps: Group = { name: "apps", summary: "Manage apps", commands: [create, list, info, stop, restart, remove, buildLogs] };

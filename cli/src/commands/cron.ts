@@ -1,0 +1,437 @@
+import { setTimeout as sleep } from "node:timers/promises";
+import { type ApiClient, type Call, path } from "../api.js";
+import { defineCommand, type Group } from "../command.js";
+import { ago, CliError, fields, type Output, table, when } from "../output.js";
+import { durationSeconds } from "../parse.js";
+
+/** A cron job as created, listed and patched. */
+type CronJob = {
+  id: string;
+  appId: string;
+  name: string;
+  schedule: string;
+  command: string;
+  enabled: boolean;
+  timezone: string;
+  concurrencyPolicy: ConcurrencyPolicy;
+  timeoutSeconds: number;
+  createdAt: string;
+  updatedAt: string;
+};
+
+/** `GET /v1/crons/:id` and PATCH add the run times. */
+type CronDetail = CronJob & { lastRun: string | null; nextRun: string | null; nextRuns: string[] };
+
+/** One run of a job, newest first in `GET /v1/crons/:id/runs`. */
+type CronRun = {
+  jobName: string;
+  status: "running" | "success" | "failed";
+  trigger: "schedule" | "manual";
+  startedAt: string;
+  finishedAt: string | null;
+  exitCode: number | null;
+  error: string | null;
+};
+
+const POLICIES = ["forbid", "allow", "replace"] as const;
+type ConcurrencyPolicy = (typeof POLICIES)[number];
+
+/** How often a followed run's status and log are read. */
+const FOLLOW_INTERVAL_MS = 1000;
+
+/** API field → flag, so VALIDATION_ERROR hints name what to fix. */
+const CRON_FLAGS = {
+  appId: "<app>",
+  name: "--name",
+  schedule: "--schedule",
+  command: "--command",
+  timezone: "--timezone",
+  concurrencyPolicy: "--concurrency",
+  timeoutSeconds: "--timeout",
+  id: "<id> (a cron_… id or a job name, from `svc cron list`)",
+};
+
+/** Error context for a call about one job. */
+function aboutCron(what: string, ref: string, extra: Call["hints"] = {}): Call {
+  return {
+    what,
+    flags: CRON_FLAGS,
+    hints: { CRON_NOT_FOUND: `no cron job "${ref}" in this account: \`svc cron list\` shows the ids and names`, ...extra },
+  };
+}
+
+/** Error context for a call about one run of a job. */
+function aboutRun(what: string, ref: string, jobName: string): Call {
+  return aboutCron(what, ref, { RUN_NOT_FOUND: `no run "${jobName}": \`svc cron runs ${ref}\` lists the job's runs` });
+}
+
+/**
+ * The job's id for a reference that is an id (`cron_…`) or a job name (unique
+ * in the account), so commands accept whichever the user has at hand.
+ */
+async function cronId(client: ApiClient, ref: string): Promise<string> {
+  if (ref.startsWith("cron_")) return ref;
+  const jobs = await client.data<CronJob[]>("GET", "/v1/crons", undefined, { what: `find cron job ${ref}` });
+  const job = jobs.find((j) => j.name === ref);
+  if (!job) {
+    throw new CliError(`could not find cron job ${ref}`, [`no cron job has the id or name "${ref}"`], "`svc cron list` shows the ids and names");
+  }
+  return job.id;
+}
+
+/** App names by id, so tables and details can say which app a job runs in. */
+async function appNames(client: ApiClient): Promise<Map<string, string>> {
+  const apps = await client.data<{ id: string; name: string }[]>("GET", "/v1/apps", undefined, { what: "list apps" });
+  return new Map(apps.map((a) => [a.id, a.name]));
+}
+
+/** `3600` → `1h`, `90` → `90s`: the largest unit that divides the value exactly. */
+function seconds(value: number): string {
+  const units: [number, string][] = [
+    [86_400, "d"],
+    [3600, "h"],
+    [60, "m"],
+  ];
+  const unit = units.find(([size]) => value % size === 0);
+  return unit ? `${value / unit[0]}${unit[1]}` : `${value}s`;
+}
+
+function describe(job: CronJob & Partial<CronDetail>, appName: string | undefined): string {
+  const rows: [string, string][] = [
+    ["id", job.id],
+    ["name", job.name],
+    ["app", appName ? `${appName} (${job.appId})` : job.appId],
+    ["schedule", `${job.schedule} (${job.timezone})`],
+    ["command", job.command],
+    ["enabled", job.enabled ? "yes" : "no (paused: svc cron update <id> --enable)"],
+    ["concurrency", job.concurrencyPolicy],
+    ["timeout", seconds(job.timeoutSeconds)],
+  ];
+  if (job.nextRuns !== undefined) {
+    rows.push(["last run", when(job.lastRun)], ["next run", when(job.nextRun, "none")]);
+    rows.push(["next runs", job.nextRuns.length ? job.nextRuns.join("\n") : "none"]);
+  }
+  rows.push(["created", when(job.createdAt)], ["updated", when(job.updatedAt)]);
+  return fields(rows);
+}
+
+function outcome(run: CronRun): string {
+  if (run.status === "running") return "running";
+  const detail = run.error ?? (run.exitCode === null ? undefined : `exit code ${run.exitCode}`);
+  return detail ? `${run.status} (${detail})` : run.status;
+}
+
+function duration(run: CronRun): string {
+  if (!run.finishedAt) return "-";
+  const ms = Date.parse(run.finishedAt) - Date.parse(run.startedAt);
+  return ms < 10_000 ? `${(ms / 1000).toFixed(1)} s` : `${Math.round(ms / 1000)} s`;
+}
+
+/** The options create and update share, parsed into the API's fields. */
+const TUNING = {
+  timezone: { type: "string", value: "zone", description: "IANA time zone the schedule is read in (default UTC), e.g. Europe/Berlin" },
+  concurrency: {
+    type: "string",
+    value: "policy",
+    description: "when a run is due while one still runs: forbid (skip it, default), allow, replace",
+  },
+  timeout: { type: "string", value: "duration", description: "kill a run after this long: 90s, 15m, 1h (default 1h, at most 12h)" },
+} as const;
+
+type Tuning = { timezone?: string; concurrencyPolicy?: ConcurrencyPolicy; timeoutSeconds?: number };
+
+function tuning(
+  opts: { timezone: string | undefined; concurrency: string | undefined; timeout: string | undefined },
+  fail: (message: string) => Error,
+): Tuning {
+  const body: Tuning = {};
+  if (opts.timezone !== undefined) body.timezone = opts.timezone;
+  if (opts.concurrency !== undefined) {
+    const policy = POLICIES.find((p) => p === opts.concurrency);
+    if (!policy) throw fail(`--concurrency must be one of ${POLICIES.join(", ")}, got "${opts.concurrency}"`);
+    body.concurrencyPolicy = policy;
+  }
+  if (opts.timeout !== undefined) body.timeoutSeconds = durationSeconds(opts.timeout, "--timeout", fail);
+  return body;
+}
+
+/** Which run of which job a follower watches, with the reference the user typed for hints. */
+type RunTarget = { id: string; ref: string; jobName: string };
+
+/**
+ * Prints a run's log as it grows (complete lines only, until the end) and
+ * returns the run once it has finished. The status is read before the log,
+ * so the log read after a finished status is the stored, final one.
+ */
+async function follow(client: ApiClient, target: RunTarget, print: ((line: string) => void) | undefined): Promise<CronRun> {
+  const { id, ref, jobName } = target;
+  let printed = 0;
+  for (;;) {
+    const runs = await client.data<CronRun[]>("GET", path`/v1/crons/${id}/runs`, undefined, aboutCron(`list runs of cron job ${ref}`, ref));
+    const run = runs.find((r) => r.jobName === jobName);
+    const { logs } = await client.data<{ logs: string }>(
+      "GET",
+      path`/v1/crons/${id}/runs/${jobName}/logs`,
+      undefined,
+      aboutRun(`read the log of run ${jobName}`, ref, jobName),
+    );
+    const finished = run !== undefined && run.status !== "running";
+    const lines = logs.split("\n");
+    const partial = lines.pop() ?? "";
+    if (finished && partial !== "") lines.push(partial);
+    if (print) for (const line of lines.slice(printed)) print(line);
+    printed = Math.max(printed, lines.length);
+    if (finished) return run;
+    await sleep(FOLLOW_INTERVAL_MS);
+  }
+}
+
+/** The fix-it line for a failed run, by what its error says. */
+function runHint(run: CronRun, target: RunTarget): string {
+  if (run.exitCode === 127 || run.error?.includes("command not found")) {
+    return "the command does not exist in the app's environment: define the script or install the binary";
+  }
+  if (run.error?.startsWith("timed out")) return `make the command faster or raise the limit: svc cron update ${target.ref} --timeout 2h`;
+  return `the log shows what the command printed: svc cron logs ${target.ref} ${target.jobName}`;
+}
+
+const ID_ARG = { name: "id", description: "cron job id (cron_…) or name" } as const;
+const RUN_ARGS = [ID_ARG, { name: "job_name", description: "the run's name, from svc cron runs" }] as const;
+
+const create = defineCommand({
+  name: "create",
+  summary: "Create a cron job that runs a command in an app's environment",
+  description: `The schedule has five fields: minute (0-59) hour (0-23) day-of-month (1-31) month (1-12)
+day-of-week (0-7, 0 and 7 are Sunday), with *, lists (1,15), ranges (1-5) and steps (*/15).
+The command gets the app's env vars and its disk.`,
+  args: [{ name: "app", description: "app name or id" }],
+  options: {
+    name: { type: "string", value: "name", description: "job name, unique in the account (a DNS label, e.g. nightly-report)", required: true },
+    schedule: { type: "string", value: "expr", description: 'five-field cron expression, e.g. "0 3 * * *"', required: true },
+    command: { type: "string", value: "cmd", description: "shell command to run", required: true },
+    ...TUNING,
+  },
+  examples: [
+    'svc cron create my-app --name nightly-report --schedule "0 3 * * *" --command "npm run report"',
+    'svc cron create api --name sync --schedule "*/15 9-17 * * 1-5" --command "./sync.sh" --timezone Europe/Berlin --timeout 10m',
+  ],
+  async run({ args, opts, out, api, fail }) {
+    const body = { appId: args.app, name: opts.name, schedule: opts.schedule, command: opts.command, ...tuning(opts, fail) };
+    const client = await api();
+    const job = await client.data<CronJob>("POST", "/v1/crons", body, {
+      what: `create cron job ${opts.name}`,
+      flags: CRON_FLAGS,
+      hints: {
+        APP_NOT_FOUND: `no app "${args.app}" in this account: \`svc apps list\` shows the names and ids`,
+        NAME_TAKEN: "this account already has a cron job with that name: choose another --name",
+      },
+    });
+    out.result(job, `Created cron job ${job.name} in app ${args.app}\n${describe(job, undefined)}`);
+  },
+});
+
+const list = defineCommand({
+  name: "list",
+  summary: "List the account's cron jobs",
+  options: {},
+  async run({ out, api }) {
+    const client = await api();
+    const jobs = await client.data<CronJob[]>("GET", "/v1/crons", undefined, { what: "list cron jobs" });
+    if (out.json || jobs.length === 0) {
+      out.result(jobs, 'No cron jobs yet. Create one: svc cron create <app> --name <name> --schedule "<expr>" --command <cmd>');
+      return;
+    }
+    const names = await appNames(client);
+    out.result(
+      jobs,
+      table(jobs, [
+        ["ID", (j) => j.id],
+        ["NAME", (j) => j.name],
+        ["APP", (j) => names.get(j.appId) ?? j.appId],
+        ["SCHEDULE", (j) => (j.timezone === "UTC" ? j.schedule : `${j.schedule} (${j.timezone})`)],
+        ["ENABLED", (j) => (j.enabled ? "yes" : "no")],
+        ["COMMAND", (j) => j.command],
+      ]),
+    );
+  },
+});
+
+const info = defineCommand({
+  name: "info",
+  summary: "Show a cron job with its last and next runs",
+  args: [ID_ARG],
+  options: {},
+  async run({ args, out, api }) {
+    const client = await api();
+    const id = await cronId(client, args.id);
+    const job = await client.data<CronDetail>("GET", path`/v1/crons/${id}`, undefined, aboutCron(`show cron job ${args.id}`, args.id));
+    if (out.json) out.result(job);
+    else out.result(job, describe(job, (await appNames(client)).get(job.appId)));
+  },
+});
+
+const update = defineCommand({
+  name: "update",
+  summary: "Change a cron job; only the given options change",
+  args: [ID_ARG],
+  options: {
+    schedule: { type: "string", value: "expr", description: "new five-field cron expression" },
+    command: { type: "string", value: "cmd", description: "new command" },
+    ...TUNING,
+    enable: { type: "boolean", description: "resume a paused job" },
+    disable: { type: "boolean", description: "pause the job (runs nothing until --enable)" },
+  },
+  examples: ['svc cron update nightly-report --schedule "30 2 * * *"', "svc cron update cron_4fJ8kQ2mX9pR1sT6uV3wY7zA --disable"],
+  async run({ args, opts, out, api, fail }) {
+    if (opts.enable && opts.disable) throw fail("use either --enable or --disable, not both");
+    const body = {
+      ...(opts.schedule === undefined ? {} : { schedule: opts.schedule }),
+      ...(opts.command === undefined ? {} : { command: opts.command }),
+      ...tuning(opts, fail),
+      ...(opts.enable || opts.disable ? { enabled: opts.enable } : {}),
+    };
+    if (Object.keys(body).length === 0) throw fail("nothing to change: pass at least one of --schedule, --command, --timezone, --concurrency, --timeout, --enable, --disable");
+    const client = await api();
+    const id = await cronId(client, args.id);
+    const job = await client.data<CronDetail>("PATCH", path`/v1/crons/${id}`, body, aboutCron(`update cron job ${args.id}`, args.id));
+    out.result(job, `Updated cron job ${job.name}\n${describe(job, undefined)}`);
+  },
+});
+
+/** Follows a run to its end, printing the log (not with --json); a failed run is an error (exit 1). */
+async function waitForRun(client: ApiClient, out: Output, target: RunTarget): Promise<void> {
+  const run = await follow(client, target, out.json ? undefined : (line) => out.text(line));
+  if (run.status === "success") {
+    out.result(run, `Run ${run.jobName} succeeded after ${duration(run)}`);
+    return;
+  }
+  if (out.json) out.result(run);
+  const why = run.error ?? (run.exitCode === null ? "no reason recorded" : `exit code ${run.exitCode}`);
+  throw new CliError(`run ${run.jobName} failed`, [why], runHint(run, target));
+}
+
+const run = defineCommand({
+  name: "run",
+  summary: "Run a cron job once, now",
+  description: "Prints the run's name. With --wait, prints the log as it runs and exits 1 if the run fails.",
+  args: [ID_ARG],
+  options: { wait: { type: "boolean", description: "follow the run to its end, printing its log" } },
+  examples: ["svc cron run nightly-report --wait"],
+  async run({ args, opts, out, api }) {
+    const client = await api();
+    const id = await cronId(client, args.id);
+    const started = await client.data<{ jobName: string; status: CronRun["status"] }>(
+      "POST",
+      path`/v1/crons/${id}/run`,
+      undefined,
+      aboutCron(`run cron job ${args.id}`, args.id, {
+        APP_STOPPED: `stopped apps run no cron jobs: start the app with \`svc apps restart <app>\` (\`svc cron info ${args.id}\` names it)`,
+      }),
+    );
+    const target = { id, ref: args.id, jobName: started.jobName };
+    if (!opts.wait) {
+      out.result(started, `Started run ${started.jobName}`);
+      if (!out.json) out.note(`Follow it: svc cron logs ${args.id} ${started.jobName} --follow`);
+      return;
+    }
+    out.step(`Started run ${started.jobName}`);
+    await waitForRun(client, out, target);
+  },
+});
+
+const runs = defineCommand({
+  name: "runs",
+  summary: "List a cron job's runs, newest first (the last 100 are kept)",
+  args: [ID_ARG],
+  options: {},
+  async run({ args, out, api }) {
+    const client = await api();
+    const id = await cronId(client, args.id);
+    const list = await client.data<CronRun[]>("GET", path`/v1/crons/${id}/runs`, undefined, aboutCron(`list runs of cron job ${args.id}`, args.id));
+    const human =
+      list.length === 0
+        ? `No runs of cron job ${args.id} yet. Start one: svc cron run ${args.id}`
+        : table(list, [
+            ["JOB NAME", (r) => r.jobName],
+            ["STATUS", (r) => r.status],
+            ["TRIGGER", (r) => r.trigger],
+            ["STARTED", (r) => ago(r.startedAt)],
+            ["DURATION", duration],
+            ["EXIT", (r) => (r.exitCode === null ? "-" : String(r.exitCode))],
+            ["ERROR", (r) => r.error ?? ""],
+          ]);
+    out.result(list, human);
+  },
+});
+
+const logs = defineCommand({
+  name: "logs",
+  summary: "Print a run's log",
+  description: "Lines read `<time> <out|err|svc> <text>`. With --follow, prints new lines until the run has finished.",
+  args: RUN_ARGS,
+  options: { follow: { type: "boolean", short: "f", description: "keep printing new lines until the run has finished" } },
+  examples: ["svc cron logs nightly-report nightly-report-1795237200", "svc cron logs nightly-report manual-k2x9qa-1795237342 --follow"],
+  async run({ args, opts, out, api }) {
+    const client = await api();
+    const id = await cronId(client, args.id);
+    const target = { id, ref: args.id, jobName: args.job_name };
+    if (opts.follow) {
+      const run = await follow(client, target, out.json ? undefined : (line) => out.text(line));
+      if (out.json) await printLog(client, out, target);
+      else out.note(`Run ${run.jobName} finished: ${outcome(run)}`);
+      return;
+    }
+    await printLog(client, out, target);
+  },
+});
+
+async function printLog(client: ApiClient, out: Output, { id, ref, jobName }: RunTarget): Promise<void> {
+  const log = await client.data<{ logs: string }>(
+    "GET",
+    path`/v1/crons/${id}/runs/${jobName}/logs`,
+    undefined,
+    aboutRun(`read the log of run ${jobName}`, ref, jobName),
+  );
+  if (out.json) out.result(log);
+  else if (log.logs === "") out.note(`The log of run ${jobName} is empty.`);
+  else out.text(log.logs);
+}
+
+const cancel = defineCommand({
+  name: "cancel",
+  summary: "Cancel a running run (its processes are killed)",
+  args: RUN_ARGS,
+  options: {},
+  async run({ args, out, api }) {
+    const client = await api();
+    const id = await cronId(client, args.id);
+    const call = aboutRun(`cancel run ${args.job_name}`, args.id, args.job_name);
+    const before = (await client.data<CronRun[]>("GET", path`/v1/crons/${id}/runs`, undefined, call)).find((r) => r.jobName === args.job_name);
+    if (before && before.status !== "running") {
+      out.result(before, `Run ${before.jobName} had already finished: ${outcome(before)}`);
+      return;
+    }
+    const run = await client.data<CronRun>("POST", path`/v1/crons/${id}/runs/${args.job_name}/cancel`, undefined, call);
+    out.result(run, run.error === "cancelled" ? `Cancelled run ${run.jobName}` : `Run ${run.jobName} finished before it could be cancelled: ${outcome(run)}`);
+  },
+});
+
+const remove = defineCommand({
+  name: "delete",
+  summary: "Delete a cron job with its schedule, runs and logs",
+  args: [ID_ARG],
+  options: {},
+  async run({ args, out, api }) {
+    const client = await api();
+    const id = await cronId(client, args.id);
+    const deleted = await client.data<{ id: string; deleted: true }>("DELETE", path`/v1/crons/${id}`, undefined, aboutCron(`delete cron job ${args.id}`, args.id));
+    out.result(deleted, `Deleted cron job ${args.id}${args.id === deleted.id ? "" : ` (${deleted.id})`}`);
+  },
+});
+
+/** `svc cron …`: scheduled commands in an app's environment, their runs and logs. */
+export const cron: Group = {
+  name: "cron",
+  summary: "Manage cron jobs, their runs and logs",
+  commands: [create, list, info, update, run, runs, logs, cancel, remove],
+};

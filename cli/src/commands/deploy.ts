@@ -1,0 +1,388 @@
+import { createReadStream } from "node:fs";
+import { readFile, stat } from "node:fs/promises";
+import { join, resolve } from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
+import { type ApiClient, type Call, path, RequestFailed } from "../api.js";
+import { defineCommand, type Group } from "../command.js";
+import { ago, CliError, fields, type Output, table, when } from "../output.js";
+import { MAX_UPLOAD_BYTES, packSource } from "../pack.js";
+import { formatBytes, Progress } from "../progress.js";
+import type { App } from "./apps.js";
+
+/** A static-site deployment as the API returns it. */
+export type Deployment = {
+  id: string;
+  appId: string;
+  status: "queued" | "building" | "deploying" | "ready" | "failed" | "cancelled";
+  active: boolean;
+  error: string | null;
+  framework: string | null;
+  outputDir: string | null;
+  spa: boolean | null;
+  fileCount: number | null;
+  totalBytes: number | null;
+  uploadedBlobs: number | null;
+  peakMemoryBytes: number | null;
+  url: string;
+  createdAt: string;
+  startedAt: string | null;
+  builtAt: string | null;
+  finishedAt: string | null;
+  buildMs: number | null;
+};
+
+/** Statuses a deployment does not leave. */
+const FINAL = new Set<Deployment["status"]>(["ready", "failed", "cancelled"]);
+/** How often a deployment is looked at while it is published, or when the live log stream ended early. */
+const POLL_MS = 500;
+/** Longest a build is followed: the builder's 20-minute limit plus publishing. */
+const FOLLOW_LIMIT_MS = 30 * 60_000;
+
+/** Error context for a call about one app's deployments. */
+export function aboutDeployments(what: string, app: string): Call {
+  return {
+    what,
+    hints: {
+      APP_NOT_FOUND: `no app "${app}" in this account: create it with \`svc apps create --name ${app} --runtime static\`, or see \`svc apps list\``,
+      DEPLOYMENT_NOT_FOUND: `\`svc deployments list ${app}\` shows the app's deployments (the last 10 are kept)`,
+      DEPLOYMENT_NOT_READY: `only a ready deployment can be served: \`svc deployments list ${app}\` shows their status`,
+      UPLOAD_INCOMPLETE: "the source did not fully arrive: run svc deploy again",
+      PRESIGNED_URL_EXPIRED: "the upload took longer than its link is valid (1 hour): run svc deploy again",
+      PAYLOAD_TOO_LARGE: "leave build output, media and archives out of the source with .gitignore",
+    },
+  };
+}
+
+const kib = (n: number | null) => (n === null ? "-" : formatBytes(n));
+
+/** The key/value block of one deployment. */
+export function describeDeployment(d: Deployment): string {
+  const rows: [string, string][] = [
+    ["id", d.id],
+    ["status", d.error ? `${d.status}: ${d.error}` : d.status],
+    ["active", d.active ? "yes (served now)" : "no"],
+    ["framework", d.framework ?? "-"],
+    ["output", d.outputDir ? `${d.outputDir}${d.spa ? " (spa)" : ""}` : "-"],
+    ["files", d.fileCount === null ? "-" : `${d.fileCount} (${kib(d.totalBytes)}), ${d.uploadedBlobs ?? 0} uploaded`],
+    ["peak memory", kib(d.peakMemoryBytes)],
+    ["build time", d.buildMs === null ? "-" : `${(d.buildMs / 1000).toFixed(1)} s`],
+    ["url", d.url],
+    ["created", when(d.createdAt)],
+    ["finished", when(d.finishedAt, "-")],
+  ];
+  return fields(rows);
+}
+
+/** `name` and `runtime` of svc.json, checked only as far as the CLI needs them; null when there is none. */
+async function readProjectConfig(source: string): Promise<{ name?: string } | null> {
+  const file = join(source, "svc.json");
+  let text: string;
+  try {
+    text = await readFile(file, "utf8");
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === "ENOENT") return null;
+    throw new CliError(`could not read ${file}`, [err instanceof Error ? err.message : String(err)]);
+  }
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch (err) {
+    throw new CliError(`${file} is not valid JSON`, [err instanceof Error ? err.message : String(err)], "fix it, or write a fresh one with `svc init --force`");
+  }
+  if (typeof value !== "object" || value === null || Array.isArray(value)) {
+    throw new CliError(`${file} is not a JSON object`, [], "write a fresh one with `svc init --force`");
+  }
+  const record = value as Record<string, unknown>;
+  if (record.runtime !== "static") {
+    throw new CliError(`${file} does not describe a static site`, [`"runtime" must be "static", got ${JSON.stringify(record.runtime)}`], 'set "runtime": "static"');
+  }
+  return typeof record.name === "string" && record.name !== "" ? { name: record.name } : {};
+}
+
+/** Streams the archive to the presigned URL with exactly its size as Content-Length. */
+async function uploadSource(url: string, file: string, size: number): Promise<void> {
+  const progress = new Progress("Uploading", size);
+  async function* body(): AsyncGenerator<Buffer> {
+    for await (const chunk of createReadStream(file)) {
+      const data = chunk as Buffer;
+      progress.add(data.length);
+      yield data;
+    }
+  }
+  let res: Response;
+  try {
+    res = await fetch(url, { method: "PUT", body: body(), headers: { "Content-Length": String(size) }, duplex: "half" } as RequestInit);
+  } catch (err) {
+    const cause = err instanceof Error && err.cause instanceof Error ? err.cause.message : String(err);
+    throw new CliError("could not upload the source", [cause], "check the connection to the API and run svc deploy again");
+  } finally {
+    progress.end();
+  }
+  if (!res.ok) {
+    const text = (await res.text().catch(() => "")).trim();
+    throw new CliError("could not upload the source", [`HTTP ${res.status}: ${text.slice(0, 300) || "(empty body)"}`], "run svc deploy again: it asks for a fresh upload link");
+  }
+  await res.body?.cancel();
+}
+
+/**
+ * Shows a deployment's build log as it is written and resolves to the
+ * deployment once it has stopped moving (ready, failed or cancelled). The
+ * log is followed live; if the stream ends while the build still runs (a
+ * dropped connection), it is opened again and what was shown is skipped. At
+ * the end the stored log fills in anything the live stream missed.
+ */
+export async function followBuild(client: ApiClient, app: string, id: string, write: (text: string) => void): Promise<Deployment> {
+  const call = aboutDeployments(`follow the build of deployment ${id}`, app);
+  const route = path`/v1/apps/${app}/deployments/${id}`;
+  const get = () => client.data<Deployment>("GET", route, undefined, call);
+  let shown = "";
+  const show = (text: string) => {
+    shown += text;
+    write(text);
+  };
+  /**
+   * Reads the log from its start; when following, passes on what was not shown
+   * yet (a reconnect skips what an earlier read showed, and shows nothing more if
+   * the log no longer begins with it). Returns the whole text read.
+   */
+  const readLog = async (follow: boolean): Promise<string> => {
+    const res = await client.stream(`${route}/logs${follow ? "?follow=true" : ""}`, call);
+    const already = shown;
+    let state: "catching-up" | "live" | "diverged" = already === "" ? "live" : "catching-up";
+    const decoder = new TextDecoder();
+    let text = "";
+    try {
+      for await (const chunk of res.body ?? []) {
+        const piece = decoder.decode(chunk as Uint8Array, { stream: true });
+        text += piece;
+        if (!follow || state === "diverged") continue;
+        if (state === "live") {
+          show(piece);
+        } else if (text.length >= already.length) {
+          state = text.startsWith(already) ? "live" : "diverged";
+          if (state === "live") show(text.slice(already.length));
+        }
+      }
+    } catch {
+      // The connection dropped: the caller polls and reads again.
+    }
+    return text;
+  };
+  const deadline = Date.now() + FOLLOW_LIMIT_MS;
+  let deployment = await get();
+  let warned = false;
+  while (!FINAL.has(deployment.status) && deployment.status !== "deploying" && Date.now() < deadline) {
+    await readLog(true).catch((err: unknown) => {
+      // The log is a convenience: the build's outcome is still polled and reported.
+      if (!warned) process.stderr.write(`Note: the build log cannot be followed (${why(err)}); waiting for the build to end\n`);
+      warned = true;
+    });
+    deployment = await get();
+    if (!FINAL.has(deployment.status) && deployment.status !== "deploying") await sleep(POLL_MS);
+  }
+  while (!FINAL.has(deployment.status) && Date.now() < deadline) {
+    await sleep(POLL_MS);
+    deployment = await get();
+  }
+  if (!FINAL.has(deployment.status)) {
+    throw new CliError(`deployment ${id} is still ${deployment.status} after ${FOLLOW_LIMIT_MS / 60_000} minutes`, [], `\`svc deployments info ${app} ${id}\` shows where it is`);
+  }
+  const stored = await readLog(false).catch(() => "");
+  if (stored.length > shown.length && stored.startsWith(shown)) show(stored.slice(shown.length));
+  if (shown !== "" && !shown.endsWith("\n")) write("\n");
+  return deployment;
+}
+
+/** The gist of a failed request, for a one-line note. */
+function why(err: unknown): string {
+  if (err instanceof RequestFailed) {
+    const { failure } = err;
+    if (failure.kind === "api") return `${failure.error.code}: ${failure.error.message}`;
+    if (failure.kind === "network") return failure.message;
+    return `HTTP ${failure.status}`;
+  }
+  return err instanceof Error ? err.message : String(err);
+}
+
+/** What to do about a failed build, recognised from the builder's message. */
+function failureHint(error: string, app: string, id: string): string {
+  if (/OOMKilled|memory limit .* exceeded/.test(error)) return "the build needs more memory than the app's limit: slim the build (fewer parallel workers, no source maps) or give the app more memory";
+  if (/no lockfile/.test(error)) return "run npm install (or yarn / pnpm install) in the project and commit the lockfile it writes";
+  if (/outputDir/.test(error)) return "set outputDir in svc.json to the folder the build writes";
+  if (/svc\.json/.test(error)) return "fix svc.json (`svc init --force` writes a fresh one)";
+  return `\`svc apps logs ${app} --deployment ${id}\` shows the whole build log`;
+}
+
+/** Ends a followed deployment: the URL when it is ready, the error (exit 1) when not. */
+function finish(out: Output, app: string, d: Deployment): void {
+  if (d.status === "ready") {
+    const files = d.fileCount === null ? "" : `: ${d.fileCount} file${d.fileCount === 1 ? "" : "s"} (${kib(d.totalBytes)}), ${d.uploadedBlobs ?? 0} uploaded`;
+    const built = d.buildMs === null ? "" : `, built in ${(d.buildMs / 1000).toFixed(1)} s`;
+    out.result(d, `Deployment ${d.id} is ready${files}${built}\nDeployed: ${d.url}`);
+    return;
+  }
+  if (out.json) out.result(d);
+  if (d.status === "cancelled") {
+    throw new CliError(`deployment ${d.id} was cancelled`, [], `the app still serves its previous deployment; \`svc deployments list ${app}\` shows them`);
+  }
+  throw new CliError(`deployment ${d.id} failed`, [d.error ?? "no reason recorded"], failureHint(d.error ?? "", app, d.id));
+}
+
+export const deploy = defineCommand({
+  name: "deploy",
+  summary: "Build and publish a static site from a source folder",
+  description: `Packs the folder (default: the current one) into a .tar.gz, leaving out what .gitignore files
+exclude and always node_modules and .git; refuses a source over 100 MB compressed before
+uploading anything. The app is --app, else "name" in the folder's svc.json. Then uploads,
+starts the build and streams its log; prints "Deployed: <url>" when the site is live, or the
+build's error (exit 1). With --no-follow it prints the deployment and returns at once.`,
+  options: {
+    source: { type: "string", value: "path", description: "the project folder to deploy (default: the current folder)" },
+    app: { type: "string", value: "app", description: "app name or id (default: name in svc.json)" },
+    "no-follow": { type: "boolean", description: "start the build and return without waiting for it" },
+  },
+  examples: ["svc deploy", "svc deploy --source ./site --app my-site", "svc deploy --no-follow --json | jq -r .id"],
+  async run({ opts, out, api }) {
+    const source = resolve(opts.source ?? ".");
+    const info = await stat(source).catch(() => null);
+    if (!info?.isDirectory()) {
+      throw new CliError(`cannot deploy ${source}`, [info ? "it is not a folder" : "no such folder"], "pass the project folder with --source <path>");
+    }
+    const config = await readProjectConfig(source);
+    const app = opts.app ?? config?.name;
+    if (!app) {
+      const why = config ? `${join(source, "svc.json")} has no "name"` : `${source} has no svc.json`;
+      throw new CliError("no app to deploy to", [why], "pass --app <app>, or run `svc init` to write svc.json");
+    }
+
+    const client = await api();
+    const packed = await packSource(source, { maxBytes: MAX_UPLOAD_BYTES });
+    let deployment: Deployment;
+    const call = aboutDeployments(`deploy to app ${app}`, app);
+    try {
+      const skipped = packed.ignored.length > 0 ? `; left out by .gitignore: ${packed.ignored.length} path${packed.ignored.length === 1 ? "" : "s"}` : "";
+      out.step(`Packed ${packed.fileCount} file${packed.fileCount === 1 ? "" : "s"} (${formatBytes(packed.totalBytes)}) into ${formatBytes(packed.sizeBytes)}${skipped}`);
+      const target = await client.data<App>("GET", path`/v1/apps/${app}`, undefined, call);
+      if (target.runtime !== "static") {
+        throw new CliError(`could not deploy to app ${app}`, [`its runtime is ${target.runtime}; svc deploy builds static sites`], `create a static app: svc apps create --name <name> --runtime static`);
+      }
+      const created = await client.data<{ deployment: Deployment; uploadUrl: string; expiresAt: string }>(
+        "POST",
+        path`/v1/apps/${app}/deployments`,
+        { sizeBytes: packed.sizeBytes },
+        call,
+      );
+      await uploadSource(created.uploadUrl, packed.file, packed.sizeBytes);
+      out.step(`Uploaded the source of deployment ${created.deployment.id}`);
+      deployment = await client.data<Deployment>("POST", path`/v1/apps/${app}/deployments/${created.deployment.id}/start`, undefined, call);
+    } finally {
+      await packed.remove();
+    }
+
+    if (opts["no-follow"]) {
+      out.result(
+        deployment,
+        `Deployment ${deployment.id} ${deployment.status}\nFollow it: svc apps logs ${app} --deployment ${deployment.id} --follow`,
+      );
+      return;
+    }
+    const id = deployment.id;
+    const onInterrupt = () => {
+      process.stderr.write(`\nStopped following; the build goes on. Follow it again: svc apps logs ${app} --deployment ${id} --follow\n`);
+      process.exit(130);
+    };
+    process.once("SIGINT", onInterrupt);
+    try {
+      // With --json stdout carries only the result, so the log goes to stderr.
+      const write = out.json ? (text: string) => process.stderr.write(text) : (text: string) => process.stdout.write(text);
+      deployment = await followBuild(client, app, id, write);
+    } finally {
+      process.off("SIGINT", onInterrupt);
+    }
+    finish(out, app, deployment);
+  },
+});
+
+const APP_ARG = { name: "app", description: "app name or id" } as const;
+const DEPLOYMENT_ARGS = [APP_ARG, { name: "deployment", description: "deployment id (dep_…), from svc deployments list" }] as const;
+
+const list = defineCommand({
+  name: "list",
+  summary: "List an app's deployments, newest first",
+  args: [APP_ARG],
+  options: {},
+  async run({ args, out, api }) {
+    const items = await (await api()).data<Deployment[]>("GET", path`/v1/apps/${args.app}/deployments`, undefined, aboutDeployments(`list deployments of app ${args.app}`, args.app));
+    const human =
+      items.length === 0
+        ? `No deployments of app ${args.app} yet. Deploy one: svc deploy --app ${args.app}`
+        : table(items, [
+            ["ID", (d) => d.id],
+            ["STATUS", (d) => d.status],
+            ["ACTIVE", (d) => (d.active ? "*" : "")],
+            ["FRAMEWORK", (d) => d.framework ?? "-"],
+            ["FILES", (d) => (d.fileCount === null ? "-" : String(d.fileCount))],
+            ["UPLOADED", (d) => (d.uploadedBlobs === null ? "-" : String(d.uploadedBlobs))],
+            ["CREATED", (d) => ago(d.createdAt)],
+            ["ERROR", (d) => d.error ?? ""],
+          ]);
+    out.result(items, human);
+  },
+});
+
+const info = defineCommand({
+  name: "info",
+  summary: "Show one deployment: status, error, files, timings",
+  args: DEPLOYMENT_ARGS,
+  options: {},
+  async run({ args, out, api }) {
+    const d = await (await api()).data<Deployment>(
+      "GET",
+      path`/v1/apps/${args.app}/deployments/${args.deployment}`,
+      undefined,
+      aboutDeployments(`show deployment ${args.deployment}`, args.app),
+    );
+    out.result(d, describeDeployment(d));
+  },
+});
+
+const rollback = defineCommand({
+  name: "rollback",
+  summary: "Serve an earlier ready deployment again (instant, no rebuild)",
+  args: DEPLOYMENT_ARGS,
+  options: {},
+  examples: ["svc deployments list my-site", "svc deployments rollback my-site dep_0aB1cD2eF3gH4iJ5kL6mN7oP"],
+  async run({ args, out, api }) {
+    const app = await (await api()).data<App>(
+      "POST",
+      path`/v1/apps/${args.app}/deployments/${args.deployment}/activate`,
+      undefined,
+      aboutDeployments(`roll app ${args.app} back to deployment ${args.deployment}`, args.app),
+    );
+    out.result(app, `App ${app.name} now serves deployment ${args.deployment} at ${app.url} (visible within a few seconds)`);
+  },
+});
+
+const cancel = defineCommand({
+  name: "cancel",
+  summary: "Cancel a deployment that is still building",
+  args: DEPLOYMENT_ARGS,
+  options: {},
+  async run({ args, out, api }) {
+    const d = await (await api()).data<Deployment>(
+      "POST",
+      path`/v1/apps/${args.app}/deployments/${args.deployment}/cancel`,
+      undefined,
+      aboutDeployments(`cancel deployment ${args.deployment}`, args.app),
+    );
+    out.result(d, `Deployment ${d.id} is ${d.status}`);
+  },
+});
+
+/** `svc deployments …`: an app's deployment history and rollback. */
+export const deployments: Group = {
+  name: "deployments",
+  summary: "List, inspect, roll back and cancel an app's deployments",
+  commands: [list, info, rollback, cancel],
+};

@@ -1,0 +1,87 @@
+import { setTimeout as sleep } from "node:timers/promises";
+import { path } from "../api.js";
+import { defineCommand } from "../command.js";
+import { CliError } from "../output.js";
+import { positiveInteger } from "../parse.js";
+import { aboutDeployments, type Deployment, followBuild } from "./deploy.js";
+
+/** One request the app's web server answered. */
+type RequestLog = { id: number; time: string; method: string; path: string; status: number; bytes: number; durationMs: number };
+
+/** How often `svc logs --follow` asks for new requests. */
+const FOLLOW_INTERVAL_MS = 1000;
+
+/** `time method path status bytes duration`, one request per line. */
+export function formatRequest(r: RequestLog): string {
+  return `${r.time} ${r.method} ${r.path} ${r.status} ${r.bytes} ${r.durationMs}ms`;
+}
+
+/** `svc apps logs <app>`: a deployment's build log (the latest by default). */
+export const buildLogs = defineCommand({
+  name: "logs",
+  summary: "Show the build log of an app's deployment (default: the latest)",
+  description: "Log lines read `<time> <out|err|svc> <text>`. --follow streams a build in progress until it ends\n(exit 1 if the deployment failed or was cancelled).",
+  args: [{ name: "app", description: "app name or id" }],
+  options: {
+    deployment: { type: "string", value: "id", description: "the deployment (dep_…; default: the newest)" },
+    follow: { type: "boolean", short: "f", description: "keep streaming while the build runs" },
+  },
+  examples: ["svc apps logs my-site", "svc apps logs my-site --deployment dep_0aB1cD2eF3gH4iJ5kL6mN7oP --follow"],
+  async run({ args, opts, out, api }) {
+    const client = await api();
+    const call = aboutDeployments(`show the build log of app ${args.app}`, args.app);
+    let id = opts.deployment;
+    if (id === undefined) {
+      const list = await client.data<Deployment[]>("GET", path`/v1/apps/${args.app}/deployments`, undefined, call);
+      if (list.length === 0) throw new CliError(`app ${args.app} has no deployments yet`, [], `deploy it: svc deploy --app ${args.app}`);
+      id = list[0]!.id;
+    }
+    if (opts.follow && !out.json) {
+      const deployment = await followBuild(client, args.app, id, (text) => process.stdout.write(text));
+      // Like svc deploy: a build that did not make it is exit 1, so scripts can wait on this command.
+      if (deployment.status !== "ready") throw new CliError(`deployment ${deployment.id} ${deployment.status}`, deployment.error ? [deployment.error] : []);
+      out.note(`Deployment ${deployment.id} is ready`);
+      return;
+    }
+    const res = await client.stream(path`/v1/apps/${args.app}/deployments/${id}/logs`, call);
+    const log = await res.text();
+    if (out.json) out.result({ deploymentId: id, log });
+    else if (log === "") out.note(`The build log of deployment ${id} is empty (the build has not started yet?)`);
+    else process.stdout.write(log.endsWith("\n") ? log : `${log}\n`);
+  },
+});
+
+/** `svc logs <app>`: the web server's request log. */
+export const logs = defineCommand({
+  name: "logs",
+  summary: "Show an app's web server log: requests and their status codes",
+  description: "Lines read `<time> <method> <path> <status> <bytes> <duration>`, oldest first. --follow asks every second for new ones until Ctrl-C.",
+  args: [{ name: "app", description: "app name or id" }],
+  options: {
+    follow: { type: "boolean", short: "f", description: "keep printing new requests until Ctrl-C" },
+    limit: { type: "string", value: "N", description: "how many recent requests to show first (default 100, at most 1000)" },
+  },
+  examples: ["svc logs my-site", "svc logs my-site --follow", "svc logs my-site --json --limit 1000 | jq '.[] | select(.status >= 400)'"],
+  async run({ args, opts, out, api, fail }) {
+    const limit = opts.limit === undefined ? 100 : positiveInteger(opts.limit, "--limit", fail);
+    if (limit > 1000) throw fail(`--limit must be at most 1000, got ${limit}`);
+    const client = await api();
+    const call = aboutDeployments(`show the request log of app ${args.app}`, args.app);
+    const route = path`/v1/apps/${args.app}/logs`;
+    const recent = await client.data<RequestLog[]>("GET", `${route}?limit=${limit}`, undefined, call);
+    if (!opts.follow) {
+      out.result(recent, recent.length === 0 ? `No requests to app ${args.app} logged yet` : recent.map(formatRequest).join("\n"));
+      return;
+    }
+    // Following: one line per request, JSON Lines with --json, so the output can be piped as it grows.
+    const print = (r: RequestLog) => out.text(out.json ? JSON.stringify(r) : formatRequest(r));
+    for (const r of recent) print(r);
+    let after = recent.at(-1)?.id ?? 0;
+    for (;;) {
+      await sleep(FOLLOW_INTERVAL_MS);
+      const fresh = await client.data<RequestLog[]>("GET", `${route}?after=${after}&limit=1000`, undefined, call);
+      for (const r of fresh) print(r);
+      after = fresh.at(-1)?.id ?? after;
+    }
+  },
+});
