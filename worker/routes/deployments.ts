@@ -17,6 +17,7 @@ import {
   deploymentStub,
   deploymentView,
   listDeployments,
+  resolveAppDeployment,
   resolveDeployment,
   startDeployment,
 } from "../services/deployments";
@@ -112,9 +113,9 @@ deploymentRoutes.openapi(
   async (c) => {
     const db = c.get("db");
     const { app: ref, id } = c.req.valid("param");
-    const app = await resolveApp(db, c.get("principal").accountId, ref);
-    const row = await startDeployment(db, c.env, await resolveDeployment(db, app, id));
-    return c.json({ data: deploymentView(c.get("config"), app, row) }, 202);
+    const found = await resolveAppDeployment(db, c.get("principal").accountId, ref, id);
+    const row = await startDeployment(db, c.env, found.row);
+    return c.json({ data: deploymentView(c.get("config"), found.app, row) }, 202);
   },
 );
 
@@ -148,8 +149,8 @@ deploymentRoutes.openapi(
   async (c) => {
     const db = c.get("db");
     const { app: ref, id } = c.req.valid("param");
-    const app = await resolveApp(db, c.get("principal").accountId, ref);
-    return c.json({ data: deploymentView(c.get("config"), app, await resolveDeployment(db, app, id)) }, 200);
+    const { app, row } = await resolveAppDeployment(db, c.get("principal").accountId, ref, id);
+    return c.json({ data: deploymentView(c.get("config"), app, row) }, 200);
   },
 );
 
@@ -170,8 +171,7 @@ deploymentRoutes.openapi(
   async (c) => {
     const db = c.get("db");
     const { app: ref, id } = c.req.valid("param");
-    const app = await resolveApp(db, c.get("principal").accountId, ref);
-    const row = await resolveDeployment(db, app, id);
+    const { row } = await resolveAppDeployment(db, c.get("principal").accountId, ref, id);
     const headers = { "Content-Type": "text/plain; charset=utf-8", "Cache-Control": "no-store" };
     const stored = await c.env.BUCKET.get(buildLogKey(row.id));
     if (stored) return c.body(stored.body, 200, headers);
@@ -200,8 +200,8 @@ deploymentRoutes.openapi(
   async (c) => {
     const db = c.get("db");
     const { app: ref, id } = c.req.valid("param");
-    const app = await resolveApp(db, c.get("principal").accountId, ref);
-    const updated = await activateDeployment(db, app, await resolveDeployment(db, app, id));
+    const { app, row } = await resolveAppDeployment(db, c.get("principal").accountId, ref, id);
+    const updated = await activateDeployment(db, app, row);
     return c.json({ data: await appView(db, c.get("config"), updated) }, 200);
   },
 );
@@ -219,8 +219,7 @@ deploymentRoutes.openapi(
   async (c) => {
     const db = c.get("db");
     const { app: ref, id } = c.req.valid("param");
-    const app = await resolveApp(db, c.get("principal").accountId, ref);
-    const row = await resolveDeployment(db, app, id);
+    const { app, row } = await resolveAppDeployment(db, c.get("principal").accountId, ref, id);
     if (row.status === "building" || row.status === "queued") await deploymentStub(c.env, row.id).cancel();
     return c.json({ data: deploymentView(c.get("config"), app, await resolveDeployment(db, app, id)) }, 200);
   },
@@ -244,8 +243,7 @@ deploymentRoutes.openapi(
   async (c) => {
     const db = c.get("db");
     const { app: ref, id, name } = c.req.valid("param");
-    const app = await resolveApp(db, c.get("principal").accountId, ref);
-    const row = await resolveDeployment(db, app, id);
+    const { row } = await resolveAppDeployment(db, c.get("principal").accountId, ref, id);
     const object = await c.env.BUCKET.get(artifactKey(row.id, name));
     if (!object) throw new ApiError("NOT_FOUND", `deployment ${row.id} has no generated ${name}`);
     return c.body(object.body, 200, { "Content-Type": "text/plain; charset=utf-8" });

@@ -7,7 +7,7 @@ import { ApiError } from "../lib/errors";
 import { newId } from "../lib/ids";
 import { iso, isoOrNull } from "../lib/time";
 import { presign } from "../storage/presign";
-import { appUrl } from "./apps";
+import { appUrl, resolveApp } from "./apps";
 
 /** Deployments kept per app for instant rollback (issue: the last 10). */
 export const KEPT_DEPLOYMENTS = 10;
@@ -121,6 +121,12 @@ export async function resolveDeployment(db: Db, app: AppRow, id: string): Promis
     .get();
   if (!row) throw new ApiError("DEPLOYMENT_NOT_FOUND", `deployment ${id} not found`);
   return row;
+}
+
+/** The app (by id or name, in the account) and one of its deployments; 404 for either. */
+export async function resolveAppDeployment(db: Db, accountId: string, appRef: string, id: string) {
+  const app = await resolveApp(db, accountId, appRef);
+  return { app, row: await resolveDeployment(db, app, id) };
 }
 
 export async function listDeployments(db: Db, appId: string): Promise<DeploymentRow[]> {
