@@ -8,7 +8,7 @@ import { fmt, percentile, benchStack } from "./load";
  */
 const JOBS = Number(process.env.JOBS ?? 200);
 
-type Run = { jobName: string; status: string };
+type Run = { jobName: string; status: string; error: string | null };
 
 const stack = await benchStack();
 const headers = { Authorization: `Bearer ${stack.adminKey}`, "Content-Type": "application/json" };
@@ -30,6 +30,7 @@ async function untilFreshMinute(needSeconds: number): Promise<number> {
 
 async function measure(cronIds: string[], due: number): Promise<number[]> {
   const lags: number[] = [];
+  const failures = new Map<string, number>();
   const pending = new Set(cronIds);
   const deadline = due + 120_000;
   while (pending.size > 0 && Date.now() < deadline) {
@@ -40,11 +41,13 @@ async function measure(cronIds: string[], due: number): Promise<number[]> {
       const { logs } = await api<{ logs: string }>("GET", `/v1/crons/${id}/runs/${run.jobName}/logs`);
       const first = logs.split("\n").find((l) => / out started$/.test(l));
       if (first) lags.push(Date.parse(first.slice(0, 24)) - due);
+      else failures.set(run.error ?? run.status, (failures.get(run.error ?? run.status) ?? 0) + 1);
       pending.delete(id);
     }
   }
   for (const id of cronIds) await api("PATCH", `/v1/crons/${id}`, { enabled: false });
   if (pending.size > 0) console.log(`  warning: ${pending.size} runs did not finish within 2 minutes`);
+  for (const [reason, count] of failures) console.log(`  warning: ${count} runs never started their command: ${reason}`);
   return lags.sort((a, b) => a - b);
 }
 

@@ -1,4 +1,5 @@
 import { randomBytes } from "node:crypto";
+import { readFile } from "node:fs/promises";
 import { setTimeout as sleep } from "node:timers/promises";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { LocalStack } from "../../scripts/local-stack.js";
@@ -68,4 +69,26 @@ describe("a cron job fires on its schedule", () => {
     },
     FIRE_WITHIN_MS + 25_000,
   );
+
+  it("a run past its timeout is failed and its processes, children included, are gone", async () => {
+    const created = await svc(
+      ["cron", "create", app, "--name", "sleeper", "--schedule", "0 0 1 1 *", "--timeout", "1s", "--command", "sleep 60 & echo child=$!; echo shell=$$; wait", "--json"],
+      env,
+    );
+    expect(created.code).toBe(0);
+    const { id } = JSON.parse(created.stdout) as { id: string };
+    const run = await svc(["cron", "run", id, "--wait"], env);
+    expect(run.code).toBe(1);
+    const runs = JSON.parse((await svc(["cron", "runs", id, "--json"], env)).stdout) as (Run & { error: string })[];
+    expect(runs[0]).toMatchObject({ status: "failed" });
+    expect(runs[0]!.error).toContain("timed out");
+    const logs = (await svc(["cron", "logs", id, runs[0]!.jobName], env)).stdout;
+    const pids = [...logs.matchAll(/(?:child|shell)=(\d+)/g)].map((m) => Number(m[1]));
+    expect(pids).toHaveLength(2);
+    for (const pid of pids) {
+      // Gone, or a zombie awaiting a reaper (this machine's PID 1 does not reap; the image runs tini).
+      const state = await readFile(`/proc/${pid}/stat`, "utf8").then((s) => s.split(") ")[1]?.[0], () => "gone");
+      expect(["gone", "Z"], `pid ${pid}`).toContain(state);
+    }
+  }, 60_000);
 });
