@@ -2,11 +2,14 @@ import { and, desc, eq, inArray, ne } from "drizzle-orm";
 import { type BlobsRequest, type BlobsResponse, GENERATED_WEB_SERVER_CONFIG_PATH, type JobStatus } from "../builder/src/protocol";
 import { apps, deployments } from "../worker/db/schema";
 import { cancelJob, jobLog, submitBuild } from "../worker/lib/builder-client";
+import { parseHeadersFile } from "../worker/sites/headers";
 import { blobKey, type Manifest, manifestKey } from "../worker/sites/serve";
 import { presign } from "../worker/storage/presign";
 import { ARTIFACTS, artifactKey, buildLogKey, KEPT_DEPLOYMENTS } from "../worker/services/deployments";
 import { envOf } from "../worker/services/env-vars";
 import { failureOf, SingleBuilderJob } from "./single-job";
+
+const HEADERS_FILE = "/_headers";
 
 /** Heads run this many at a time when checking which blobs storage lacks. */
 const HEAD_CONCURRENCY = 50;
@@ -122,9 +125,17 @@ export class Deployment extends SingleBuilderJob {
       await this.db.update(deployments).set({ status: "failed", error, finishedAt: Date.now() }).where(eq(deployments.id, row.id));
       return;
     }
+    // `_headers` configures the edge (DESIGN §6); like on Pages it is applied, not served.
+    const headersFile = result.manifest.find((f) => f.path === HEADERS_FILE);
+    const headersText = headersFile ? await (await this.env.BUCKET.get(blobKey(headersFile.sha256)))?.text() : undefined;
     const manifest: Manifest = {
       spa: result.spa,
-      files: Object.fromEntries(result.manifest.map((f) => [f.path, { sha256: f.sha256, size: f.size, contentType: f.contentType }])),
+      files: Object.fromEntries(
+        result.manifest
+          .filter((f) => f.path !== HEADERS_FILE)
+          .map((f) => [f.path, { sha256: f.sha256, size: f.size, contentType: f.contentType }]),
+      ),
+      ...(headersText ? { headers: parseHeadersFile(headersText) } : {}),
     };
     const key = manifestKey(row.id);
     await this.env.BUCKET.put(key, JSON.stringify(manifest), { httpMetadata: { contentType: "application/json" } });

@@ -159,8 +159,6 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
   await mkdir(opts.stateDir, { recursive: true });
   await mkdir(opts.persistDir, { recursive: true });
   const secrets = await ensureSecrets(opts.secretsFile);
-  const port = opts.port || (await freePort());
-  const apiUrl = `http://127.0.0.1:${port}`;
   // Nothing may need the internet: no metrics, no fetch of the `Request.cf` placeholder.
   const env = { ...process.env, WRANGLER_SEND_METRICS: "false", CLOUDFLARE_CF_FETCH_ENABLED: "false" };
 
@@ -172,6 +170,9 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
     log: opts.output === "files" ? { file: join(opts.stateDir, "builder.log") } : "inherit",
   });
   const builderUrl = builder.url;
+  // Chosen after the builder has bound its own port 0, so the two can never collide.
+  const port = opts.port || (await freePort());
+  const apiUrl = `http://127.0.0.1:${port}`;
   const vars = { ...secrets, PUBLIC_URL: apiUrl, BUILDER_URL: builderUrl, S3_ENDPOINT: `${apiUrl}/storage`, APPS_DOMAIN: `localhost:${port}`, APPS_URL_SCHEME: "http" };
   const wrangler = startProcess(
     join(BIN, "wrangler"),

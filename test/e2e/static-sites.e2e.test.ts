@@ -71,10 +71,12 @@ describe("static sites: svc deploy, the builder and the edge", () => {
 
         await createApp(plain);
         source = await fixtures.copy("plain");
+        // A Pages-style _headers file: applied by the edge, never served.
+        await writeFile(join(source, "static", "_headers"), "/*\n  X-Frame-Options: DENY\n");
         const r = await svc(["deploy", "--source", source, "--app", plain], env);
         expect(r.stderr).toBe("");
         expect(r.code).toBe(0);
-        expect(r.stdout).toMatch(/^Packed 3 files /m); // .gitignore, static/index.html, static/style.css
+        expect(r.stdout).toMatch(/^Packed 4 files /m); // .gitignore, static/index.html, static/style.css, static/_headers
         expect(r.stdout).toMatch(/ svc static site: output static /);
         expect(r.stdout.trimEnd().split("\n").at(-1)).toBe(`Deployed: http://${plain}.localhost:${new URL(stack.apiUrl).port}`);
         firstId = (await deployments(plain))[0]!.id;
@@ -88,6 +90,8 @@ describe("static sites: svc deploy, the builder and the edge", () => {
       expect(page.headers["content-type"]).toBe("text/html; charset=utf-8");
       expect(page.headers["cache-control"]).toBe("no-cache");
       expect(page.body).toContain("<h1>Plain static site</h1>");
+      expect(page.headers["x-frame-options"]).toBe("DENY");
+      expect((await siteRequest(stack, plain, "/_headers")).status).toBe(404);
 
       const css = await siteRequest(stack, plain, "/style.css");
       expect(css.status).toBe(200);
@@ -110,7 +114,7 @@ describe("static sites: svc deploy, the builder and the edge", () => {
         expect(r.code).toBe(0);
         const second = JSON.parse(r.stdout) as Deployment;
         expect(second).toMatchObject({ status: "ready", active: true, uploadedBlobs: 1 });
-        expect(r.stderr).toMatch(/blobs: 2 distinct, 1 already stored, 1 uploaded/);
+        expect(r.stderr).toMatch(/blobs: 3 distinct, 2 already stored, 1 uploaded/);
         expect(await servedWithin(plain, "/", "<h1>Second version</h1>")).toContain("<h1>Second version</h1>");
 
         const back = await svc(["deployments", "rollback", plain, firstId], env);

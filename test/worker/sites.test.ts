@@ -10,8 +10,14 @@ async function sha256(text: string): Promise<string> {
 }
 
 /** Publishes files as a ready, active deployment the way the Deployment object does. */
-async function publish(appId: string, accountId: string, files: Record<string, [string, string]>, spa: boolean): Promise<string> {
-  const manifest: Manifest = { spa, files: {} };
+async function publish(
+  appId: string,
+  accountId: string,
+  files: Record<string, [string, string]>,
+  spa: boolean,
+  headers?: Manifest["headers"],
+): Promise<string> {
+  const manifest: Manifest = { spa, files: {}, ...(headers ? { headers } : {}) };
   for (const [path, [contentType, body]] of Object.entries(files)) {
     const sha = await sha256(body);
     await env.BUCKET.put(blobKey(sha), body);
@@ -29,11 +35,11 @@ async function publish(appId: string, accountId: string, files: Record<string, [
   return id;
 }
 
-async function newSite(spa: boolean, files: Record<string, [string, string]>) {
+async function newSite(spa: boolean, files: Record<string, [string, string]>, headers?: Manifest["headers"]) {
   const { accountId, adminKey } = await newAccount();
   const name = `site-${crypto.randomUUID().slice(0, 8)}`;
   const app = ((await (await call("/v1/apps", { method: "POST", key: adminKey, body: { name, runtime: "static" } })).json()) as { data: { id: string } }).data;
-  const deploymentId = await publish(app.id, accountId, files, spa);
+  const deploymentId = await publish(app.id, accountId, files, spa, headers);
   return { name, appId: app.id, accountId, key: adminKey, deploymentId };
 }
 
@@ -129,5 +135,17 @@ describe("edge serving on <app>.<APPS_DOMAIN>", () => {
     expect(logs[0]!.bytes).toBe(13);
     const after = ((await (await call(`/v1/apps/${name}/logs?after=${logs[0]!.id}`, { key })).json()) as { data: typeof logs }).data;
     expect(after.map((l) => l.path)).toEqual(["/missing"]);
+  });
+
+  it("adds the headers of the site's _headers rules, on files and on 404s", async () => {
+    const { name } = await newSite(false, files(), [
+      { pattern: "/*", headers: [["X-Frame-Options", "DENY"]] },
+      { pattern: "/assets/*", headers: [["Access-Control-Allow-Origin", "*"]] },
+    ]);
+    const asset = await get(name, "/assets/app-4f3a9c1b.js");
+    expect([asset.headers.get("X-Frame-Options"), asset.headers.get("Access-Control-Allow-Origin")]).toEqual(["DENY", "*"]);
+    const home = await get(name, "/");
+    expect([home.headers.get("X-Frame-Options"), home.headers.get("Access-Control-Allow-Origin")]).toEqual(["DENY", null]);
+    expect((await get(name, "/missing")).headers.get("X-Frame-Options")).toBe("DENY");
   });
 });

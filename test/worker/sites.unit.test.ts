@@ -1,4 +1,5 @@
 import { describe, expect, it } from "vitest";
+import { headersFor, parseHeadersFile } from "../../worker/sites/headers";
 import { cacheControl, decide, type ManifestEntry, matchesEtag, normalisePath } from "../../worker/sites/resolve";
 
 const entry = (contentType = "text/html; charset=utf-8"): ManifestEntry => ({ sha256: "a".repeat(64), size: 1, contentType });
@@ -47,5 +48,39 @@ describe("decide (static-site serving rules)", () => {
     expect(matchesEtag("*", '"abc"')).toBe(true);
     expect(matchesEtag('"other"', '"abc"')).toBe(false);
     expect(matchesEtag(null, '"abc"')).toBe(false);
+  });
+});
+
+describe("_headers files", () => {
+  const rules = parseHeadersFile(`# security
+/*
+  X-Frame-Options: DENY
+  X-Content-Type-Options: nosniff
+
+/assets/*
+  Access-Control-Allow-Origin: *
+  ETag: "forged"
+/blog/:slug
+  X-Robots-Tag: noindex
+https://example.com/*
+  X-Ignored: yes
+not-a-pattern
+  X-Ignored: yes
+`);
+
+  it("parses patterns and their headers, dropping reserved names and non-path patterns", () => {
+    expect(rules.map((r) => r.pattern)).toEqual(["/*", "/assets/*", "/blog/:slug"]);
+    expect(rules[1]!.headers).toEqual([["Access-Control-Allow-Origin", "*"]]);
+  });
+
+  it("applies every matching rule: * spans segments, :name matches one", () => {
+    expect(headersFor(rules, "/assets/js/app.js")).toEqual({
+      "X-Frame-Options": "DENY",
+      "X-Content-Type-Options": "nosniff",
+      "Access-Control-Allow-Origin": "*",
+    });
+    expect(headersFor(rules, "/blog/hello")).toMatchObject({ "X-Robots-Tag": "noindex" });
+    expect(headersFor(rules, "/blog/hello/comments")).not.toHaveProperty("X-Robots-Tag");
+    expect(headersFor(undefined, "/")).toEqual({});
   });
 });

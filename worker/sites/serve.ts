@@ -2,11 +2,12 @@ import { eq } from "drizzle-orm";
 import { openDb } from "../db/client";
 import { apps } from "../db/schema";
 import type { Env } from "../env";
+import { type HeaderRule, headersFor } from "./headers";
 import { cacheControl, type Decision, decide, type ManifestEntry, matchesEtag } from "./resolve";
 import { logRequest } from "./request-log";
 
 /** The manifest a deployment publishes; immutable for the deployment's life. */
-export type Manifest = { spa: boolean; files: Record<string, ManifestEntry> };
+export type Manifest = { spa: boolean; files: Record<string, ManifestEntry>; headers?: HeaderRule[] };
 
 export const manifestKey = (deploymentId: string) => `manifests/${deploymentId}.json`;
 export const blobKey = (sha256: string) => `blobs/${sha256}`;
@@ -59,12 +60,18 @@ function page(status: number, title: string, extra: Record<string, string> = {})
   return new Response(body, { status, headers: { "Content-Type": "text/html; charset=utf-8", "Cache-Control": "no-cache", ...extra } });
 }
 
-async function respond(request: Request, env: Env, decision: Exclude<Decision, { kind: "not-found" }>): Promise<Response> {
+async function respond(
+  request: Request,
+  env: Env,
+  decision: Exclude<Decision, { kind: "not-found" }>,
+  extra: Record<string, string>,
+): Promise<Response> {
   const { entry } = decision;
   const etag = `"${entry.sha256}"`;
   const headers: Record<string, string> = {
     "Content-Type": entry.contentType,
     "Cache-Control": cacheControl(decision),
+    ...extra,
     ETag: etag,
     "Accept-Ranges": "bytes",
   };
@@ -110,8 +117,10 @@ export async function serveSite(
     const manifest = app.activeDeploymentId ? await manifestOf(env, app.activeDeploymentId) : null;
     if (!manifest) response = page(404, "Nothing deployed yet");
     else {
-      const decision = decide(new URL(request.url).pathname, (p) => manifest.files[p], manifest.spa);
-      response = decision.kind === "not-found" ? page(404, "Not found") : await respond(request, env, decision);
+      const pathname = new URL(request.url).pathname;
+      const decision = decide(pathname, (p) => manifest.files[p], manifest.spa);
+      const extra = headersFor(manifest.headers, pathname);
+      response = decision.kind === "not-found" ? page(404, "Not found", extra) : await respond(request, env, decision, extra);
     }
   }
   if (app) {
