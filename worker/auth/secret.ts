@@ -10,7 +10,6 @@ import { randomBase62, toBase62 } from "../lib/ids";
 export const SECRET_PREFIX = "svc_";
 const BODY_LENGTH = 40;
 const CHECKSUM_LENGTH = 6;
-export const SECRET_LENGTH = SECRET_PREFIX.length + BODY_LENGTH + CHECKSUM_LENGTH;
 /** Characters shown in listings so users can tell keys apart. */
 export const DISPLAY_PREFIX_LENGTH = 10;
 
