@@ -77,9 +77,9 @@ export class CronJob extends DurableObject<Env> {
 
   /** Starts a manual run now, whatever the schedule and concurrency policy say. */
   async runNow(): Promise<{ jobName: string; status: CronRunRow["status"] } | null> {
-    const cron = await this.loadCron();
-    const target = cron && (await this.loadTarget(cron));
-    if (!cron || !target) return null;
+    const job = await this.loadJob();
+    if (!job?.target) return null;
+    const { cron, target } = job;
     const now = Date.now();
     const jobName = `manual-${randomBase62(6).toLowerCase()}-${Math.floor(now / 1000)}`;
     const run = await this.insertRun(cron, jobName, "manual", now);
@@ -116,16 +116,19 @@ export class CronJob extends DurableObject<Env> {
   }
 
   override async alarm(): Promise<void> {
-    const cron = await this.loadCron();
-    if (!cron) {
+    const job = await this.loadJob();
+    if (!job) {
       await this.destroy();
       return;
     }
     const now = Date.now();
-    const due = await this.ctx.storage.get<number>("scheduledFor");
-    if (due !== undefined && due <= now) await this.fire(cron, due);
-    await this.pollRunning(cron);
-    await this.reschedule(cron);
+    const [due, pollAt] = await Promise.all([
+      this.ctx.storage.get<number>("scheduledFor"),
+      this.ctx.storage.get<number>("pollAt"),
+    ]);
+    if (due !== undefined && due <= now) await this.fire(job.cron, job.target, due);
+    if (pollAt !== undefined && pollAt <= now) await this.pollRunning(job.cron);
+    await this.reschedule(job.cron);
   }
 
   private async loadCron(): Promise<CronRow | null> {
@@ -134,15 +137,19 @@ export class CronJob extends DurableObject<Env> {
     return (await this.db.select().from(crons).where(eq(crons.id, cronId)).get()) ?? null;
   }
 
-  /** The job's app and the disk attached to it, in one query. */
-  private async loadTarget(cron: CronRow): Promise<Target | null> {
+  /** The job with its app and the disk attached to it, in one query (the alarm's hot path). */
+  private async loadJob(): Promise<{ cron: CronRow; target: Target | null } | null> {
+    const cronId = await this.ctx.storage.get<string>("cronId");
+    if (!cronId) return null;
     const row = await this.db
-      .select({ app: apps, disk: disks })
-      .from(apps)
-      .leftJoin(disks, eq(disks.appId, apps.id))
-      .where(eq(apps.id, cron.appId))
+      .select({ cron: crons, app: apps, disk: disks })
+      .from(crons)
+      .leftJoin(apps, eq(apps.id, crons.appId))
+      .leftJoin(disks, eq(disks.appId, crons.appId))
+      .where(eq(crons.id, cronId))
       .get();
-    return row ?? null;
+    if (!row) return null;
+    return { cron: row.cron, target: row.app ? { app: row.app, disk: row.disk } : null };
   }
 
   private async loadRun(cronId: string, jobName: string): Promise<CronRunRow | null> {
@@ -173,10 +180,16 @@ export class CronJob extends DurableObject<Env> {
     if (next === null) await this.ctx.storage.delete("scheduledFor");
     else await this.ctx.storage.put("scheduledFor", next);
     const running = await this.runningRuns(cron.id);
+    // Keep a poll already planned (re-arming must not push it back), else plan the next one.
+    const planned = await this.ctx.storage.get<number>("pollAt");
     const pollAt =
       running.length === 0
         ? null
-        : now + (running.some((r) => now - r.startedAt < FAST_POLL_WINDOW_MS) ? FAST_POLL_MS : SLOW_POLL_MS);
+        : planned !== undefined && planned > now
+          ? planned
+          : now + (running.some((r) => now - r.startedAt < FAST_POLL_WINDOW_MS) ? FAST_POLL_MS : SLOW_POLL_MS);
+    if (pollAt === null) await this.ctx.storage.delete("pollAt");
+    else await this.ctx.storage.put("pollAt", pollAt);
     const wake = Math.min(next ?? Number.POSITIVE_INFINITY, pollAt ?? Number.POSITIVE_INFINITY);
     if (Number.isFinite(wake)) await this.ctx.storage.setAlarm(wake);
     else await this.ctx.storage.deleteAlarm();
@@ -186,8 +199,7 @@ export class CronJob extends DurableObject<Env> {
     return next;
   }
 
-  private async fire(cron: CronRow, due: number): Promise<void> {
-    const target = await this.loadTarget(cron);
+  private async fire(cron: CronRow, target: Target | null, due: number): Promise<void> {
     if (!target || !cron.enabled || target.app.status === "stopped") return;
     const running = await this.runningRuns(cron.id);
     if (running.length > 0) {

@@ -28,6 +28,8 @@ import {
 export const DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin";
 /** Time a job's processes get between SIGTERM and SIGKILL. */
 const KILL_GRACE_MS = 2_000;
+/** Longest wait for a finished job's pipes to be read to the end (only a process that escaped the tree can hold them open). */
+const OUTPUT_DRAIN_MS = 30_000;
 const MEMORY_SAMPLE_MS = 100;
 const DISK_SAMPLE_MIN_MS = 2_000;
 /** Room kept below the log cap for the builder's own closing lines. */
@@ -697,7 +699,9 @@ export async function runInSandbox(options: SandboxOptions): Promise<SandboxOutc
   // Anything the shell left behind dies with it (a finished job owns no processes).
   if (killing) await killing;
   await killTree(KILL_GRACE_MS);
-  await Promise.race([outputClosed, sleep(KILL_GRACE_MS)]);
+  // Every writer is dead now: what is left in the pipes is output already produced, so
+  // wait for it to be read (a loaded builder can take seconds) rather than drop it.
+  await Promise.race([outputClosed, sleep(OUTPUT_DRAIN_MS)]);
   stdout?.destroy();
   stderr?.destroy();
   await Promise.all([memoryWatch, diskWatch]);
