@@ -2,11 +2,12 @@ import { DurableObject } from "cloudflare:workers";
 import { and, asc, desc, eq } from "drizzle-orm";
 import type { JobSpec, JobStatus } from "../builder/src/protocol";
 import { openDb } from "../worker/db/client";
-import { type AppRow, apps, type CronRow, type CronRunRow, cronRuns, crons, type DiskRow, disks } from "../worker/db/schema";
+import { type AppRow, apps, type CronRow, type CronRunRow, cronRuns, crons, deployments, type DiskRow, disks } from "../worker/db/schema";
 import { configOf, type Env } from "../worker/env";
 import { cancelJob, getJob, jobLog, submitJob } from "../worker/lib/builder-client";
 import { nextRuns } from "../worker/lib/cron";
 import { randomBase62 } from "../worker/lib/ids";
+import { presign } from "../worker/storage/presign";
 import { GIB } from "../worker/services/disks";
 import { envOf } from "../worker/services/env-vars";
 import { logKey, RUN_HISTORY } from "../worker/services/crons";
@@ -14,7 +15,7 @@ import { logKey, RUN_HISTORY } from "../worker/services/crons";
 /** Runs between history trims (trimming is a scan, so it is not done on every run). */
 const TRIM_EVERY_RUNS = 10;
 
-type Target = { app: AppRow; disk: DiskRow | null };
+type Target = { app: AppRow; disk: DiskRow | null; sourceKey: string | null };
 
 /** How a finished run ended, whatever reported it (callback, poll, or a dispatch failure). */
 type Outcome = { status: "success" | "failed"; exitCode: number | null; error: string | null; log: string };
@@ -142,14 +143,15 @@ export class CronJob extends DurableObject<Env> {
     const cronId = await this.ctx.storage.get<string>("cronId");
     if (!cronId) return null;
     const row = await this.db
-      .select({ cron: crons, app: apps, disk: disks })
+      .select({ cron: crons, app: apps, disk: disks, sourceKey: deployments.sourceKey })
       .from(crons)
       .leftJoin(apps, eq(apps.id, crons.appId))
       .leftJoin(disks, eq(disks.appId, crons.appId))
+      .leftJoin(deployments, eq(deployments.id, apps.activeDeploymentId))
       .where(eq(crons.id, cronId))
       .get();
     if (!row) return null;
-    return { cron: row.cron, target: row.app ? { app: row.app, disk: row.disk } : null };
+    return { cron: row.cron, target: row.app ? { app: row.app, disk: row.disk, sourceKey: row.sourceKey } : null };
   }
 
   private async loadRun(cronId: string, jobName: string): Promise<CronRunRow | null> {
@@ -236,7 +238,7 @@ export class CronJob extends DurableObject<Env> {
   }
 
   /** Sends the run to the builder with the app's decrypted env vars and its disk. */
-  private async dispatch(cron: CronRow, { app, disk }: Target, run: CronRunRow): Promise<void> {
+  private async dispatch(cron: CronRow, { app, disk, sourceKey }: Target, run: CronRunRow): Promise<void> {
     const config = this.config;
     try {
       if (disk?.status === "restoring") {
@@ -256,6 +258,10 @@ export class CronJob extends DurableObject<Env> {
         callbackUrl: new URL("/internal/builder/callback", config.PUBLIC_URL).href,
         labels: { kind: "cron", cronId: cron.id, jobName: run.jobName },
         ...(disk ? { disk: { id: disk.id, mountPath: disk.mountPath, sizeBytes: disk.sizeGb * GIB } } : {}),
+        // The app's environment: the source of its active deployment, extracted as the working directory.
+        ...(sourceKey
+          ? { sourceUrl: (await presign(config, { method: "GET", key: sourceKey, expiresInSeconds: config.PRESIGNED_URL_TTL_SECONDS })).url }
+          : {}),
       };
       const submitted = await submitJob(config, spec);
       if (!submitted.ok) {

@@ -105,6 +105,18 @@ describe("static sites: svc deploy, the builder and the edge", () => {
       expect(again.body).toBe("");
     });
 
+    it("cron runs of the app execute in its environment: the active deployment's source", async () => {
+      const created = await svc(
+        ["cron", "create", plain, "--name", "inspect", "--schedule", "0 0 1 1 *", "--command", "grep -q 'Plain static site' static/index.html && echo source-present", "--json"],
+        env,
+      );
+      expect(created.code).toBe(0);
+      const { id } = JSON.parse(created.stdout) as { id: string };
+      const run = await svc(["cron", "run", id, "--wait"], env);
+      expect(run.stderr + run.stdout).toMatch(/ out source-present$/m);
+      expect(run.code).toBe(0);
+    }, 60_000);
+
     it(
       "a redeploy with one changed file uploads one blob; rollback serves the old page again",
       async () => {
