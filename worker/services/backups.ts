@@ -126,7 +126,21 @@ export async function createBackup(
       `backup space is full: ${used} of ${quota} bytes used and this disk holds ${reserved}; delete old backups or upgrade the plan`,
     );
   }
-  return (await db.select().from(backups).where(eq(backups.id, id)).get())!;
+  return {
+    id,
+    accountId,
+    diskId: disk.id,
+    status: "creating",
+    description,
+    sizeBytes: 0,
+    reservedBytes: reserved,
+    sha256: null,
+    objectKey,
+    failureReason: null,
+    createdAt: now,
+    completedAt: null,
+    expiresAt: null,
+  };
 }
 
 export async function listBackups(db: Db, diskId: string): Promise<BackupRow[]> {

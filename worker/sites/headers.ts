@@ -33,7 +33,12 @@ export function parseHeadersFile(text: string): HeaderRule[] {
   return rules.filter((r) => r.headers.length > 0);
 }
 
+/** Compiled patterns, shared by every request of the isolate (manifests are immutable). */
+const matchers = new Map<string, RegExp>();
+
 function matcher(pattern: string): RegExp {
+  const cached = matchers.get(pattern);
+  if (cached) return cached;
   const source = pattern
     .split(/(\*|:[A-Za-z_][A-Za-z0-9_]*)/)
     .map((part) => {
@@ -42,7 +47,9 @@ function matcher(pattern: string): RegExp {
       return part.replace(/[.+?^${}()|[\]\\]/g, "\\$&");
     })
     .join("");
-  return new RegExp(`^${source}$`);
+  const compiled = new RegExp(`^${source}$`);
+  if (matchers.size < 1000) matchers.set(pattern, compiled);
+  return compiled;
 }
 
 /** The headers every matching rule adds for `pathname`, later rules winning on the same name. */

@@ -78,12 +78,11 @@ async function respond(
   if (decision.status === 200 && matchesEtag(request.headers.get("If-None-Match"), etag)) {
     return new Response(null, { status: 304, headers });
   }
+  if (request.method === "HEAD") {
+    return new Response(null, { status: decision.status, headers: { ...headers, "Content-Length": String(entry.size) } });
+  }
   const ranged = decision.status === 200 && request.headers.has("Range");
-  const object =
-    request.method === "HEAD"
-      ? null
-      : await env.BUCKET.get(blobKey(entry.sha256), ranged ? { range: request.headers } : undefined);
-  if (request.method === "HEAD") return new Response(null, { status: decision.status, headers: { ...headers, "Content-Length": String(entry.size) } });
+  const object = await env.BUCKET.get(blobKey(entry.sha256), ranged ? { range: request.headers } : undefined);
   if (!object) return page(500, "Site file missing");
   if (ranged && object.range && "offset" in object.range) {
     const offset = object.range.offset ?? 0;
@@ -108,6 +107,7 @@ export async function serveSite(
   name: string,
 ): Promise<Response> {
   const started = Date.now();
+  const pathname = new URL(request.url).pathname;
   const app = await siteApp(env, name, started);
   let response: Response;
   if (!app) response = page(404, "No such site");
@@ -117,7 +117,6 @@ export async function serveSite(
     const manifest = app.activeDeploymentId ? await manifestOf(env, app.activeDeploymentId) : null;
     if (!manifest) response = page(404, "Nothing deployed yet");
     else {
-      const pathname = new URL(request.url).pathname;
       const decision = decide(pathname, (p) => manifest.files[p], manifest.spa);
       const extra = headersFor(manifest.headers, pathname);
       response = decision.kind === "not-found" ? page(404, "Not found", extra) : await respond(request, env, decision, extra);
@@ -131,7 +130,7 @@ export async function serveSite(
         appId: app.id,
         at: started,
         method: request.method,
-        path: new URL(request.url).pathname.slice(0, 2048),
+        path: pathname.slice(0, 2048),
         status: response.status,
         bytes: request.method === "HEAD" || response.status === 304 ? 0 : length,
         durationMs: Date.now() - started,
