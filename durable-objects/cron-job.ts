@@ -251,6 +251,7 @@ export class CronJob extends DurableObject<Env> {
         return;
       }
       const spec: JobSpec = {
+        tenant: cron.accountId,
         command: cron.command,
         env: await envOf(this.db, config, app.id),
         timeoutSeconds: cron.timeoutSeconds,

@@ -5,7 +5,7 @@
  */
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { z } from "zod";
-import { DiskStore } from "./disks.js";
+import { DiskOwnedElsewhere, DiskStore } from "./disks.js";
 import type { Admission, JobManager } from "./job-manager.js";
 import { streamLog } from "./logs.js";
 import {
@@ -156,8 +156,13 @@ function routes({ jobs, disks }: BuilderServices): Route[] {
         if (id === null) return;
         const spec = parseBody(DiskSpec, context);
         if (!spec) return;
-        const { info, created } = await disks.put(id, spec.sizeBytes);
-        sendJson(context.response, created ? 201 : 200, info);
+        try {
+          const { info, created } = await disks.put(id, spec.sizeBytes, spec.tenant);
+          sendJson(context.response, created ? 201 : 200, info);
+        } catch (error) {
+          if (!(error instanceof DiskOwnedElsewhere)) throw error;
+          sendError(context.response, 409, "DISK_BUSY", error.message);
+        }
       },
     },
     {

@@ -4,7 +4,6 @@
  */
 import { resolve } from "node:path";
 import { z } from "zod";
-import type { JobUser } from "./sandbox.js";
 
 /** Validated settings the server runs with. */
 export interface BuilderConfig {
@@ -16,8 +15,10 @@ export interface BuilderConfig {
   /** Absolute; holds `jobs/` and `disks/`. */
   dataDir: string;
   maxConcurrentJobs: number;
-  /** Unprivileged user for job processes; null runs them as the builder's own user. */
-  jobUser: JobUser | null;
+  /** First uid (and gid) given to tenants, when the builder is root; null when it is not (jobs keep its user). */
+  tenantUidBase: number | null;
+  /** Room a build gets for project, dependencies and output. */
+  buildScratchBytes: number;
   /** Package mirror builds install through; null keeps the package managers' default registry. */
   npmRegistry: string | null;
 }
@@ -28,10 +29,8 @@ const EnvSchema = z.object({
   BUILDER_PORT: z.coerce.number().int().min(0).max(65_535).default(8788),
   BUILDER_DATA_DIR: z.string().min(1).default(".svc/builder"),
   BUILDER_MAX_CONCURRENT_JOBS: z.coerce.number().int().min(1).max(1024).default(8),
-  BUILDER_JOB_USER: z
-    .string()
-    .regex(/^\d+:\d+$/, 'must be "<uid>:<gid>"')
-    .optional(),
+  BUILDER_TENANT_UID_BASE: z.coerce.number().int().min(1000).max(4_000_000_000).default(2_000_000),
+  BUILDER_BUILD_SCRATCH_MB: z.coerce.number().int().min(64).max(1_048_576).default(4096),
   NPM_CONFIG_REGISTRY: z.url({ protocol: /^https?$/, error: "must be an http(s) URL" }).optional(),
 });
 
@@ -45,14 +44,6 @@ export function loadConfig(
     return { ok: false, problems: parsed.error.issues.map((issue) => `${issue.path.join(".")}: ${issue.message}`) };
   }
   const values = parsed.data;
-  let jobUser: JobUser | null = null;
-  if (values.BUILDER_JOB_USER !== undefined) {
-    const [uid, gid] = values.BUILDER_JOB_USER.split(":").map(Number) as [number, number];
-    if (process.getuid?.() !== 0) {
-      return { ok: false, problems: ["BUILDER_JOB_USER: the builder must run as root to start jobs as another user"] };
-    }
-    jobUser = { uid, gid };
-  }
   return {
     ok: true,
     config: {
@@ -61,7 +52,8 @@ export function loadConfig(
       port: values.BUILDER_PORT,
       dataDir: resolve(cwd, values.BUILDER_DATA_DIR),
       maxConcurrentJobs: values.BUILDER_MAX_CONCURRENT_JOBS,
-      jobUser,
+      tenantUidBase: process.getuid?.() === 0 ? values.BUILDER_TENANT_UID_BASE : null,
+      buildScratchBytes: values.BUILDER_BUILD_SCRATCH_MB * 1024 * 1024,
       npmRegistry: values.NPM_CONFIG_REGISTRY ?? null,
     },
   };

@@ -15,7 +15,9 @@ import { runJob } from "./jobs/run.js";
 import { snapshotJob } from "./jobs/snapshot.js";
 import type { LogSource } from "./logs.js";
 import { type BuildSpec, type JobResult, type JobSpec, JobStatus, type RestoreSpec, type SnapshotSpec } from "./protocol.js";
-import { type CgroupV2, JobLog, type JobUser, type SandboxOutcome } from "./sandbox.js";
+import type { SandboxHost } from "./sandbox-host.js";
+import { JobLog, type SandboxOutcome } from "./sandbox.js";
+import type { TenantUsers } from "./tenants.js";
 
 /** How long finished jobs (status and log) stay available. */
 const JOB_RETENTION_MS = 24 * 60 * 60 * 1000;
@@ -106,8 +108,10 @@ export interface JobManagerOptions {
   maxConcurrent: number;
   secret: string;
   disks: DiskStore;
-  cgroups: CgroupV2 | null;
-  user: JobUser | null;
+  host: SandboxHost;
+  tenants: TenantUsers;
+  /** Room a build gets for its project, dependencies and output. */
+  buildScratchBytes: number;
   /** Package mirror that builds install through (NPM_CONFIG_REGISTRY); null keeps npm's default. */
   npmRegistry: string | null;
 }
@@ -148,23 +152,24 @@ export class JobManager {
    * limit; refused once shutting down, or while its disk is being restored.
    */
   submit(spec: JobSpec): Promise<Admission> {
-    const { disks, cgroups, user } = this.#options;
+    const { disks, host, tenants } = this.#options;
     return this.#admit({
       labels: spec.labels,
       callbackUrl: spec.callbackUrl,
       disk: spec.disk ? { id: spec.disk.id, exclusive: false } : null,
-      execute: (context) => runJob({ ...context, spec, disks, cgroups, user }),
+      execute: async (context) => runJob({ ...context, spec, disks, host, user: await tenants.userOf(spec.tenant) }),
     });
   }
 
   /** Accepts a static-site build (jobs/build.ts), queued and refused like a run; it uses no disk. */
   submitBuild(spec: BuildSpec): Promise<Admission> {
-    const { cgroups, user, secret, npmRegistry } = this.#options;
+    const { host, tenants, secret, npmRegistry, buildScratchBytes } = this.#options;
     return this.#admit({
       labels: spec.labels,
       callbackUrl: spec.callbackUrl,
       disk: null,
-      execute: (context) => runBuild({ ...context, spec, cgroups, user, secret, npmRegistry }),
+      execute: async (context) =>
+        runBuild({ ...context, spec, host, user: await tenants.userOf(spec.tenant), scratchBytes: buildScratchBytes, secret, npmRegistry }),
     });
   }
 
@@ -187,12 +192,12 @@ export class JobManager {
    * disk, and refusing every job naming it until it has ended.
    */
   submitRestore(spec: RestoreSpec): Promise<Admission> {
-    const { disks, user } = this.#options;
+    const { disks } = this.#options;
     return this.#admit({
       labels: spec.labels,
       callbackUrl: spec.callbackUrl,
       disk: { id: spec.diskId, exclusive: true },
-      execute: (context) => restoreJob({ ...context, spec, disks, user }),
+      execute: async (context) => restoreJob({ ...context, spec, disks, user: await disks.owner(spec.diskId) }),
     });
   }
 

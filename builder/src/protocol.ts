@@ -59,6 +59,8 @@ export const LOG_MAX_LINE_BYTES = 64 * 1024;
 
 /** Disk ids become directory names, so they are restricted to a safe alphabet. */
 export const DISK_ID_PATTERN = /^[A-Za-z0-9_-]{1,64}$/;
+/** Tenant (account) ids: each tenant's jobs run as its own user and own its disks. */
+export const TENANT_PATTERN = /^[A-Za-z0-9_-]{1,64}$/;
 /** Names a POSIX shell accepts as environment variables. */
 export const ENV_NAME_PATTERN = /^[A-Za-z_][A-Za-z0-9_]*$/;
 
@@ -217,8 +219,45 @@ export class NonceCache {
 const httpUrl = z.url({ protocol: /^https?$/ });
 const noNul = (value: string) => !value.includes("\0");
 
+const tenant = z.string().regex(TENANT_PATTERN, "must be a tenant (account) id");
+
+/**
+ * Directories of a job's sandbox (the host's system directories it sees
+ * read-only, and its own /proc, /dev, /tmp, /work, /home, /run): a disk may not
+ * be mounted on or under them.
+ */
+export const SANDBOX_RESERVED_PATHS = [
+  "/usr",
+  "/bin",
+  "/sbin",
+  "/lib",
+  "/lib32",
+  "/lib64",
+  "/libx32",
+  "/etc",
+  "/proc",
+  "/dev",
+  "/sys",
+  "/tmp",
+  "/work",
+  "/home",
+  "/run",
+] as const;
+
+/** Why a disk cannot be mounted at `mountPath` (the sandbox directory it would cover), or null when it can. */
+export function mountPathProblem(mountPath: string): string | null {
+  const segments = mountPath.split("/").filter(Boolean);
+  if (!mountPath.startsWith("/") || segments.length === 0) return "must be an absolute path below /";
+  if (segments.includes("..") || segments.includes(".")) return "must not contain . or .. segments";
+  const normal = `/${segments.join("/")}`;
+  const taken = SANDBOX_RESERVED_PATHS.find((path) => normal === path || normal.startsWith(`${path}/`));
+  return taken ? `${taken} belongs to the job's sandbox; choose another path, e.g. /data` : null;
+}
+
 /** A job to run: what the Worker posts to `POST /v1/jobs`. */
 export const JobSpec = z.object({
+  /** The account the job belongs to: it runs as that account's user and may use only its disks. */
+  tenant,
   command: z.string().min(1).max(100_000).refine(noNul, "must not contain NUL"),
   /**
    * Exactly the environment the command sees, plus PATH and HOME defaults (which
@@ -232,8 +271,15 @@ export const JobSpec = z.object({
   disk: z
     .object({
       id: z.string().regex(DISK_ID_PATTERN),
-      /** Where the app expects the disk; exported as SVC_DISK_MOUNT_PATH (the data is at SVC_DISK_PATH). */
-      mountPath: z.string().startsWith("/").max(4096).refine(noNul, "must not contain NUL"),
+      /** Where the job sees the disk (SVC_DISK_PATH and SVC_DISK_MOUNT_PATH name it); not a directory of the sandbox itself. */
+      mountPath: z
+        .string()
+        .max(4096)
+        .refine(noNul, "must not contain NUL")
+        .superRefine((path, context) => {
+          const problem = mountPathProblem(path);
+          if (problem) context.addIssue({ code: "custom", message: problem });
+        }),
       sizeBytes: z.int().positive(),
     })
     .optional(),
@@ -284,8 +330,8 @@ export const JobStatus = z.object({
 });
 export type JobStatus = z.infer<typeof JobStatus>;
 
-/** Body of `PUT /v1/disks/:id`: creates the disk or changes its quota. */
-export const DiskSpec = z.object({ sizeBytes: z.int().positive() });
+/** Body of `PUT /v1/disks/:id`: creates the disk for a tenant or changes its quota. */
+export const DiskSpec = z.object({ sizeBytes: z.int().positive(), tenant });
 export type DiskSpec = z.infer<typeof DiskSpec>;
 
 /** What the disk routes answer. */
@@ -442,9 +488,10 @@ export type RestoreResult = z.infer<typeof RestoreResult>;
 //
 //     builder → Worker   POST <blobsEndpoint>  {"blobs": [{sha256, size, contentType}, …]}  (signed, ≤ 500 per request)
 //     Worker  → builder  200 {"missing": [{"sha256": "…", "url": "<presigned PUT URL>"}, …]}
-//     builder → storage  PUT <url>  (the bytes, with the announced Content-Length and Content-Type)
+//     builder → storage  PUT <url>  (the bytes, with the announced Content-Length and Content-Type, and
+//                                    x-amz-checksum-sha256: the base64 SHA-256, which the URL signs)
 //
-// Identical files are announced once. Network errors, 429 and 5xx are retried
+// Storage refuses bytes that do not hash to the blob's name. Identical files are announced once. Network errors, 429 and 5xx are retried
 // with backoff. A succeeded build reports a BuildResult (with the manifest) in
 // JobStatus's `result`; a failed one reports none.
 
@@ -481,6 +528,8 @@ function isManifestPath(path: string): boolean {
 
 /** A build to run: what the Worker posts to `POST /v1/builds`. */
 export const BuildSpec = z.object({
+  /** The account the build belongs to (its user runs install and build). */
+  tenant,
   /** Presigned GET of the project's `.tar.gz`, extracted as the build's working directory. */
   sourceUrl: httpUrl,
   /** The app's variables: the install and build steps see them (install without NODE_ENV). */

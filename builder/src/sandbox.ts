@@ -1,18 +1,39 @@
 /**
- * Everything that touches a user's processes lives here: spawning the command
- * in its own process group with a scrubbed environment, the limits (wall clock,
- * memory, disk quota) and the capture of its output into the job log.
+ * Everything that touches a user's processes lives here: the job's sandbox, its
+ * limits, and the capture of its output into the job log.
  *
- * Memory is limited by cgroup v2 (`memory.max`, one child cgroup per job) when the
- * builder can delegate one; otherwise by sampling the summed RSS of the job's
- * process tree from /proc every 100 ms and killing the tree past the limit. The
- * fallback is best effort: a process can overshoot the limit between samples,
- * and pages shared between processes of the tree count once per process.
+ * Every command (cron run, install, build, the unpacking of a source archive)
+ * runs under bubblewrap, an established sandboxing tool, never as a plain child
+ * of the builder:
+ *
+ * - its own user namespace, mapping only the tenant's unprivileged uid (see
+ *   tenants.ts): no root inside, no other user;
+ * - its own PID namespace and /proc: it sees and can signal only its own
+ *   processes (`kill -9 -1` ends only them), and when its first process ends
+ *   every other one is killed by the kernel;
+ * - its own mount namespace: the host's /usr, /etc (and /bin, /lib… links)
+ *   read-only, a private /tmp and /dev/shm, a working directory (/work), its
+ *   source, and only its own app's disk at the disk's mountPath. The builder's
+ *   data dir, other jobs and disks, the repository and its secrets do not exist
+ *   there; the root itself is read-only;
+ * - its own network namespace: runs get outbound access through the builder's
+ *   NAT with every host and private address blocked (network.ts), builds only a
+ *   relay to the package registry (registry-proxy.ts), and without either only
+ *   their own loopback;
+ * - IPC and UTS namespaces, no new user namespaces inside, a new session;
+ * - an environment made of the job's variables and SVC_* values only; no value
+ *   appears on a command line (they reach bubblewrap through a pipe);
+ * - limits: memory (cgroup; else RSS sampling), processes and CPU share
+ *   (cgroup), wall clock, /tmp and in-memory work dirs bounded by tmpfs sizes,
+ *   and the disk quota (a filesystem of exactly that size when the builder can
+ *   loop-mount, else measured).
+ *
+ * If the sandbox cannot be made (no bubblewrap, no user namespaces) the job
+ * fails with the reason; it never runs unsandboxed.
  */
 import { type ChildProcess, spawn } from "node:child_process";
-import { closeSync, constants, openSync, readFileSync, readSync, readdirSync } from "node:fs";
-import { type FileHandle, access, appendFile, mkdir, open, readFile, readdir, rmdir, writeFile } from "node:fs/promises";
-import { join } from "node:path";
+import { closeSync, openSync, readSync, readdirSync, readlinkSync, statfsSync } from "node:fs";
+import { type FileHandle, open } from "node:fs/promises";
 import type { Readable, Writable } from "node:stream";
 import { setTimeout as sleep } from "node:timers/promises";
 import { measureDirectoryBytes } from "./disks.js";
@@ -22,22 +43,41 @@ import {
   LOG_MAX_LINE_BYTES,
   LOG_TRUNCATION_MARKER,
   type LogStream,
+  mountPathProblem,
 } from "./protocol.js";
+import { FORWARDER_SOURCE, PROXY_ENV, SANDBOX_SOCKET_PATH } from "./registry-proxy.js";
+import type { JobCgroup } from "./cgroups.js";
+import type { NetworkSlot } from "./network.js";
+import type { SandboxHost } from "./sandbox-host.js";
 
 /** PATH a job gets unless its own env sets one. */
 export const DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin";
+/** The job's working directory inside the sandbox. */
+export const SANDBOX_WORK_DIR = "/work";
+/** HOME of a build step (its own folder of the build's scratch space). */
+export const SANDBOX_HOME_DIR = "/home/svc";
+/** Where a build's helper commands (yarn/pnpm through npx) appear, read-only. */
+export const SANDBOX_TOOLS_DIR = "/run/svc/tools";
+/** Where a run's source archive appears inside the sandbox (unpacked into /work before the command). */
+const SANDBOX_SOURCE_PATH = "/run/svc/source.tar.gz";
 /** Time a job's processes get between SIGTERM and SIGKILL. */
 const KILL_GRACE_MS = 2_000;
-/** Longest wait for a finished job's pipes to be read to the end (only a process that escaped the tree can hold them open). */
+/** Longest wait for a finished job's pipes to be read to the end. */
 const OUTPUT_DRAIN_MS = 30_000;
 const MEMORY_SAMPLE_MS = 100;
 const DISK_SAMPLE_MIN_MS = 2_000;
 /** Room kept below the log cap for the builder's own closing lines. */
 const LOG_RESERVE_BYTES = 4_096;
+/** /tmp and /dev/shm of every job: in memory, so they also count against its memory limit. */
+const TMPFS_BYTES = 1024 * 1024 * 1024;
+/** Most processes (and threads) of one job alive at once. */
+const MAX_PROCESSES = 1024;
+/** A disk with less free room than this after a failed job was what made it fail. */
+const DISK_FULL_BYTES = 64 * 1024;
 const NEWLINE = Buffer.from("\n");
 const MIB = 1024 * 1024;
 
-/** Unix user the job's processes run as (only when the builder runs as root). */
+/** Unix user and group a job's processes run as. */
 export interface JobUser {
   uid: number;
   gid: number;
@@ -179,297 +219,62 @@ export class JobLog {
   }
 }
 
+
 // ---------------------------------------------------------------------------
-// Process tree (from /proc)
+// The processes of one sandbox (from /proc)
 // ---------------------------------------------------------------------------
 
-interface ProcEntry {
-  pid: number;
-  ppid: number;
-  pgid: number;
-  state: string;
-  startTime: string;
-}
+const readBuffer = Buffer.alloc(4096);
 
-const statBuffer = Buffer.alloc(4096);
-
-/**
- * Reads /proc/<pid>/stat. Synchronous on purpose: procfs never blocks on a
- * disk, and a scan this way costs about a tenth of the promise-based one.
- */
-function readProcEntry(pid: string): ProcEntry | null {
-  let stat: string;
+/** A small procfs file, synchronously: procfs never blocks, and this is ten times cheaper than promises. */
+function readProc(path: string): string | null {
   try {
-    const fd = openSync(`/proc/${pid}/stat`, "r");
+    const fd = openSync(path, "r");
     try {
-      stat = statBuffer.toString("latin1", 0, readSync(fd, statBuffer, 0, statBuffer.length, 0));
+      return readBuffer.toString("latin1", 0, readSync(fd, readBuffer, 0, readBuffer.length, 0));
     } finally {
       closeSync(fd);
     }
-  } catch {
-    return null; // exited meanwhile
-  }
-  // `pid (comm) state ppid pgrp …`: comm may hold spaces and parentheses.
-  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-  return {
-    pid: Number(pid),
-    state: fields[0] ?? "",
-    ppid: Number(fields[1]),
-    pgid: Number(fields[2]),
-    startTime: fields[19] ?? "",
-  };
-}
-
-let procTableCache: { at: number; entries: ProcEntry[] } | null = null;
-
-/**
- * Every process on the host. Concurrent jobs sample their trees on the same
- * 100 ms rhythm, so a scan younger than `maxAgeMs` is shared between them;
- * killing always asks for a fresh one (maxAgeMs 0).
- */
-function procTable(maxAgeMs: number): ProcEntry[] {
-  const now = performance.now();
-  if (procTableCache && now - procTableCache.at <= maxAgeMs) return procTableCache.entries;
-  const entries: ProcEntry[] = [];
-  for (const name of readdirSync("/proc")) {
-    if (!/^\d+$/.test(name)) continue;
-    const entry = readProcEntry(name);
-    if (entry) entries.push(entry);
-  }
-  procTableCache = { at: now, entries };
-  return entries;
-}
-
-function residentBytes(pid: number): number {
-  try {
-    const match = /^VmRSS:\s+(\d+) kB$/m.exec(readFileSync(`/proc/${pid}/status`, "utf8"));
-    return match ? Number(match[1]) * 1024 : 0;
-  } catch {
-    return 0;
-  }
-}
-
-/** Whether any process is still in the process group (signal 0 only checks). */
-function groupExists(pgid: number): boolean {
-  try {
-    process.kill(-pgid, 0);
-    return true;
-  } catch (error) {
-    return (error as NodeJS.ErrnoException).code === "EPERM";
-  }
-}
-
-/**
- * The processes of one job: its process group, everything descending from the
- * root by parent pid (including processes that called setsid), and every process
- * seen in an earlier scan (matched by start time, so a reused pid is never
- * mistaken for a member) even after it was orphaned.
- */
-class ProcessTree {
-  readonly #rootPid: number;
-  #rootAlive = true;
-  #known = new Map<number, string>();
-
-  constructor(rootPid: number) {
-    this.#rootPid = rootPid;
-  }
-
-  /** After the root is reaped its pid may be reused, so it no longer seeds the scan. */
-  rootExited(): void {
-    this.#rootAlive = false;
-  }
-
-  /** Current members; `maxAgeMs` allows a shared recent scan (see procTable). */
-  members(maxAgeMs: number): ProcEntry[] {
-    // Nothing can be left when the group is empty and no earlier scan saw a member
-    // outside it: skip the scan, which dominates the cost of a short job's cleanup.
-    if (!this.#rootAlive && this.#known.size === 0 && !groupExists(this.#rootPid)) return [];
-    const table = procTable(maxAgeMs);
-    const members = new Map<number, ProcEntry>();
-    const children = new Map<number, ProcEntry[]>();
-    for (const entry of table) {
-      if (entry.pid === process.pid) continue;
-      const siblings = children.get(entry.ppid);
-      if (siblings) siblings.push(entry);
-      else children.set(entry.ppid, [entry]);
-      const seed =
-        (this.#rootAlive && entry.pid === this.#rootPid) ||
-        entry.pgid === this.#rootPid ||
-        this.#known.get(entry.pid) === entry.startTime;
-      if (seed) members.set(entry.pid, entry);
-    }
-    const pending = [...members.values()];
-    for (let entry = pending.pop(); entry; entry = pending.pop()) {
-      for (const child of children.get(entry.pid) ?? []) {
-        if (members.has(child.pid) || child.pid === process.pid) continue;
-        members.set(child.pid, child);
-        pending.push(child);
-      }
-    }
-    this.#known = new Map([...members.values()].map((entry) => [entry.pid, entry.startTime]));
-    return [...members.values()];
-  }
-}
-
-// ---------------------------------------------------------------------------
-// cgroup v2
-// ---------------------------------------------------------------------------
-
-async function writable(path: string): Promise<boolean> {
-  try {
-    await access(path, constants.W_OK);
-    return true;
-  } catch {
-    return false;
-  }
-}
-
-async function readNumber(path: string): Promise<number | null> {
-  try {
-    const value = Number((await readFile(path, "utf8")).trim());
-    return Number.isFinite(value) ? value : null;
   } catch {
     return null;
   }
 }
 
-async function writeOptional(path: string, value: string): Promise<void> {
-  try {
-    await writeFile(path, value);
-  } catch {
-    // Older kernels lack memory.swap.max / memory.oom.group; memory.max still holds.
-  }
+/** `ppid` of a process, from /proc/<pid>/stat (comm may hold spaces and parentheses). */
+function parentOf(pid: string): number | null {
+  const stat = readProc(`/proc/${pid}/stat`);
+  return stat === null ? null : Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
 }
 
 /**
- * The cgroup v2 subtree the builder delegates to its jobs, or null when the host
- * cannot provide one (cgroup v1 or hybrid, read-only /sys/fs/cgroup, no memory
- * controller). Layout under the builder's own cgroup: `svc-builder/` holds the
- * builder process (cgroup v2 forbids processes in a cgroup whose controllers are
- * delegated), `svc-jobs/<job id>/` one cgroup per running job.
+ * Host pids of every process in the sandbox whose bubblewrap runs as `rootPid`:
+ * the processes in the PID namespace of bubblewrap's child (the namespace's
+ * init). Nothing in a sandbox can leave its PID namespace.
  */
-export class CgroupV2 {
-  readonly #jobsDir: string;
-
-  private constructor(jobsDir: string) {
-    this.#jobsDir = jobsDir;
+function sandboxMembers(rootPid: number): number[] {
+  const pids = readdirSync("/proc").filter((name) => /^\d+$/.test(name));
+  const init = pids.find((pid) => parentOf(pid) === rootPid);
+  if (init === undefined) return [];
+  let namespace: string;
+  try {
+    namespace = readlinkSync(`/proc/${init}/ns/pid`);
+  } catch {
+    return [];
   }
-
-  /** Sets the subtree up; any failure means "use the RSS fallback", with the reason logged. */
-  static async detect(mountPoint = "/sys/fs/cgroup"): Promise<CgroupV2 | null> {
+  const members: number[] = [];
+  for (const pid of pids) {
     try {
-      await access(join(mountPoint, "cgroup.controllers"));
+      if (readlinkSync(`/proc/${pid}/ns/pid`) === namespace) members.push(Number(pid));
     } catch {
-      return null; // not a cgroup v2 host: the normal case on v1 and hybrid hosts
-    }
-    try {
-      const self = await readFile("/proc/self/cgroup", "utf8");
-      const ownPath = /^0::(.*)$/m.exec(self)?.[1];
-      if (ownPath === undefined) return null;
-      const base = join(mountPoint, ownPath);
-      const controllers = (await readFile(join(base, "cgroup.controllers"), "utf8")).split(/\s+/);
-      if (!controllers.includes("memory") || !(await writable(join(base, "cgroup.subtree_control")))) {
-        console.error(`builder: cgroup ${base} is read-only or lacks the memory controller; using the RSS memory fallback`);
-        return null;
-      }
-      if (!(await CgroupV2.#enableMemory(base))) {
-        // Move the builder out of `base` so that `base` may delegate controllers.
-        const procs = (await readFile(join(base, "cgroup.procs"), "utf8")).split("\n").filter(Boolean).map(Number);
-        const foreign = procs.filter((pid) => pid !== process.pid);
-        if (foreign.length > 0 && ownPath !== "/") {
-          console.error(`builder: cgroup ${base} holds other processes; using the RSS memory fallback`);
-          return null;
-        }
-        await mkdir(join(base, "svc-builder"), { recursive: true });
-        for (const pid of procs) await writeFile(join(base, "svc-builder", "cgroup.procs"), String(pid));
-        if (!(await CgroupV2.#enableMemory(base))) return null;
-      }
-      const jobsDir = join(base, "svc-jobs");
-      await mkdir(jobsDir, { recursive: true });
-      await appendFile(join(jobsDir, "cgroup.subtree_control"), "+memory");
-      for (const stale of await readdir(jobsDir, { withFileTypes: true })) {
-        if (stale.isDirectory()) await rmdir(join(jobsDir, stale.name)).catch(() => undefined);
-      }
-      return new CgroupV2(jobsDir);
-    } catch (error) {
-      console.error(`builder: cgroup v2 unavailable (${String(error)}); using the RSS memory fallback`);
-      return null;
+      // exited meanwhile
     }
   }
-
-  static async #enableMemory(dir: string): Promise<boolean> {
-    try {
-      await appendFile(join(dir, "cgroup.subtree_control"), "+memory");
-      return true;
-    } catch {
-      return false;
-    }
-  }
-
-  /** Creates the job's cgroup with its memory limit (no swap, whole group killed on OOM). */
-  async create(jobId: string, memoryLimitBytes: number): Promise<JobCgroup> {
-    const dir = join(this.#jobsDir, jobId);
-    await mkdir(dir);
-    try {
-      await writeFile(join(dir, "memory.max"), String(memoryLimitBytes));
-      await writeOptional(join(dir, "memory.swap.max"), "0");
-      await writeOptional(join(dir, "memory.oom.group"), "1");
-    } catch (error) {
-      await rmdir(dir).catch(() => undefined);
-      throw error;
-    }
-    return new JobCgroup(dir);
-  }
+  return members;
 }
 
-/** One job's cgroup: membership, peak memory, OOM kills. */
-class JobCgroup {
-  readonly #dir: string;
-  #peak = 0;
-
-  constructor(dir: string) {
-    this.#dir = dir;
-  }
-
-  async add(pid: number): Promise<void> {
-    await writeFile(join(this.#dir, "cgroup.procs"), String(pid));
-  }
-
-  async pids(): Promise<number[]> {
-    try {
-      return (await readFile(join(this.#dir, "cgroup.procs"), "utf8")).split("\n").filter(Boolean).map(Number);
-    } catch {
-      return [];
-    }
-  }
-
-  /** Peak bytes (memory.peak where the kernel has it, else sampled memory.current) and whether the kernel OOM-killed. */
-  async sample(): Promise<{ peakBytes: number; oomKilled: boolean }> {
-    const peak = (await readNumber(join(this.#dir, "memory.peak"))) ?? (await readNumber(join(this.#dir, "memory.current")));
-    if (peak !== null) this.#peak = Math.max(this.#peak, peak);
-    let oomKilled = false;
-    try {
-      const events = await readFile(join(this.#dir, "memory.events"), "utf8");
-      oomKilled = Number(/^oom_kill (\d+)$/m.exec(events)?.[1] ?? 0) > 0;
-    } catch {
-      oomKilled = false;
-    }
-    return { peakBytes: this.#peak, oomKilled };
-  }
-
-  /** Kills whatever is left and removes the cgroup (it must be empty first). */
-  async remove(): Promise<void> {
-    await writeOptional(join(this.#dir, "cgroup.kill"), "1");
-    for (let attempt = 0; attempt < 50; attempt++) {
-      try {
-        await rmdir(this.#dir);
-        return;
-      } catch {
-        for (const pid of await this.pids()) signal(pid, "SIGKILL");
-        await sleep(20);
-      }
-    }
-  }
+function residentBytes(pid: number): number {
+  const match = /^VmRSS:\s+(\d+) kB$/m.exec(readProc(`/proc/${pid}/status`) ?? "");
+  return match ? Number(match[1]) * 1024 : 0;
 }
 
 // ---------------------------------------------------------------------------
@@ -478,16 +283,27 @@ class JobCgroup {
 
 /** Inputs of {@link runInSandbox}. */
 export interface SandboxOptions {
+  host: SandboxHost;
   jobId: string;
   command: string;
   /** The job's own variables. */
   env: Record<string, string>;
-  workDir: string;
+  user: JobUser;
+  /**
+   * /work: a fresh in-memory filesystem of this size (a run), or a host
+   * directory (a build's scratch space, kept between its steps); `home`, when
+   * set, is a host directory shown as HOME.
+   */
+  work: { tmpfsBytes: number } | { path: string; home: string };
+  /** Host path of a `.tar.gz` unpacked into /work (inside the sandbox) before the command starts. */
+  source: string | null;
+  /** `egress`: outbound like an app (runs); `registry`: only the package registry (builds); `none`: loopback only. */
+  network: "egress" | "registry" | "none";
+  /** Host folder of builder-made helper commands, shown read-only at {@link SANDBOX_TOOLS_DIR}. */
+  tools: string | null;
   timeoutMs: number;
   memoryLimitBytes: number;
   disk: { path: string; mountPath: string; quotaBytes: number } | null;
-  user: JobUser | null;
-  cgroups: CgroupV2 | null;
   log: JobLog;
   /** Aborting cancels the job; `signal.reason === "shutdown"` marks a builder shutdown. */
   signal: AbortSignal;
@@ -507,17 +323,104 @@ export interface SandboxOutcome {
 
 /**
  * Exactly what the command sees: defaults for PATH and HOME (which the job's env
- * may override, e.g. to add a toolchain), the job's variables, and the builder's
- * SVC_* variables (which it may not). Nothing of the builder's own environment.
+ * may override), the job's variables, and the builder's SVC_* variables (which it
+ * may not). The disk is where the app expects it: SVC_DISK_PATH and
+ * SVC_DISK_MOUNT_PATH both name its mountPath.
  */
-function jobEnvironment(options: Pick<SandboxOptions, "jobId" | "env" | "workDir" | "disk">): Record<string, string> {
+function jobEnvironment(options: SandboxOptions): Record<string, string> {
+  const home = "home" in options.work ? SANDBOX_HOME_DIR : SANDBOX_WORK_DIR;
   return {
     PATH: DEFAULT_PATH,
-    HOME: options.workDir,
+    HOME: home,
+    TMPDIR: "/tmp",
     ...options.env,
+    ...(options.network === "registry" ? PROXY_ENV : {}),
     SVC_JOB_ID: options.jobId,
-    ...(options.disk ? { SVC_DISK_PATH: options.disk.path, SVC_DISK_MOUNT_PATH: options.disk.mountPath } : {}),
+    ...(options.disk ? { SVC_DISK_PATH: options.disk.mountPath, SVC_DISK_MOUNT_PATH: options.disk.mountPath } : {}),
   };
+}
+
+/**
+ * Runs inside the sandbox before the command: reports that the sandbox exists,
+ * unpacks the source, starts the registry relay (builds), reports the start,
+ * and replaces itself with the command. fd 5 carries those reports to the
+ * builder and is closed before any user code runs.
+ */
+const PRELUDE = [
+  "exec 4<&-",
+  "printf 'sandbox\\n' >&5",
+  `if [ -n "$2" ]; then /usr/bin/tar -xzf ${SANDBOX_SOURCE_PATH} -C ${SANDBOX_WORK_DIR} --no-same-owner || { printf 'source\\n' >&5; exit 125; }; fi`,
+  `if [ -n "$3" ]; then PATH=${DEFAULT_PATH} mkfifo /tmp/.svc-relay && { PATH=${DEFAULT_PATH} node -e "$3" >/tmp/.svc-relay & read -r svc_relay </tmp/.svc-relay; /bin/rm -f /tmp/.svc-relay; }; fi`,
+  "printf 'started\\n' >&5",
+  "exec 5>&-",
+  'exec /bin/sh -c "$1"',
+].join("\n");
+
+/** Waits (fd 3) until the builder has put this process into the job's cgroups, then becomes the sandbox. */
+const CGROUP_GATE = 'read -r svc_gate <&3 || exit 125; exec 3<&-; exec "$@"';
+
+/**
+ * The bubblewrap options of one job, passed through a pipe (NUL-separated) so
+ * that no variable's value shows on a command line; the command itself
+ * ({@link commandArguments}) must be on bubblewrap's own.
+ */
+function bwrapOptions(options: SandboxOptions, env: Record<string, string>, withNetwork: boolean): string[] {
+  const { host } = options;
+  const args = [
+    "--unshare-user",
+    "--unshare-pid",
+    "--unshare-ipc",
+    "--unshare-uts",
+    "--unshare-cgroup-try",
+    ...(withNetwork ? [] : ["--unshare-net"]),
+    "--disable-userns",
+    "--die-with-parent",
+    "--new-session",
+    "--hostname",
+    "svc",
+    ...host.systemArgs,
+    "--proc",
+    "/proc",
+    "--dev",
+    "/dev",
+    "--size",
+    String(Math.min(TMPFS_BYTES, options.memoryLimitBytes)),
+    "--tmpfs",
+    "/dev/shm",
+    "--remount-ro",
+    "/dev",
+    "--size",
+    String(Math.min(TMPFS_BYTES, options.memoryLimitBytes)),
+    "--tmpfs",
+    "/tmp",
+  ];
+  if ("tmpfsBytes" in options.work) {
+    args.push("--size", String(options.work.tmpfsBytes), "--tmpfs", SANDBOX_WORK_DIR);
+  } else {
+    args.push("--bind", host.visible(options.work.path), SANDBOX_WORK_DIR);
+    args.push("--bind", host.visible(options.work.home), SANDBOX_HOME_DIR);
+  }
+  if (options.disk) args.push("--bind", host.visible(options.disk.path), options.disk.mountPath);
+  if (options.source) args.push("--ro-bind", host.visible(options.source), SANDBOX_SOURCE_PATH);
+  if (options.tools) args.push("--ro-bind", host.visible(options.tools), SANDBOX_TOOLS_DIR);
+  if (options.network === "registry") args.push("--bind", host.visible(host.registry.socketPath), SANDBOX_SOCKET_PATH);
+  args.push("--remount-ro", "/", "--chdir", SANDBOX_WORK_DIR, "--clearenv");
+  for (const [name, value] of Object.entries(env)) args.push("--setenv", name, value);
+  return args;
+}
+
+/** The prelude and its arguments: the user's command, whether to unpack a source, the registry relay. */
+function commandArguments(options: SandboxOptions): string[] {
+  return [
+    "--",
+    "/bin/sh",
+    "-c",
+    PRELUDE,
+    "svc-job",
+    options.command,
+    options.source ? "1" : "",
+    options.network === "registry" ? FORWARDER_SOURCE : "",
+  ];
 }
 
 function signal(pid: number, name: NodeJS.Signals): void {
@@ -545,39 +448,103 @@ export function formatBytes(bytes: number): string {
   return unit === 0 ? `${bytes} B` : `${value.toFixed(1)} ${units[unit]}`;
 }
 
-/**
- * The command's shell first waits on fd 3 until the builder has moved it into
- * its cgroup, so not one instruction of user code runs outside the limit.
- */
-const CGROUP_GATE = 'read -r svc_gate <&3 || exit 125; exec 3<&-; exec /bin/sh -c "$1"';
+/** Free bytes of the filesystem holding `path` (the disk's own, when disks are images). */
+function freeBytes(path: string): number {
+  try {
+    const fs = statfsSync(path);
+    return fs.bavail * fs.bsize;
+  } catch {
+    return Number.POSITIVE_INFINITY;
+  }
+}
 
 /**
- * Runs one command under the job's limits and reports how it ended. Never
- * throws for anything the command does; the caller records the outcome.
+ * The reports the prelude writes on fd 5, read as they come, and the first
+ * line of stderr before the command started (bubblewrap's or tar's complaint),
+ * which names the cause when setting up fails.
+ */
+class PreludeReports {
+  #text = "";
+  #stderr = "";
+
+  constructor(reports: Readable, stderr: Readable | null) {
+    reports.setEncoding("latin1");
+    reports.on("data", (chunk: string) => {
+      this.#text += chunk;
+    });
+    reports.on("error", () => undefined);
+    const tap = (chunk: Buffer) => {
+      if (this.has("started") || this.#stderr.includes("\n")) stderr?.off("data", tap);
+      else this.#stderr += chunk.toString("utf8", 0, Math.min(chunk.length, 512));
+    };
+    stderr?.on("data", tap);
+  }
+
+  /** `sandbox` (it exists), `source` (unpacking failed), `started` (the command runs). */
+  has(report: "sandbox" | "source" | "started"): boolean {
+    return this.#text.split("\n").includes(report);
+  }
+
+  /** What went wrong before the command started, in the words of the tool that failed. */
+  get setupError(): string {
+    return this.#stderr.split("\n")[0]!.trim().slice(0, 300) || "see the log";
+  }
+}
+
+/**
+ * Runs one command in a new sandbox under the job's limits and reports how it
+ * ended. Never throws for anything the command does; the caller records the
+ * outcome.
  */
 export async function runInSandbox(options: SandboxOptions): Promise<SandboxOutcome> {
-  const { log } = options;
+  const { log, host } = options;
+  if (host.failure !== null) return failedToStart(`the sandbox cannot be created on this builder: ${host.failure}`);
+  const mountProblem = options.disk ? mountPathProblem(options.disk.mountPath) : null;
+  if (mountProblem !== null) return failedToStart(`the disk's mountPath ${options.disk?.mountPath} is not allowed: it ${mountProblem}`);
+
   let cgroup: JobCgroup | null = null;
-  if (options.cgroups) {
+  if (host.cgroups) {
     try {
-      cgroup = await options.cgroups.create(options.jobId, options.memoryLimitBytes);
+      cgroup = await host.cgroups.create(options.jobId, {
+        memoryBytes: options.memoryLimitBytes,
+        pids: MAX_PROCESSES,
+        cpuWeight: 100,
+      });
     } catch (error) {
-      log.note(`cgroup unavailable (${String(error)}); memory is watched by sampling instead`);
+      return failedToStart(`the job's cgroup could not be created: ${error instanceof Error ? error.message : String(error)}`);
+    }
+  }
+  let slot: NetworkSlot | null = null;
+  if (options.network === "egress" && host.network) {
+    try {
+      slot = await host.network.acquire();
+    } catch (error) {
+      await cgroup?.remove();
+      return failedToStart(`the run's network could not be set up: ${error instanceof Error ? error.message : String(error)}`);
     }
   }
 
+  const env = jobEnvironment(options);
+  const bwrap = [host.bwrap, "--args", "4", ...commandArguments(options)];
+  const root = process.getuid?.() === 0;
+  // Root joins the run's network namespace and drops to the tenant's user in one step (nsenter);
+  // otherwise the process starts as the tenant (or as the builder's own user, when that is all there is).
+  const sandbox = slot
+    ? ["/usr/bin/nsenter", `--net=${slot.path}`, "-S", String(options.user.uid), "-G", String(options.user.gid), "--", ...bwrap]
+    : bwrap;
+  const argv = cgroup ? ["/bin/sh", "-c", CGROUP_GATE, "svc-gate", ...sandbox] : sandbox;
   let child: ChildProcess;
   try {
-    child = spawn("/bin/sh", cgroup ? ["-c", CGROUP_GATE, "svc-job", options.command] : ["-c", options.command], {
-      cwd: options.workDir,
-      env: jobEnvironment(options),
-      detached: true,
-      stdio: cgroup ? ["ignore", "pipe", "pipe", "pipe"] : ["ignore", "pipe", "pipe"],
-      ...(options.user ? { uid: options.user.uid, gid: options.user.gid } : {}),
+    child = spawn(argv[0]!, argv.slice(1), {
+      cwd: "/",
+      env: { PATH: "/usr/bin:/bin" },
+      stdio: ["ignore", "pipe", "pipe", cgroup ? "pipe" : "ignore", "pipe", "pipe"],
+      ...(root && !slot ? { uid: options.user.uid, gid: options.user.gid } : {}),
     });
   } catch (error) {
+    slot?.release();
     await cgroup?.remove();
-    return failedToStart(error);
+    return failedToStart(error instanceof Error ? error.message : String(error));
   }
   const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null } | { error: Error }>((resolve) => {
     child.once("exit", (code, signalName) => resolve({ code, signal: signalName }));
@@ -585,65 +552,52 @@ export async function runInSandbox(options: SandboxOptions): Promise<SandboxOutc
   });
   const rootPid = child.pid;
   if (rootPid === undefined) {
+    slot?.release();
     await cgroup?.remove();
     const result = await exited;
-    return failedToStart("error" in result ? result.error : new Error("spawn failed"));
+    return failedToStart("error" in result ? result.error.message : "spawn failed");
   }
+  const pipes = child.stdio as ReadonlyArray<Readable | Writable | null | undefined>;
+  const args = pipes[4] as Writable;
+  args.on("error", () => undefined);
+  args.end(`${bwrapOptions(options, env, slot !== null).join("\0")}\0`);
   const stdout = child.stdout;
   const stderr = child.stderr;
+  const reports = new PreludeReports(pipes[5] as Readable, stderr);
   const outputClosed = Promise.all([stdout, stderr].map((stream) => (stream ? streamClosed(stream) : Promise.resolve())));
   if (stdout) log.capture("out", stdout);
   if (stderr) log.capture("err", stderr);
 
   if (cgroup) {
+    const gate = pipes[3] as Writable;
+    gate.on("error", () => undefined);
     try {
       await cgroup.add(rootPid);
+      gate.end("go\n");
     } catch (error) {
-      log.note(`could not enter cgroup (${String(error)}); memory is watched by sampling instead`);
-      await cgroup.remove();
-      cgroup = null;
+      gate.destroy(); // the gate exits without running anything
+      log.note(`could not enter the job's cgroup: ${String(error)}`);
     }
-    const gate = child.stdio[3] as Writable | null;
-    gate?.on("error", () => undefined); // the shell may already be gone
-    gate?.end("go\n");
   }
 
-  const tree = new ProcessTree(rootPid);
   let cause: KillCause | null = null;
   let peakMemory = 0;
   let running = true;
   let killing: Promise<void> | null = null;
 
-  const livePids = async (): Promise<number[]> => {
-    const members = tree
-      .members(0)
-      .filter((entry) => entry.state !== "Z")
-      .map((entry) => entry.pid);
-    return [...new Set([...members, ...((await cgroup?.pids()) ?? [])])];
-  };
-  /** SIGTERM the whole tree, wait up to `graceMs`, then SIGKILL whatever is left. */
-  const killTree = async (graceMs: number): Promise<void> => {
-    let pids = await livePids();
-    if (pids.length > 0 && graceMs > 0) {
-      signal(-rootPid, "SIGTERM");
-      for (const pid of pids) signal(pid, "SIGTERM");
+  /** SIGTERM every process of the sandbox, wait up to `graceMs`, then kill bubblewrap: the kernel ends the rest. */
+  const killSandbox = async (graceMs: number): Promise<void> => {
+    if (graceMs > 0) {
+      for (const pid of sandboxMembers(rootPid)) signal(pid, "SIGTERM");
       const deadline = Date.now() + graceMs;
-      while (pids.length > 0 && Date.now() < deadline) {
-        await sleep(50);
-        pids = await livePids();
-      }
+      while (running && Date.now() < deadline) await sleep(50);
     }
-    for (let round = 0; round < 20 && pids.length > 0; round++) {
-      signal(-rootPid, "SIGKILL");
-      for (const pid of pids) signal(pid, "SIGKILL");
-      await sleep(20);
-      pids = await livePids();
-    }
+    if (running) signal(rootPid, "SIGKILL");
   };
   const terminate = (why: KillCause, graceMs: number): void => {
     if (cause !== null || !running) return;
     cause = why;
-    killing = killTree(graceMs);
+    killing = killSandbox(graceMs);
   };
 
   const timeout = setTimeout(() => terminate("timeout", KILL_GRACE_MS), options.timeoutMs);
@@ -659,7 +613,7 @@ export async function runInSandbox(options: SandboxOptions): Promise<SandboxOutc
       return;
     }
     let total = 0;
-    for (const entry of tree.members(MEMORY_SAMPLE_MS / 2)) total += residentBytes(entry.pid);
+    for (const pid of sandboxMembers(rootPid)) total += residentBytes(pid);
     peakMemory = Math.max(peakMemory, total);
     if (total > options.memoryLimitBytes) terminate("OOMKilled", 0);
   };
@@ -695,16 +649,14 @@ export async function runInSandbox(options: SandboxOptions): Promise<SandboxOutc
   stopWatching.abort();
   clearTimeout(timeout);
   options.signal.removeEventListener("abort", onAbort);
-  tree.rootExited();
-  // Anything the shell left behind dies with it (a finished job owns no processes).
   if (killing) await killing;
-  await killTree(KILL_GRACE_MS);
-  // Every writer is dead now: what is left in the pipes is output already produced, so
-  // wait for it to be read (a loaded builder can take seconds) rather than drop it.
+  // bubblewrap is gone, so its PID namespace is too: every process the job started is dead, and
+  // what is left in the pipes is output already produced. Wait for it rather than drop it.
   await Promise.race([outputClosed, sleep(OUTPUT_DRAIN_MS)]);
   stdout?.destroy();
   stderr?.destroy();
   await Promise.all([memoryWatch, diskWatch]);
+  slot?.release();
 
   if (cgroup) {
     const sample = await cgroup.sample();
@@ -714,10 +666,15 @@ export async function runInSandbox(options: SandboxOptions): Promise<SandboxOutc
   }
   if (cause === null && (await diskOver())) cause = "disk_quota";
 
-  if ("error" in result) return { ...failedToStart(result.error), peakMemoryBytes: peakMemory };
-  const outcome = { exitCode: result.code, signal: result.signal, peakMemoryBytes: peakMemory };
+  if ("error" in result) return { ...failedToStart(result.error.message), peakMemoryBytes: peakMemory };
   // `cause` is set from timer and watcher callbacks, which control-flow analysis cannot see.
   const finalCause = cause as KillCause | null;
+  const killedBy = finalCause === "OOMKilled" || finalCause === "disk_quota" ? "SIGKILL" : null;
+  const outcome = { exitCode: killedBy ? null : result.code, signal: killedBy ?? result.signal, peakMemoryBytes: peakMemory };
+  if (finalCause === null && !reports.has("started")) {
+    if (reports.has("source")) return { ...outcome, reason: "error", error: `the source archive could not be unpacked: ${reports.setupError}` };
+    return { ...outcome, reason: "error", error: `the sandbox could not be created: ${reports.setupError}` };
+  }
   switch (finalCause) {
     case "timeout":
       return { ...outcome, reason: "timeout", error: `timed out after ${options.timeoutMs / 1000} s` };
@@ -739,25 +696,29 @@ export async function runInSandbox(options: SandboxOptions): Promise<SandboxOutc
       return { ...outcome, reason: "error", error: "builder shut down before the job finished" };
     case null:
       if (result.code === 0) return { ...outcome, reason: null, error: null };
+      // With a hard quota the kernel refused the writes past it; say so rather than only "exit code 1".
+      if (options.disk && freeBytes(options.disk.path) < DISK_FULL_BYTES) {
+        return {
+          ...outcome,
+          reason: "disk_quota",
+          error: `disk quota reached (${formatBytes(options.disk.quotaBytes)}): writes beyond it failed, then ${describeExit(result.code, result.signal)}`,
+        };
+      }
       return { ...outcome, reason: "exit_code", error: describeExit(result.code, result.signal) };
   }
 }
 
+/** Shells and bubblewrap report a process killed by signal N as exit code 128 + N. */
 function describeExit(code: number | null, signalName: NodeJS.Signals | null): string {
   if (code === null) return `killed by signal ${signalName ?? "unknown"}`;
   if (code === 127) return "exit code 127 (command not found)";
   if (code === 126) return "exit code 126 (command not executable)";
+  if (code > 128 && code <= 128 + 64) return `exit code ${code} (killed by signal ${code - 128})`;
   return `exit code ${code}`;
 }
 
-function failedToStart(error: unknown): SandboxOutcome {
-  return {
-    exitCode: null,
-    signal: null,
-    reason: "error",
-    error: `could not start the command: ${error instanceof Error ? error.message : String(error)}`,
-    peakMemoryBytes: 0,
-  };
+function failedToStart(message: string): SandboxOutcome {
+  return { exitCode: null, signal: null, reason: "error", error: `could not start the command: ${message}`, peakMemoryBytes: 0 };
 }
 
 function streamClosed(stream: Readable): Promise<void> {

@@ -1,10 +1,12 @@
 /**
  * Entry point of the builder: reads its configuration from the environment,
- * starts the HTTP API, and on SIGTERM/SIGINT ends every job before exiting so
- * no user process outlives it. Prints `builder listening on http://host:port`
- * (with the real port when BUILDER_PORT=0) once it accepts requests.
+ * finds out what the host offers the sandbox (printing one line per
+ * mechanism), starts the HTTP API, and on SIGTERM/SIGINT ends every job before
+ * exiting so no user process outlives it. Prints `builder listening on
+ * http://host:port` (with the real port when BUILDER_PORT=0) once it accepts
+ * requests.
  */
-import { mkdir } from "node:fs/promises";
+import { chmod, mkdir } from "node:fs/promises";
 import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
@@ -13,7 +15,8 @@ import { loadConfig } from "./config.js";
 import { DiskStore } from "./disks.js";
 import { JobManager } from "./job-manager.js";
 import { NonceCache } from "./protocol.js";
-import { CgroupV2 } from "./sandbox.js";
+import { SandboxHost } from "./sandbox-host.js";
+import { TenantUsers } from "./tenants.js";
 
 const loaded = loadConfig(process.env, process.cwd());
 if (!loaded.ok) {
@@ -24,18 +27,26 @@ const { config } = loaded;
 // Job environments are built from scratch, but keep the secret out of reach of anything inheriting ours.
 delete process.env.BUILDER_SECRET;
 
-// A stricter inherited umask would strip the x bits the job user needs on the 0711 directories.
+// A stricter inherited umask would strip the x bits job users need on the 0711 directories.
 process.umask(0o022);
 await mkdir(config.dataDir, { recursive: true, mode: 0o711 });
-const disks = await DiskStore.open(join(config.dataDir, "disks"), config.jobUser);
-const cgroups = await CgroupV2.detect();
+// Job users bind their disks and scratch space from below it: traversable, never listable.
+await chmod(config.dataDir, 0o711);
+const tenants = await TenantUsers.open(config.dataDir, config.tenantUidBase);
+const host = await SandboxHost.open({
+  dataDir: config.dataDir,
+  npmRegistry: config.npmRegistry,
+  probeUser: config.tenantUidBase === null ? null : { uid: config.tenantUidBase, gid: config.tenantUidBase },
+});
+const disks = await DiskStore.open(join(config.dataDir, "disks"), tenants, host.images);
 const jobs = await JobManager.open({
   dataDir: config.dataDir,
   maxConcurrent: config.maxConcurrentJobs,
   secret: config.secret,
   disks,
-  cgroups,
-  user: config.jobUser,
+  host,
+  tenants,
+  buildScratchBytes: config.buildScratchBytes,
   npmRegistry: config.npmRegistry,
 });
 
@@ -48,6 +59,8 @@ async function stop(): Promise<void> {
   server.close();
   await jobs.shutdown();
   server.closeAllConnections();
+  await disks.close();
+  await host.close();
   process.exit(0);
 }
 process.on("SIGTERM", () => void stop());
@@ -55,7 +68,10 @@ process.on("SIGINT", () => void stop());
 
 server.listen(config.port, config.host, () => {
   const address = server.address() as AddressInfo;
-  const host = address.family === "IPv6" ? `[${address.address}]` : address.address;
-  console.log(`builder memory limits: ${cgroups ? "cgroup v2 memory.max" : "RSS sampling of the process tree"}`);
-  console.log(`builder listening on http://${host}:${address.port}`);
+  const where = address.family === "IPv6" ? `[${address.address}]` : address.address;
+  for (const line of host.summary) console.log(`builder ${line}`);
+  console.log(
+    `builder users: ${tenants.separateUsers ? `one unprivileged uid per account, from ${config.tenantUidBase}` : `jobs run as the builder's own uid ${process.getuid?.()} (per-account uids need root)`}`,
+  );
+  console.log(`builder listening on http://${where}:${address.port}`);
 });

@@ -4,6 +4,7 @@
  * every request signed with the shared secret.
  */
 import { randomBytes } from "node:crypto";
+import { existsSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -75,11 +76,30 @@ export async function signedFetch(target: BuilderTarget, path: string, init: Sig
   });
 }
 
+/** Host path of a disk's data, whichever way the builder keeps disks (a filesystem of their own when root, else a folder). */
+export function diskDataPath(dataDir: string, id: string): string {
+  const mounted = join(dataDir, "disks", id, "mnt", "data");
+  return existsSync(join(dataDir, "disks", id, "disk.img")) ? mounted : join(dataDir, "disks", id, "data");
+}
+
+/** What a disk's folder holds when no restore is under way: its record and its data (image and mount point, or a folder). */
+export function diskFolderAtRest(dataDir: string, id: string): string[] {
+  return existsSync(join(dataDir, "disks", id, "disk.img")) ? ["disk.img", "disk.json", "mnt"] : ["data", "disk.json"];
+}
+
+/** The tenant (account) test jobs and disks belong to unless a test names another. */
+export const TEST_TENANT = "acct_test";
+
+/** Creates a disk (or changes its quota) for a tenant, as the Worker does. */
+export function putDisk(target: BuilderTarget, id: string, sizeBytes: number, tenant = TEST_TENANT): Promise<Response> {
+  return signedFetch(target, `/v1/disks/${id}`, { method: "PUT", body: { sizeBytes, tenant } });
+}
+
 /** Submits a job; throws unless the builder accepted it. */
 export async function submitJob(target: BuilderTarget, spec: Partial<JobSpec> & { command: string }): Promise<JobStatus> {
   const response = await signedFetch(target, "/v1/jobs", {
     method: "POST",
-    body: { env: {}, timeoutSeconds: 60, memoryMb: 512, ...spec },
+    body: { tenant: TEST_TENANT, env: {}, timeoutSeconds: 60, memoryMb: 512, ...spec },
   });
   if (response.status !== 201) throw new Error(`submit failed: ${response.status} ${await response.text()}`);
   return JobStatus.parse(await response.json());

@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { DiskInfo, parseLogLine } from "../../builder/src/protocol.js";
-import { type BuilderProcess, followLog, runToEnd, signedFetch, startBuilder, submitJob } from "./builder-process.js";
+import { type BuilderProcess, followLog, putDisk, runToEnd, signedFetch, startBuilder, submitJob } from "./builder-process.js";
 
 let builder: BuilderProcess;
 beforeAll(async () => {
@@ -20,10 +20,10 @@ const out = (log: string) =>
 
 describe("PUT/GET/DELETE /v1/disks/:id", () => {
   it("creates a disk (201), changes its quota (200), reports usage and deletes it (204)", async () => {
-    const created = await signedFetch(builder, "/v1/disks/disk_a", { method: "PUT", body: { sizeBytes: 5 * MiB } });
+    const created = await putDisk(builder, "disk_a", 5 * MiB);
     expect(created.status).toBe(201);
     expect(DiskInfo.parse(await created.json())).toEqual({ id: "disk_a", sizeBytes: 5 * MiB, usedBytes: 0 });
-    const resized = await signedFetch(builder, "/v1/disks/disk_a", { method: "PUT", body: { sizeBytes: 6 * MiB } });
+    const resized = await putDisk(builder, "disk_a", 6 * MiB);
     expect(resized.status).toBe(200);
     expect(await resized.json()).toEqual({ id: "disk_a", sizeBytes: 6 * MiB, usedBytes: 0 });
 
@@ -37,7 +37,7 @@ describe("PUT/GET/DELETE /v1/disks/:id", () => {
   it("rejects ids that could leave the data directory", async () => {
     // `..` and `%2e%2e` segments never arrive: URL parsing resolves them on the client.
     for (const id of ["a.b", "a%2Fb", "%00", "x".repeat(65)]) {
-      const response = await signedFetch(builder, `/v1/disks/${id}`, { method: "PUT", body: { sizeBytes: MiB } });
+      const response = await putDisk(builder, id, MiB);
       expect(response.status, id).toBe(400);
       expect(((await response.json()) as { error: { code: string } }).error.code).toBe("VALIDATION_ERROR");
     }
@@ -68,7 +68,25 @@ describe("disks in jobs", () => {
     expect(await info.json()).toEqual({ id: "disk_keep", sizeBytes: 10 * MiB, usedBytes: "persisted\n".length });
   });
 
-  it("kills a running job that writes past the quota", async () => {
+  // A root builder makes each disk a filesystem of exactly its size: the kernel refuses the writes.
+  it.runIf(process.getuid?.() === 0)("refuses writes past the quota and fails the job that hit it", async () => {
+    const disk = { id: "disk_small", mountPath: "/data", sizeBytes: MiB };
+    const { status, log } = await runToEnd(builder, { command: 'head -c 3000000 /dev/zero > "$SVC_DISK_PATH/big"', disk });
+    expect(status).toMatchObject({ status: "failed", reason: "disk_quota" });
+    expect(status.error).toBe("disk quota reached (1.0 MiB): writes beyond it failed, then exit code 1");
+    expect(log).toMatch(/ err head: .*No space left on device/);
+    const kept = await runToEnd(builder, { command: 'wc -c < "$SVC_DISK_PATH/big"', disk });
+    const size = Number(out(kept.log)[0]);
+    expect(size).toBeGreaterThan(MiB - 64 * 1024);
+    expect(size).toBeLessThanOrEqual(MiB);
+    // The quota was never exceeded, so nothing had to be killed: a command that copes with the refusal succeeds.
+    const coping = await runToEnd(builder, { command: 'head -c 3000000 /dev/zero >> "$SVC_DISK_PATH/big" || echo refused', disk });
+    expect(coping.status.status).toBe("succeeded");
+    expect(out(coping.log)).toEqual(["refused"]);
+  });
+
+  // Without loop mounts (not root) the quota is measured during and after the job.
+  it.runIf(process.getuid?.() !== 0)("kills a running job that writes past the quota", async () => {
     const started = Date.now();
     const { status, log } = await runToEnd(builder, {
       command: 'head -c 3000000 /dev/zero > "$SVC_DISK_PATH/big"; echo written; sleep 30',
@@ -78,13 +96,5 @@ describe("disks in jobs", () => {
     expect(status.error).toBe("disk quota exceeded (used 2.9 MiB of 1.0 MiB)");
     expect(Date.now() - started).toBeLessThan(10_000);
     expect(log).toContain("job failed: disk quota exceeded");
-  });
-
-  it("fails a job that ends over the quota even before the next measurement", async () => {
-    const { status } = await runToEnd(builder, {
-      command: 'head -c 2000000 /dev/zero > "$SVC_DISK_PATH/big"',
-      disk: { id: "disk_tiny", mountPath: "/data", sizeBytes: MiB },
-    });
-    expect(status).toMatchObject({ status: "failed", reason: "disk_quota", exitCode: 0 });
   });
 });

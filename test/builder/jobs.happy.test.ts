@@ -1,4 +1,5 @@
 import { execFileSync } from "node:child_process";
+import { existsSync } from "node:fs";
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { type Server, createServer } from "node:http";
 import type { AddressInfo } from "node:net";
@@ -76,8 +77,8 @@ describe("job environment", () => {
       PATH: "/usr/local/bin:/usr/bin:/bin",
       SVC_JOB_ID: status.id,
     });
-    expect(env.HOME).toMatch(new RegExp(`/jobs/${status.id}/work$`));
-    expect(Object.keys(env).sort()).toEqual(["DATABASE_URL", "GREETING", "HOME", "PATH", "PWD", "SVC_JOB_ID"]);
+    expect(env).toMatchObject({ HOME: "/work", PWD: "/work", TMPDIR: "/tmp" });
+    expect(Object.keys(env).sort()).toEqual(["DATABASE_URL", "GREETING", "HOME", "PATH", "PWD", "SVC_JOB_ID", "TMPDIR"]);
     expect(log).not.toContain("BUILDER_");
     expect(log).not.toContain(builder.secret);
   });
@@ -180,11 +181,12 @@ describe("sourceUrl", () => {
     expect(lines(log, "out")).toEqual(["hello from the archive"]);
   });
 
-  it("refuses an archive whose members climb out of the working directory", async () => {
+  it("refuses an archive whose members climb out of the working directory, unpacking it only inside the sandbox", async () => {
     const { status, log } = await runToEnd(builder, { command: "echo ran", sourceUrl: `${base}/evil.tar.gz` });
     expect(status).toMatchObject({ status: "failed", reason: "error" });
-    expect(status.error).toContain("escapes the working directory: ../hello.txt");
+    expect(status.error).toMatch(/^the source archive could not be unpacked: .*tar: .*\.\.\//);
     expect(lines(log, "out")).toEqual([]);
+    expect(existsSync(join(builder.dataDir, "jobs", "hello.txt"))).toBe(false);
   });
 
   it("fails with the HTTP status in the log when the download fails", async () => {

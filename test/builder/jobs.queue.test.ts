@@ -1,3 +1,4 @@
+import { readFileSync, readdirSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -53,16 +54,19 @@ describe("records across restarts", () => {
     });
   });
 
-  it("marks a job failed when the builder died without ending it", async () => {
-    const job = await submitJob(builder, { command: 'echo "pid=$$"; sleep 30' });
+  it("marks a job failed when the builder died without ending it, whose processes died with the builder", async () => {
+    const sleep = `sleep 30.${Date.now()}`;
+    const job = await submitJob(builder, { command: `echo started; ${sleep}` });
     const response = await signedFetch(builder, `/v1/jobs/${job.id}/logs?follow=1`);
     const reader = response.body!.pipeThrough(new TextDecoderStream()).getReader();
     let text = "";
-    while (!/pid=\d+\n/.test(text)) text += (await reader.read()).value ?? "";
+    while (!/started\n/.test(text)) text += (await reader.read()).value ?? "";
     await reader.cancel();
+    expect(running(sleep)).toBe(true);
     process.kill(builder.pid, "SIGKILL");
     await builder.stop();
-    process.kill(-Number(/pid=(\d+)/.exec(text)![1]), "SIGKILL"); // the orphaned job, which nobody else will end
+    // The sandbox dies with its parent: nothing of the job outlives the builder.
+    await expect.poll(() => running(sleep)).toBe(false);
 
     builder = await startBuilder({ dataDir, env: { BUILDER_MAX_CONCURRENT_JOBS: "1" } });
     expect(await jobStatus(builder, job.id)).toMatchObject({
@@ -73,3 +77,16 @@ describe("records across restarts", () => {
     });
   });
 });
+
+/** Whether a process with exactly this command line runs on the host. */
+function running(command: string): boolean {
+  return readdirSync("/proc")
+    .filter((name) => /^\d+$/.test(name))
+    .some((pid) => {
+      try {
+        return readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0").filter(Boolean).join(" ") === command;
+      } catch {
+        return false;
+      }
+    });
+}

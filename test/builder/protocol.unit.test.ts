@@ -72,8 +72,10 @@ describe("NonceCache", () => {
 
 describe("JobSpec", () => {
   it("rejects env names a shell cannot take and limits outside their ranges", () => {
-    const base = { command: "true", env: {}, timeoutSeconds: 10, memoryMb: 64 };
+    const base = { tenant: "acct_1", command: "true", env: {}, timeoutSeconds: 10, memoryMb: 64 };
     expect(JobSpec.safeParse(base).success).toBe(true);
+    expect(JobSpec.safeParse({ ...base, tenant: "../x" }).success).toBe(false);
+    expect(JobSpec.safeParse({ ...base, disk: { id: "d", mountPath: "/data/../etc", sizeBytes: 1 } }).success).toBe(false);
     expect(JobSpec.safeParse({ ...base, env: { "1BAD": "x" } }).success).toBe(false);
     expect(JobSpec.safeParse({ ...base, timeoutSeconds: 43_201 }).success).toBe(false);
     expect(JobSpec.safeParse({ ...base, memoryMb: 8 }).success).toBe(false);

@@ -1,9 +1,10 @@
 import { execFileSync } from "node:child_process";
-import { chmod, mkdir, mkdtemp, readFile, readdir, rm, stat, writeFile } from "node:fs/promises";
+import { existsSync } from "node:fs";
+import { mkdir, mkdtemp, readdir, rename, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { type BuilderProcess, followLog, jobStatus, runToEnd, signedFetch, startBuilder, submitJob } from "./builder-process.js";
+import { type BuilderProcess, diskDataPath, diskFolderAtRest, followLog, jobStatus, putDisk, runToEnd, signedFetch, startBuilder, submitJob, TEST_TENANT } from "./builder-process.js";
 import { type FakeStorage, restoreToEnd, snapshotToEnd, startFakeStorage } from "./snapshot-storage.js";
 
 const MiB = 1024 * 1024;
@@ -51,7 +52,7 @@ describe("restores and the jobs sharing a disk", () => {
   });
 
   it("refuses a restore while a snapshot reads the disk", async () => {
-    await signedFetch(builder, "/v1/disks/snapped", { method: "PUT", body: { sizeBytes: MiB } });
+    await putDisk(builder, "snapped", MiB);
     storage.failPuts(1, 1); // the retry keeps the snapshot running for half a second
     const snapshot = snapshotToEnd(builder, storage, { diskId: "snapped" });
     await new Promise((resolve) => setTimeout(resolve, 200));
@@ -61,13 +62,13 @@ describe("restores and the jobs sharing a disk", () => {
   });
 
   it("refuses runs, snapshots, other restores and deletion while a restore runs, and accepts them after", async () => {
-    await signedFetch(builder, "/v1/disks/restoring", { method: "PUT", body: { sizeBytes: MiB } });
+    await putDisk(builder, "restoring", MiB);
     const slow = storage.serve("slow", archive, 1_500);
     const restore = restoreToEnd(builder, { ...restoreBody("restoring", slow) });
     await new Promise((resolve) => setTimeout(resolve, 300));
 
     const disk = { id: "restoring", mountPath: "/data", sizeBytes: MiB };
-    const run = await signedFetch(builder, "/v1/jobs", { method: "POST", body: { command: "true", env: {}, timeoutSeconds: 10, memoryMb: 64, disk } });
+    const run = await signedFetch(builder, "/v1/jobs", { method: "POST", body: { tenant: TEST_TENANT, command: "true", env: {}, timeoutSeconds: 10, memoryMb: 64, disk } });
     await expectBusy(run, /^disk restoring is being restored; retry once the restore has ended$/);
     const snapshot = await signedFetch(builder, "/v1/snapshots", {
       method: "POST",
@@ -87,8 +88,8 @@ describe("restores and the jobs sharing a disk", () => {
 
 describe("cancelling a restore", () => {
   it("leaves the disk as it was and frees it for other jobs", async () => {
-    await signedFetch(builder, "/v1/disks/kept", { method: "PUT", body: { sizeBytes: MiB } });
-    await writeFile(join(builder.dataDir, "disks/kept/data/mine.txt"), "mine");
+    await putDisk(builder, "kept", MiB);
+    await writeFile(join(diskDataPath(builder.dataDir, "kept"), "mine.txt"), "mine");
     const submitted = await signedFetch(builder, "/v1/restores", {
       method: "POST",
       body: restoreBody("kept", storage.serve("never", archive, 5_000)),
@@ -98,39 +99,26 @@ describe("cancelling a restore", () => {
     const cancelled = await signedFetch(builder, `/v1/jobs/${id}/cancel`, { method: "POST" });
     expect(await cancelled.json()).toMatchObject({ status: "cancelled", result: null });
     expect((await jobStatus(builder, id)).status).toBe("cancelled");
-    expect(await readdir(join(builder.dataDir, "disks/kept"))).toEqual(["data", "disk.json"]);
-    expect(await readdir(join(builder.dataDir, "disks/kept/data"))).toEqual(["mine.txt"]);
+    expect(await readdir(join(builder.dataDir, "disks/kept"))).toEqual(diskFolderAtRest(builder.dataDir, "kept"));
+    expect(await readdir(diskDataPath(builder.dataDir, "kept"))).toEqual(["mine.txt"]);
     const run = await runToEnd(builder, { command: 'cat "$SVC_DISK_PATH/mine.txt"', disk: { id: "kept", mountPath: "/d", sizeBytes: MiB } });
     expect(run.log).toContain("out mine");
   });
 });
 
-describe("restores under BUILDER_JOB_USER", () => {
-  let isolated: BuilderProcess;
-  let isolatedStorage: FakeStorage;
-  let dataDir: string;
-  beforeAll(async () => {
-    dataDir = await mkdtemp(join(tmpdir(), "svc-builder-restore-user-"));
-    await chmod(dataDir, 0o711);
-    isolated = await startBuilder({ dataDir, env: { BUILDER_JOB_USER: "65534:65534" } });
-    isolatedStorage = await startFakeStorage(isolated.secret);
-  });
-  afterAll(async () => {
-    await isolatedStorage?.close();
-    await isolated?.stop();
-    await rm(dataDir, { recursive: true, force: true });
-  });
-
-  it("gives the restored files to the job user, so the next job can change them", async () => {
-    await signedFetch(isolated, "/v1/disks/owned", { method: "PUT", body: { sizeBytes: MiB } });
-    const { status, log } = await restoreToEnd(isolated, restoreBody("owned", isolatedStorage.serve("owned", archive)));
+describe("restored files belong to the disk's tenant", () => {
+  it("gives them to the user the tenant's jobs run as, so the next job can change them", async () => {
+    await putDisk(builder, "owned", MiB);
+    const { status, log } = await restoreToEnd(builder, restoreBody("owned", storage.serve("owned", archive)));
     expect(status.status, log).toBe("succeeded");
-    const data = join(dataDir, "disks/owned/data");
+    const whoami = await runToEnd(builder, { command: "id -u" });
+    const uid = Number(/ out (\d+)$/m.exec(whoami.log)?.[1]);
+    const data = diskDataPath(builder.dataDir, "owned");
     for (const path of [data, join(data, "dir"), join(data, "dir/file.txt")]) {
-      expect((await stat(path)).uid, path).toBe(65534);
+      expect((await stat(path)).uid, path).toBe(uid);
     }
     expect((await stat(data)).mode & 0o777).toBe(0o700);
-    const edit = await runToEnd(isolated, {
+    const edit = await runToEnd(builder, {
       command: 'echo changed >> "$SVC_DISK_PATH/dir/file.txt" && mkdir "$SVC_DISK_PATH/dir/new" && cat "$SVC_DISK_PATH/dir/file.txt"',
       disk: { id: "owned", mountPath: "/data", sizeBytes: MiB },
     });
@@ -140,30 +128,43 @@ describe("restores under BUILDER_JOB_USER", () => {
 });
 
 describe("restores a crash interrupted", () => {
+  /**
+   * Lays out, with disks a real builder made, what a crash leaves in the middle
+   * of a swap: the staging data renamed into place but the old data still
+   * `previous-<job>` (not committed), or the old data already `trash-<job>`
+   * (committed). Works for both ways of keeping disks (image files or folders).
+   */
   it("rolls back a swap that did not commit and finishes one that did, at the next start", async () => {
     const dataDir = await mkdtemp(join(tmpdir(), "svc-builder-crash-"));
-    const meta = JSON.stringify({ sizeBytes: MiB, createdAt: new Date().toISOString() });
-    const layout: Record<string, string> = {
-      // Crashed between "staging → data" and the commit: the old data must come back.
-      "uncommitted/data/new.txt": "restored copy",
-      "uncommitted/previous-job_000000000000000000000001/old.txt": "old data",
-      "uncommitted/staging-job_000000000000000000000002/x": "an abandoned staging directory",
-      // Crashed after the commit, while deleting the old data: the new data stays.
-      "committed/data/new.txt": "restored copy",
-      "committed/trash-job_000000000000000000000003/old.txt": "old data",
-    };
-    for (const [path, content] of Object.entries(layout)) {
-      await mkdir(join(dataDir, "disks", path, ".."), { recursive: true });
-      await writeFile(join(dataDir, "disks", path), content);
+    const first = await startBuilder({ dataDir });
+    for (const [id, file] of [["uncommitted", "old.txt"], ["committed", "old.txt"], ["new-a", "new.txt"], ["new-b", "new.txt"]] as const) {
+      await putDisk(first, id, MiB);
+      const wrote = await runToEnd(first, { command: `echo ${id} > "$SVC_DISK_PATH/${file}"`, disk: { id, mountPath: "/data", sizeBytes: MiB } });
+      expect(wrote.status.status, wrote.log).toBe("succeeded");
     }
-    for (const id of ["uncommitted", "committed"]) await writeFile(join(dataDir, "disks", id, "disk.json"), meta);
+    const images = existsSync(join(dataDir, "disks/uncommitted/disk.img"));
+    await first.stop();
+    const disks = join(dataDir, "disks");
+    const data = (id: string) => join(disks, id, images ? "disk.img" : "data");
+    const named = (id: string, name: string) => join(disks, id, `${name}${images ? ".img" : ""}`);
+    // Not committed: the old data is `previous-…`, the restored data already in its place, staging left over.
+    await rename(data("uncommitted"), named("uncommitted", "previous-job_000000000000000000000001"));
+    await rename(data("new-a"), data("uncommitted"));
+    await mkdir(join(disks, "uncommitted/staging-job_000000000000000000000002"));
+    // Committed: the old data is `trash-…`, being deleted when the builder stopped.
+    await rename(data("committed"), named("committed", "trash-job_000000000000000000000003"));
+    await rename(data("new-b"), data("committed"));
+    for (const id of ["new-a", "new-b"]) await rm(join(disks, id), { recursive: true });
     const restarted = await startBuilder({ dataDir });
     try {
-      expect(await readFile(join(dataDir, "disks/uncommitted/data/old.txt"), "utf8")).toBe("old data");
-      expect(await readdir(join(dataDir, "disks/uncommitted/data"))).toEqual(["old.txt"]);
-      expect(await readdir(join(dataDir, "disks/committed/data"))).toEqual(["new.txt"]);
+      const read = async (id: string) => (await runToEnd(restarted, { command: 'ls "$SVC_DISK_PATH"; cat "$SVC_DISK_PATH"/*', disk: { id, mountPath: "/data", sizeBytes: MiB } })).log;
+      const uncommitted = await read("uncommitted");
+      expect(uncommitted).toMatch(/ out old\.txt$/m);
+      expect(uncommitted).toMatch(/ out uncommitted$/m);
+      expect(uncommitted).not.toContain("new.txt");
+      expect(await read("committed")).toMatch(/ out new\.txt\n.* out new-b$/m);
       for (const id of ["uncommitted", "committed"]) {
-        await expect.poll(() => readdir(join(dataDir, "disks", id))).toEqual(["data", "disk.json"]);
+        await expect.poll(() => readdir(join(disks, id))).toEqual(diskFolderAtRest(dataDir, id));
       }
     } finally {
       await restarted.stop();

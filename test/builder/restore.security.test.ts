@@ -7,7 +7,7 @@ import { pipeline } from "node:stream/promises";
 import { createGzip, gzipSync } from "node:zlib";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { RestoreSpec } from "../../builder/src/protocol.js";
-import { type BuilderProcess, signedFetch, startBuilder } from "./builder-process.js";
+import { type BuilderProcess, diskDataPath, diskFolderAtRest, putDisk, startBuilder } from "./builder-process.js";
 import { type FakeStorage, describeTree, restoreToEnd, startFakeStorage } from "./snapshot-storage.js";
 
 const MiB = 1024 * 1024;
@@ -76,9 +76,9 @@ beforeAll(async () => {
   builder = await startBuilder();
   storage = await startFakeStorage(builder.secret);
   sentinel = await mkdtemp(join(tmpdir(), "svc-sentinel-"));
-  const created = await signedFetch(builder, "/v1/disks/victim", { method: "PUT", body: { sizeBytes: MiB } });
+  const created = await putDisk(builder, "victim", MiB);
   expect(created.status).toBe(201);
-  victim = join(builder.dataDir, "disks/victim/data");
+  victim = diskDataPath(builder.dataDir, "victim");
   await mkdir(join(victim, "sub/inner"), { recursive: true });
   await writeFile(join(victim, "sub/inner/data.bin"), randomBytes(4096));
   await writeFile(join(victim, "keep.txt"), "the disk's own data\n", { mode: 0o640 });
@@ -166,7 +166,7 @@ describe("POST /v1/restores refuses hostile archives whole", () => {
     // Refusals come at the first bad byte: a bomb never gets to expand.
     expect(Date.parse(status.finishedAt!) - Date.parse(status.startedAt!)).toBeLessThan(5_000);
     expect(await describeTree(victim)).toEqual(original);
-    expect(await readdir(join(builder.dataDir, "disks/victim"))).toEqual(["data", "disk.json"]);
+    expect(await readdir(join(builder.dataDir, "disks/victim"))).toEqual(diskFolderAtRest(builder.dataDir, "victim"));
     expect(await readdir(join(builder.dataDir, "disks"))).toEqual(["victim"]);
     expect(await readdir(sentinel)).toEqual([]);
   });
@@ -188,6 +188,6 @@ describe("POST /v1/restores refuses hostile archives whole", () => {
     const missing = await restoreToEnd(builder, { diskId: "victim", archiveUrl: `${storage.url}/archives/none`, expectedSizeBytes: 10 });
     expect(missing.status.error).toBe("archive download failed: HTTP 404");
     expect(await describeTree(victim)).toEqual(original);
-    expect(await readdir(join(builder.dataDir, "disks/victim"))).toEqual(["data", "disk.json"]);
+    expect(await readdir(join(builder.dataDir, "disks/victim"))).toEqual(diskFolderAtRest(builder.dataDir, "victim"));
   });
 });

@@ -1,9 +1,6 @@
-import { chmod, mkdtemp, rm } from "node:fs/promises";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { HEADER_TIMESTAMP, parseLogLine, signRequest } from "../../builder/src/protocol.js";
-import { type BuilderProcess, runToEnd, signedFetch, startBuilder } from "./builder-process.js";
+import { type BuilderProcess, putDisk, runToEnd, signedFetch, startBuilder } from "./builder-process.js";
 
 let builder: BuilderProcess;
 beforeAll(async () => {
@@ -49,7 +46,7 @@ describe("request signatures", () => {
   });
 
   it("answers 401 to a replayed request (same headers twice)", async () => {
-    const body = '{"sizeBytes":1048576}';
+    const body = '{"sizeBytes":1048576,"tenant":"acct_test"}';
     const headers = await signRequest({ secret: builder.secret, method: "PUT", path: "/v1/disks/replay", body });
     const first = await fetch(`${builder.url}/v1/disks/replay`, { method: "PUT", headers, body });
     expect(first.status).toBe(201);
@@ -63,32 +60,54 @@ describe("request signatures", () => {
   });
 });
 
-describe("job user (BUILDER_JOB_USER)", () => {
-  let isolated: BuilderProcess;
-  let dataDir: string;
-  beforeAll(async () => {
-    dataDir = await mkdtemp(join(tmpdir(), "svc-builder-user-"));
-    await chmod(dataDir, 0o711); // the job user must be able to traverse to its working directory
-    isolated = await startBuilder({ dataDir, env: { BUILDER_JOB_USER: "65534:65534" } });
-  });
-  afterAll(async () => {
-    await isolated?.stop();
-    await rm(dataDir, { recursive: true, force: true });
+describe("tenants", () => {
+  const other = "acct_other";
+
+  it.runIf(process.getuid?.() === 0)("runs each tenant's jobs as its own unprivileged user", async () => {
+    const mine = await runToEnd(builder, { command: "id -u; id -G" });
+    const theirs = await runToEnd(builder, { command: "id -u", tenant: other });
+    const [uid, groups] = outLines(mine.log);
+    expect(Number(uid)).toBeGreaterThanOrEqual(2_000_000);
+    expect(groups).toBe(uid);
+    expect(outLines(theirs.log)[0]).not.toBe(uid);
   });
 
-  it("runs commands unprivileged, so the builder's environment stays unreadable", async () => {
-    const { status, log } = await runToEnd(isolated, {
-      command: 'id -u; touch "$HOME/x" && echo home-writable; echo data > "$SVC_DISK_PATH/f" && echo disk-writable; cat /proc/$PPID/environ; ls ..',
-      disk: { id: "user_disk", mountPath: "/data", sizeBytes: 1024 * 1024 },
+  it("refuses a job naming a disk that belongs to another tenant, and the disk route likewise", async () => {
+    expect((await putDisk(builder, "theirs", 1024 * 1024, other)).status).toBe(201);
+    const stolen = await runToEnd(builder, {
+      command: 'ls "$SVC_DISK_PATH"',
+      disk: { id: "theirs", mountPath: "/data", sizeBytes: 1024 * 1024 },
     });
-    const out = log
-      .split("\n")
-      .map((line) => parseLogLine(line))
-      .filter((record) => record?.stream === "out")
-      .map((record) => record!.text);
-    expect(out).toEqual(["65534", "home-writable", "disk-writable"]);
-    expect(log).toContain("Permission denied");
-    expect(log).not.toContain(isolated.secret);
-    expect(status).toMatchObject({ status: "failed", reason: "exit_code" });
+    expect(stolen.status).toMatchObject({ status: "failed", reason: "error", error: "disk theirs belongs to another tenant" });
+    expect(outLines(stolen.log)).toEqual([]);
+    const taken = await putDisk(builder, "theirs", 2 * 1024 * 1024);
+    expect(taken.status).toBe(409);
+  });
+
+  it("shows a job none of the builder: not its files, processes, environment or secret", async () => {
+    const { status, log } = await runToEnd(builder, {
+      command: [
+        `ls ${builder.dataDir} 2>&1 | head -1`,
+        "ls /proc | grep -c '^[0-9]'",
+        "cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c BUILDER_SECRET",
+        "echo done",
+      ].join("; "),
+    });
+    expect(status.status, log).toBe("succeeded");
+    const [listing, processes, secrets, done] = outLines(log);
+    expect(listing).toMatch(/No such file or directory/);
+    // The prelude's shell is gone (exec); what is left is bubblewrap's init, the shell, and the pipeline.
+    expect(Number(processes)).toBeLessThan(8);
+    expect(secrets).toBe("0");
+    expect(done).toBe("done");
+    expect(log).not.toContain(builder.secret);
   });
 });
+
+function outLines(log: string): string[] {
+  return log
+    .split("\n")
+    .map((line) => parseLogLine(line))
+    .filter((record) => record?.stream === "out")
+    .map((record) => record!.text);
+}

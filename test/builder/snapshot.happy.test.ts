@@ -7,7 +7,7 @@ import { join } from "node:path";
 import { gunzipSync } from "node:zlib";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { SnapshotResult } from "../../builder/src/protocol.js";
-import { type BuilderProcess, followLog, jobStatus, runToEnd, signedFetch, startBuilder } from "./builder-process.js";
+import { type BuilderProcess, diskDataPath, diskFolderAtRest, followLog, jobStatus, putDisk, runToEnd, signedFetch, startBuilder } from "./builder-process.js";
 import { type FakeStorage, describeTree, restoreToEnd, snapshotToEnd, startFakeStorage } from "./snapshot-storage.js";
 
 const MiB = 1024 * 1024;
@@ -31,9 +31,9 @@ async function freshStorage(): Promise<FakeStorage> {
 }
 
 async function createDisk(id: string, sizeBytes = 64 * MiB): Promise<string> {
-  const response = await signedFetch(builder, `/v1/disks/${id}`, { method: "PUT", body: { sizeBytes } });
+  const response = await putDisk(builder, id, sizeBytes);
   expect(response.status).toBeLessThan(300);
-  return join(builder.dataDir, "disks", id, "data");
+  return diskDataPath(builder.dataDir, id);
 }
 
 /** Every member `tar tzf` (system GNU tar) lists. */
@@ -115,7 +115,7 @@ describe("POST /v1/snapshots and /v1/restores", () => {
     expect(await describeTree(data)).toEqual(original);
     const [small, hard] = await Promise.all([stat(join(data, "a/b/c/small.txt")), stat(join(data, "a/hardlink.txt"))]);
     expect(hard.ino).toBe(small.ino);
-    await expect.poll(() => readdir(join(builder.dataDir, "disks/round"))).toEqual(["data", "disk.json"]);
+    await expect.poll(() => readdir(join(builder.dataDir, "disks/round"))).toEqual(diskFolderAtRest(builder.dataDir, "round"));
 
     const after = await runToEnd(builder, {
       command: 'cat "$SVC_DISK_PATH/café/naïve-文件.txt" && "$SVC_DISK_PATH/bin/run.sh"',

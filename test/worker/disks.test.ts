@@ -69,10 +69,19 @@ describe("/v1/disks", () => {
       { name: "x", sizeGb: 1.5 },
       { name: "x", sizeGb: 1, mountPath: "relative" },
       { name: "x", sizeGb: 1, mountPath: "/a/../../etc" },
+      { name: "x", sizeGb: 1, mountPath: "/" },
+      { name: "x", sizeGb: 1, mountPath: "/etc/app" },
+      { name: "x", sizeGb: 1, mountPath: "/proc" },
+      { name: "x", sizeGb: 1, mountPath: "/tmp/cache" },
       { name: "Bad Name", sizeGb: 1 },
     ]) {
       expect((await call("/v1/disks", { method: "POST", key, body })).status, JSON.stringify(body)).toBe(400);
     }
+    const sandboxPath = await call("/v1/disks", { method: "POST", key, body: { name: "x", sizeGb: 1, mountPath: "/usr/data" } });
+    expect((await json<ErrorJson>(sandboxPath)).error).toMatchObject({
+      code: "VALIDATION_ERROR",
+      details: [{ field: "mountPath", message: "/usr belongs to the job's sandbox; choose another path, e.g. /data" }],
+    });
     const attachMissing = await call("/v1/disks/shared/attach", { method: "POST", key, body: { app: "no-such-app" } });
     expect((await json<ErrorJson>(attachMissing)).error.message).toBe("app not found");
     await call("/v1/disks/shared/detach", { method: "POST", key });

@@ -1,4 +1,5 @@
 import { createRoute, z } from "@hono/zod-openapi";
+import { mountPathProblem } from "../../builder/src/protocol";
 import { requireScope } from "../auth/middleware";
 import { DISK_STATUSES } from "../db/schema";
 import { authErrors, errorResponse, jsonBody, newRouter } from "../lib/router";
@@ -25,8 +26,11 @@ const MountPath = z
   .string()
   .max(255)
   .regex(/^\/[A-Za-z0-9._\-/]*$/, "must be an absolute path of letters, digits, '.', '_', '-' and '/'")
-  .refine((p) => !p.split("/").includes(".."), "must not contain '..'")
-  .refine((p) => p !== "/", "must not be the root directory");
+  .superRefine((path, context) => {
+    // Jobs see the disk at this path inside their sandbox, whose own directories it may not cover.
+    const problem = mountPathProblem(path);
+    if (problem) context.addIssue({ code: "custom", message: problem });
+  });
 
 const CreateDiskBody = z
   .strictObject({

@@ -103,7 +103,7 @@ export async function createDisk(
     if (isUniqueViolation(err)) throw new ApiError("NAME_TAKEN", `a disk named "${input.name}" already exists`);
     throw err;
   }
-  const provisioned = await provisionDisk(config, row.id, { sizeBytes: row.sizeGb * GIB }).catch(async (err: unknown) => {
+  const provisioned = await provisionDisk(config, row.id, { sizeBytes: row.sizeGb * GIB, tenant: row.accountId }).catch(async (err: unknown) => {
     await db.delete(disks).where(eq(disks.id, row.id));
     throw err;
   });

@@ -11,6 +11,7 @@
 import { constants } from "node:fs";
 import { access, chown, lstat, mkdir, realpath, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
+import { FsImages, IMAGE_DATA_DIR } from "../fs-image.js";
 import {
   COMMON_OUTPUT_DIRS,
   FRAMEWORK_NAMES,
@@ -26,22 +27,24 @@ import {
 } from "../detect.js";
 import type { JobOutcome } from "../job-manager.js";
 import { type BuildResult, type BuildSpec, projectDir } from "../protocol.js";
+import type { SandboxHost } from "../sandbox-host.js";
 import {
-  type CgroupV2,
   DEFAULT_PATH,
   type JobLog,
   type JobUser,
+  SANDBOX_TOOLS_DIR,
+  SANDBOX_WORK_DIR,
   type SandboxOutcome,
   formatBytes,
   runInSandbox,
 } from "../sandbox.js";
-import { fetchSourceArchive } from "../source-archive.js";
+import { downloadSource } from "../source-archive.js";
 import { projectFiles, realDirInside } from "../static/files.js";
 import { buildManifest } from "../static/manifest.js";
 import { parseSvcJson } from "../static/project-config.js";
 import { CONTAINER_FILES, generateServerFiles } from "../static/server-config.js";
 import { uploadMissingBlobs } from "../static/upload.js";
-import { failure, finish, interrupted, removeWorkDir } from "./run.js";
+import { failure, finish, interrupted } from "./run.js";
 
 /** Inputs of {@link runBuild}. */
 export interface BuildJobInput {
@@ -50,8 +53,11 @@ export interface BuildJobInput {
   /** `jobs/<id>`; the build works in `jobs/<id>/work`, removed when it ends. */
   jobDir: string;
   log: JobLog;
-  cgroups: CgroupV2 | null;
-  user: JobUser | null;
+  host: SandboxHost;
+  /** The tenant's user. */
+  user: JobUser;
+  /** Room for the project, its dependencies and its output (a filesystem of this size when the builder can make one). */
+  scratchBytes: number;
   /** Signs the requests to the Worker's blobs endpoint. */
   secret: string;
   /** The package mirror (the builder's NPM_CONFIG_REGISTRY), or null for the package managers' default. */
@@ -102,7 +108,9 @@ type Decision<T> = { ok: true; value: T } | { ok: false; error: string };
  */
 export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
   const { spec, log } = input;
-  const workDir = join(input.jobDir, "work");
+  const scratch = join(input.jobDir, "scratch");
+  const workDir = join(scratch, IMAGE_DATA_DIR);
+  const homeDir = join(scratch, "home");
   const toolsDir = join(input.jobDir, "tools");
   const deadline = Date.now() + spec.timeoutSeconds * 1000;
   const timeout = AbortSignal.timeout(spec.timeoutSeconds * 1000);
@@ -114,19 +122,35 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
     return finish(log, failure("error", error));
   };
   let peakMemoryBytes = 0;
-  try {
-    await mkdir(workDir, { mode: 0o700 });
-    if (input.user) await chown(workDir, input.user.uid, input.user.gid);
-
-    const source = await fetchSourceArchive({
-      url: spec.sourceUrl,
-      jobDir: input.jobDir,
-      workDir,
+  let sourceArchive: string | null = null;
+  /** Runs one step in the job's sandbox, under its limits, for what is left of its time. */
+  const sandboxed = (command: string, env: Record<string, string>, options: { network: "registry" | "none"; tools: string | null }) =>
+    runInSandbox({
+      host: input.host,
+      jobId: input.id,
+      command,
+      env,
       user: input.user,
+      work: { path: workDir, home: homeDir },
+      source: sourceArchive,
+      network: options.network,
+      tools: options.tools,
+      timeoutMs: Math.max(1, deadline - Date.now()),
+      memoryLimitBytes: spec.memoryMb * 1024 * 1024,
+      disk: null,
       log,
-      signal,
+      signal: input.signal,
     });
+  try {
+    await createScratch(input, scratch, homeDir);
+    const source = await downloadSource({ url: spec.sourceUrl, jobDir: input.jobDir, user: input.user, log, signal });
     if (!source.ok) return fail(source.error);
+    // Unpacked in the sandbox: the archive can reach nothing but the scratch space.
+    sourceArchive = source.path;
+    const unpacked = await sandboxed("true", {}, { network: "none", tools: null });
+    sourceArchive = null;
+    await rm(source.path, { force: true });
+    if (unpacked.reason !== null) return fail(unpacked.error ?? "the source archive could not be unpacked");
     const root = await realpath(workDir);
     const files = projectFiles(root);
 
@@ -139,22 +163,10 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
     const searchPath = spec.env.PATH ?? DEFAULT_PATH;
     const registry = registryEnv(input.npmRegistry);
 
-    // Step runner: the sandbox, under the job's limits, for what is left of its time.
+    // Step runner: the sandbox, reaching only the package registry.
     const step = async (what: string, command: string, env: Record<string, string>): Promise<SandboxOutcome | null> => {
       const started = Date.now();
-      const outcome = await runInSandbox({
-        jobId: input.id,
-        command,
-        env,
-        workDir,
-        timeoutMs: Math.max(1, deadline - Date.now()),
-        memoryLimitBytes: spec.memoryMb * 1024 * 1024,
-        disk: null,
-        user: input.user,
-        cgroups: input.cgroups,
-        log,
-        signal: input.signal,
-      });
+      const outcome = await sandboxed(command, env, { network: "registry", tools: plan.install?.viaNpx ? toolsDir : null });
       peakMemoryBytes = Math.max(peakMemoryBytes, outcome.peakMemoryBytes);
       if (outcome.reason === null) {
         log.note(`${what} finished in ${((Date.now() - started) / 1000).toFixed(1)} s`);
@@ -174,12 +186,12 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
       await mkdir(toolsDir, { mode: 0o755 }); // in the builder's own job folder: the job cannot plant links there
       const shim = `#!/bin/sh\nexec npx --yes ${plan.install.viaNpx} "$@"\n`;
       await writeFile(join(toolsDir, plan.install.packageManager), shim, { mode: 0o755 });
-      toolsPath = `${toolsDir}:${searchPath}`;
+      toolsPath = `${SANDBOX_TOOLS_DIR}:${searchPath}`;
     }
 
     if (plan.install) {
       const { packageManager, lockfile, command, viaNpx } = plan.install;
-      const from = input.npmRegistry ? `the registry mirror ${input.npmRegistry}` : "the default registry";
+      const from = `${input.npmRegistry ? `the registry mirror ${input.npmRegistry}` : `the registry ${input.host.registry.allowed}`} (the only host builds can reach)`;
       const through = viaNpx ? ` (${packageManager} is not installed: running ${viaNpx} through npx)` : "";
       log.note(`installing dependencies from ${lockfile} with ${packageManager}${through} from ${from}`);
       log.note(`$ ${command}`);
@@ -193,7 +205,7 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
       log.note(`building with a memory limit of ${spec.memoryMb} MiB`);
       log.note(`$ ${plan.buildCommand}`);
       // Like `npm run`: the project's installed CLIs (vite, astro, …) are on the PATH.
-      const path = `${join(workDir, "node_modules", ".bin")}:${toolsPath}`;
+      const path = `${SANDBOX_WORK_DIR}/node_modules/.bin:${toolsPath}`;
       const env = { NODE_ENV: "production", CI: "true", ...spec.env, ...registry, PATH: path };
       const failed = await step("the build", plan.buildCommand, env);
       if (failed) return finish(log, failed);
@@ -252,9 +264,34 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
     const ran = plan.install !== null || plan.buildCommand !== null;
     return { ...finish(log, { exitCode: ran ? 0 : null, signal: null, reason: null, error: null, peakMemoryBytes }), result };
   } finally {
-    await removeWorkDir(workDir);
+    await removeScratch(input.host, scratch);
     await rm(toolsDir, { recursive: true, force: true });
   }
+}
+
+/**
+ * The build's room: a filesystem of `scratchBytes` (or a plain folder when the
+ * builder cannot make one) holding the project (`data/`, the sandbox's /work)
+ * and HOME (`home/`, for package manager caches), both owned by the tenant.
+ */
+async function createScratch(input: BuildJobInput, scratch: string, homeDir: string): Promise<void> {
+  if (input.host.images) {
+    await FsImages.create(`${scratch}.img`, scratch, input.scratchBytes, input.user);
+  } else {
+    await mkdir(scratch, { mode: 0o711 });
+    await mkdir(join(scratch, IMAGE_DATA_DIR), { mode: 0o700 });
+    await chown(join(scratch, IMAGE_DATA_DIR), input.user.uid, input.user.gid);
+  }
+  await mkdir(homeDir, { mode: 0o700 });
+  await chown(homeDir, input.user.uid, input.user.gid);
+}
+
+async function removeScratch(host: SandboxHost, scratch: string): Promise<void> {
+  if (host.images) {
+    await FsImages.unmount(scratch).catch((error: unknown) => console.error(`builder: ${String(error)}`));
+    await rm(`${scratch}.img`, { force: true });
+  }
+  await rm(scratch, { recursive: true, force: true });
 }
 
 /**

@@ -62,7 +62,7 @@ export async function restoreJob(input: RestoreJobInput): Promise<JobOutcome> {
   } catch (error) {
     return failed(log, signal, describe(error));
   } finally {
-    await rm(staging, { recursive: true, force: true });
+    await disks.discardStaging(spec.diskId, input.id);
   }
 }
 

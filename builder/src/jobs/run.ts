@@ -1,83 +1,86 @@
 /**
  * The "run" job: a user command (cron run, one-off task) in the app's
- * environment, with its source and disk. A plain function of its inputs, so
- * the HTTP layer and the queue stay out of it and other jobs can reuse its steps.
+ * environment, with its source and disk, in a sandbox of its own. A plain
+ * function of its inputs, so the HTTP layer and the queue stay out of it and
+ * other jobs can reuse its steps.
  */
-import { chown, mkdir, rm, rmdir } from "node:fs/promises";
-import { join } from "node:path";
+import { rm, rmdir } from "node:fs/promises";
 import type { DiskStore } from "../disks.js";
 import type { JobSpec } from "../protocol.js";
-import { type CgroupV2, type JobLog, type JobUser, type SandboxOutcome, runInSandbox } from "../sandbox.js";
-import { fetchSourceArchive } from "../source-archive.js";
+import type { SandboxHost } from "../sandbox-host.js";
+import { type JobLog, type JobUser, type SandboxOutcome, runInSandbox } from "../sandbox.js";
+import { downloadSource } from "../source-archive.js";
 
 /** Inputs of {@link runJob}. */
 export interface RunJobInput {
   id: string;
   spec: JobSpec;
-  /** `jobs/<id>`; the job works in `jobs/<id>/work`, removed when it ends. */
+  /** `jobs/<id>`: the source archive is downloaded here. */
   jobDir: string;
   log: JobLog;
   disks: DiskStore;
-  cgroups: CgroupV2 | null;
-  user: JobUser | null;
+  host: SandboxHost;
+  /** The tenant's user. */
+  user: JobUser;
   /** Aborting cancels the job (reason "shutdown" when the builder stops). */
   signal: AbortSignal;
 }
 
 /**
- * Prepares the working directory (source archive, disk), runs the command in
- * the sandbox and writes the outcome as the log's last line, so a log read on
- * its own says how the run ended.
+ * Prepares the disk and the source, runs the command in its sandbox and writes
+ * the outcome as the log's last line, so a log read on its own says how the run
+ * ended. The working directory lives in memory (it counts against the job's
+ * memory limit) and disappears with the sandbox.
  */
 export async function runJob(input: RunJobInput): Promise<SandboxOutcome> {
   const { spec, log } = input;
-  const workDir = join(input.jobDir, "work");
   const deadline = Date.now() + spec.timeoutSeconds * 1000;
+  let source: string | null = null;
   try {
-    await mkdir(workDir, { mode: 0o700 });
-    if (input.user) await chown(workDir, input.user.uid, input.user.gid);
-    const disk = spec.disk
-      ? {
-          path: input.disks.dataPath(spec.disk.id),
-          mountPath: spec.disk.mountPath,
-          quotaBytes: (await input.disks.put(spec.disk.id, spec.disk.sizeBytes)).info.sizeBytes,
-        }
-      : null;
-
+    let disk = null;
+    if (spec.disk) {
+      await input.disks.ensure(spec.disk.id, spec.disk.sizeBytes, spec.tenant);
+      disk = { path: input.disks.dataPath(spec.disk.id), mountPath: spec.disk.mountPath, quotaBytes: spec.disk.sizeBytes };
+    }
     if (spec.sourceUrl) {
       const timeout = AbortSignal.timeout(spec.timeoutSeconds * 1000);
-      const source = await fetchSourceArchive({
+      const downloaded = await downloadSource({
         url: spec.sourceUrl,
         jobDir: input.jobDir,
-        workDir,
         user: input.user,
         log,
         signal: AbortSignal.any([input.signal, timeout]),
       });
-      if (!source.ok) {
+      if (!downloaded.ok) {
         if (input.signal.aborted) return finish(log, interrupted(input.signal));
         if (timeout.aborted) return finish(log, failure("timeout", `timed out after ${spec.timeoutSeconds} s`));
-        return finish(log, failure("error", source.error));
+        return finish(log, failure("error", downloaded.error));
       }
+      source = downloaded.path;
     }
-
+    const memoryLimitBytes = spec.memoryMb * 1024 * 1024;
     const outcome = await runInSandbox({
+      host: input.host,
       jobId: input.id,
       command: spec.command,
       env: spec.env,
-      workDir,
-      timeoutMs: Math.max(1, deadline - Date.now()),
-      memoryLimitBytes: spec.memoryMb * 1024 * 1024,
-      disk,
       user: input.user,
-      cgroups: input.cgroups,
+      work: { tmpfsBytes: memoryLimitBytes },
+      source,
+      network: "egress",
+      tools: null,
+      timeoutMs: Math.max(1, deadline - Date.now()),
+      memoryLimitBytes,
+      disk,
       log,
       signal: input.signal,
     });
     if (outcome.reason === "timeout") outcome.error = `timed out after ${spec.timeoutSeconds} s`;
     return finish(log, outcome);
+  } catch (error) {
+    return finish(log, failure("error", error instanceof Error ? error.message : String(error)));
   } finally {
-    await removeWorkDir(workDir);
+    if (source) await rm(source, { force: true });
   }
 }
 

@@ -1,0 +1,139 @@
+/**
+ * Filesystems with a hard size: sparse ext4 image files, loop-mounted. A disk's
+ * quota and a build's scratch space are such filesystems, so a job that writes
+ * past its limit gets ENOSPC from the kernel at once instead of being caught by
+ * a later measurement.
+ *
+ * An image is made a little larger than asked (ext4 spends some blocks on its
+ * own structures) and a root-owned file `.svc-reserve` in the filesystem's root,
+ * outside the `data/` folder jobs see, takes up the surplus, so exactly the
+ * asked number of bytes stays free for data. Changing the size moves the
+ * reserve (growing the image with resize2fs when it has to), so nothing is
+ * ever unmounted to resize.
+ *
+ * Loop mounts need root (CAP_SYS_ADMIN) and loop devices; `FsImages.probe`
+ * says whether this host has them.
+ */
+import { execFile } from "node:child_process";
+import { chown, mkdir, open, stat, statfs, truncate } from "node:fs/promises";
+import { join } from "node:path";
+import { promisify } from "node:util";
+import type { JobUser } from "./sandbox.js";
+
+const run = promisify(execFile);
+const MIB = 1024 * 1024;
+const RESERVE_FILE = ".svc-reserve";
+/** Folder of the image's root that holds what jobs see. */
+export const IMAGE_DATA_DIR = "data";
+
+/** Runs a system tool; a failure carries its stderr's first line. */
+async function tool(command: string, args: string[]): Promise<string> {
+  try {
+    return (await run(command, args, { timeout: 120_000 })).stdout;
+  } catch (error) {
+    const stderr = (error as { stderr?: string }).stderr?.trim().split("\n")[0];
+    throw new Error(`${command} ${args[0] ?? ""} failed: ${stderr || (error as Error).message}`);
+  }
+}
+
+/** Bytes free for an unprivileged writer. */
+async function freeBytes(dir: string): Promise<number> {
+  const fs = await statfs(dir);
+  return fs.bavail * fs.bsize;
+}
+
+async function fileSize(path: string): Promise<number> {
+  return stat(path).then(
+    (s) => s.size,
+    () => 0,
+  );
+}
+
+/** Whether `dir` is a mount point (a different device than its parent). */
+export async function isMountPoint(dir: string): Promise<boolean> {
+  try {
+    const [self, parent] = await Promise.all([stat(dir), stat(join(dir, ".."))]);
+    return self.dev !== parent.dev;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * Sizes the reserve file to `wanted` bytes; a negative wish first grows the
+ * image by at least that much. Growing is done offline (unmount, resize2fs on
+ * the image file, mount): resizing a mounted ext4 needs CAP_SYS_RESOURCE, which
+ * containers rarely grant. Unmounting fails while a job uses the disk; the
+ * caller then reports the disk busy.
+ */
+async function setReserve(image: string, dir: string, wanted: number): Promise<void> {
+  const reserve = join(dir, RESERVE_FILE);
+  let size = wanted;
+  if (size < 0) {
+    const before = await freeBytes(dir);
+    await tool("umount", [dir]);
+    try {
+      await truncate(image, (await fileSize(image)) + Math.ceil((-size * 1.05) / MIB + 2) * MIB);
+      await tool("e2fsck", ["-f", "-y", image]);
+      await tool("resize2fs", ["-f", image]);
+    } finally {
+      await FsImages.mount(image, dir);
+    }
+    size += (await freeBytes(dir)) - before;
+  }
+  const current = await fileSize(reserve);
+  if (size > current) await tool("fallocate", ["-l", String(size), reserve]);
+  else if (size < current) await truncate(reserve, Math.max(0, size));
+}
+
+export const FsImages = {
+  /** Null when loop-mounted images work here, else why not. */
+  async probe(): Promise<string | null> {
+    if (process.getuid?.() !== 0) return "the builder is not root (loop mounts need CAP_SYS_ADMIN)";
+    try {
+      await tool("mkfs.ext4", ["-V"]);
+      await tool("losetup", ["--version"]);
+    } catch {
+      return "mkfs.ext4 (e2fsprogs) or losetup (util-linux) is missing";
+    }
+    return null;
+  },
+
+  /**
+   * Creates `image` with room for `usableBytes` of data, mounts it at `dir` and
+   * creates `dir/data` owned by `owner` (mode 0700).
+   */
+  async create(image: string, dir: string, usableBytes: number, owner: JobUser): Promise<void> {
+    // ext4's own structures: inode tables (one inode per 16 KiB: ~1.6 %), the journal (up to 1 GiB on
+    // big filesystems), group descriptors. An estimate short of the truth only costs a resize below.
+    const journal = Math.min(Math.max(usableBytes / 32, 4 * MIB), 1024 * MIB);
+    const imageBytes = Math.ceil((usableBytes * 1.05 + journal + 8 * MIB) / MIB) * MIB;
+    const handle = await open(image, "wx", 0o600);
+    await handle.close();
+    await truncate(image, imageBytes);
+    await tool("mkfs.ext4", ["-q", "-F", "-m", "0", "-i", "16384", "-E", "lazy_itable_init=1,lazy_journal_init=1", image]);
+    await mkdir(dir, { recursive: true, mode: 0o711 });
+    await this.mount(image, dir);
+    await mkdir(join(dir, IMAGE_DATA_DIR), { mode: 0o700 });
+    await chown(join(dir, IMAGE_DATA_DIR), owner.uid, owner.gid);
+    await setReserve(image, dir, (await freeBytes(dir)) - usableBytes);
+  },
+
+  async mount(image: string, dir: string): Promise<void> {
+    await tool("mount", ["-o", "loop,nosuid,nodev", image, dir]);
+  },
+
+  /** Unmounts (the loop device goes with it); lazily, so a straggling reader cannot block a shutdown. */
+  async unmount(dir: string): Promise<void> {
+    if (await isMountPoint(dir)) await tool("umount", ["-l", dir]);
+  },
+
+  /**
+   * Changes the room for data from `fromBytes` to `toBytes` by moving the
+   * reserve (growing the image when the reserve cannot give enough), so data
+   * already on the disk is never in the way.
+   */
+  async resize(image: string, dir: string, fromBytes: number, toBytes: number): Promise<void> {
+    await setReserve(image, dir, (await fileSize(join(dir, RESERVE_FILE))) - (toBytes - fromBytes));
+  },
+};

@@ -1,0 +1,217 @@
+/**
+ * Outbound network for run jobs, "like an app would have it", and nothing
+ * host-local. Every run executes in a network namespace of its own, wired to a
+ * bridge of this builder by a veth pair and NATed to the outside; nftables
+ * rules on the host then drop whatever a job sends to the host itself (the
+ * builder's control port, wrangler, sshd, … on any address) and to private,
+ * loopback and link-local ranges (cloud metadata, the host's LAN), except DNS to
+ * the host's resolvers. Loopback inside the namespace is the job's own.
+ *
+ * Namespaces are created once and reused (a job's processes are all dead when
+ * its namespace returns to the pool, and a job has no privilege over the
+ * namespace's addresses or routes), so a run costs no `ip` call. Each builder
+ * claims its own /24 (10.213.N.0/24, a bridge `svcbrN`, an nftables table
+ * `svc_N`), recorded in /run/svc-builder so several builders can share a host.
+ *
+ * This needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN), iproute2 and nftables.
+ * Without them runs get no network at all (a namespace with only loopback), and
+ * the builder says so at startup.
+ */
+import { execFile } from "node:child_process";
+import { mkdir, open, readFile, readdir, rm } from "node:fs/promises";
+import { join } from "node:path";
+import { promisify } from "node:util";
+
+const run = promisify(execFile);
+const STATE_DIR = "/run/svc-builder";
+const NETNS_DIR = "/run/netns";
+const SUBNETS = 256;
+/** Hosts .2 to .254 of the /24. */
+const MAX_SLOTS = 253;
+
+/** Destinations a job may never reach (besides the host's own addresses). */
+const BLOCKED_RANGES = [
+  "0.0.0.0/8",
+  "10.0.0.0/8",
+  "100.64.0.0/10",
+  "127.0.0.0/8",
+  "169.254.0.0/16",
+  "172.16.0.0/12",
+  "192.0.0.0/24",
+  "192.168.0.0/16",
+  "198.18.0.0/15",
+  "224.0.0.0/3",
+];
+
+/** A namespace lent to one job; `release` returns it to the pool. */
+export interface NetworkSlot {
+  /** Path nsenter joins (`/run/netns/svc3-7`). */
+  path: string;
+  release(): void;
+}
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (error) {
+    return (error as NodeJS.ErrnoException).code === "EPERM";
+  }
+}
+
+/** Runs `ip` commands (one per line) in one process; `netns` runs them inside that namespace. */
+async function ip(script: string, netns?: string): Promise<void> {
+  const child = run("ip", [...(netns ? ["-n", netns] : []), "-batch", "-"], { timeout: 30_000 });
+  child.child.stdin?.end(script);
+  await child;
+}
+
+async function nft(script: string): Promise<void> {
+  const child = run("nft", ["-f", "-"], { timeout: 30_000 });
+  child.child.stdin?.end(script);
+  await child;
+}
+
+/** Nameservers of the host's resolv.conf, which jobs may query (DNS is the one private destination allowed). */
+export async function hostResolvers(path = "/etc/resolv.conf"): Promise<string[]> {
+  const text = await readFile(path, "utf8").catch(() => "");
+  return [...text.matchAll(/^\s*nameserver\s+(\d+\.\d+\.\d+\.\d+)\s*$/gm)].map((m) => m[1]!);
+}
+
+export class RunNetwork {
+  readonly #index: number;
+  readonly #free: string[] = [];
+  #created = 0;
+  #closed = false;
+
+  private constructor(index: number) {
+    this.#index = index;
+  }
+
+  /** Sets up this builder's bridge and rules, or answers why runs must go without network. */
+  static async open(): Promise<RunNetwork | { reason: string }> {
+    if (process.getuid?.() !== 0) return { reason: "runs have no network: the builder is not root (needs CAP_NET_ADMIN)" };
+    try {
+      await run("nft", ["--version"]);
+      await run("ip", ["-V"]);
+    } catch {
+      return { reason: "runs have no network: install iproute2 and nftables" };
+    }
+    const resolvers = (await hostResolvers()).filter((address) => !address.startsWith("127."));
+    try {
+      await mkdir(STATE_DIR, { recursive: true, mode: 0o711 });
+      const index = await claimSubnet();
+      const network = new RunNetwork(index);
+      await network.#removeLeftovers();
+      await network.#createBridge(resolvers);
+      return network;
+    } catch (error) {
+      return { reason: `runs have no network: ${error instanceof Error ? error.message.split("\n")[0] : String(error)}` };
+    }
+  }
+
+  get description(): string {
+    return `own network namespace per run, NAT through bridge ${this.#bridge} (10.213.${this.#index}.0/24); host and private addresses blocked`;
+  }
+
+  get #bridge(): string {
+    return `svcbr${this.#index}`;
+  }
+
+  /** A namespace for one run: a free one, or a new one while the /24 has room. */
+  async acquire(): Promise<NetworkSlot> {
+    let name = this.#free.pop();
+    if (name === undefined) {
+      if (this.#created >= MAX_SLOTS) throw new Error(`all ${MAX_SLOTS} run network namespaces are in use`);
+      const slot = ++this.#created;
+      name = `svc${this.#index}-${slot}`;
+      const host = `svc${this.#index}v${slot}`;
+      const net = `10.213.${this.#index}`;
+      await ip([`netns add ${name}`, `link add ${host} type veth peer name eth0 netns ${name}`, `link set ${host} master ${this.#bridge} up`].join("\n"));
+      await ip(
+        [`addr add ${net}.${slot + 1}/24 dev eth0`, "link set lo up", "link set eth0 up", `route add default via ${net}.1`].join("\n"),
+        name,
+      );
+    }
+    const taken = name;
+    let released = false;
+    return {
+      path: join(NETNS_DIR, taken),
+      release: () => {
+        if (released || this.#closed) return;
+        released = true;
+        this.#free.push(taken);
+      },
+    };
+  }
+
+  /** Removes the namespaces, bridge, rules and the claim. */
+  async close(): Promise<void> {
+    this.#closed = true;
+    await this.#removeLeftovers();
+    await rm(join(STATE_DIR, `net-${this.#index}.pid`), { force: true });
+  }
+
+  async #createBridge(resolvers: string[]): Promise<void> {
+    const bridge = this.#bridge;
+    const net = `10.213.${this.#index}`;
+    await ip([`link add ${bridge} type bridge`, `addr add ${net}.1/24 dev ${bridge}`, `link set ${bridge} up`].join("\n"));
+    await run("sysctl", ["-qw", "net.ipv4.ip_forward=1"]);
+    const dns = resolvers.length > 0 ? `iifname "${bridge}" ip daddr { ${resolvers.join(", ")} } meta l4proto { tcp, udp } th dport 53 accept` : "";
+    await nft(`
+table inet svc_${this.#index} {
+  chain input {
+    type filter hook input priority -10; policy accept;
+    iifname "${bridge}" meta l4proto tcp reject with tcp reset
+    iifname "${bridge}" reject
+  }
+  chain forward {
+    type filter hook forward priority -10; policy accept;
+    oifname "${bridge}" ct state established,related accept
+    oifname "${bridge}" drop
+    ${dns}
+    iifname "${bridge}" ip daddr { ${BLOCKED_RANGES.join(", ")} } meta l4proto tcp reject with tcp reset
+    iifname "${bridge}" ip daddr { ${BLOCKED_RANGES.join(", ")} } reject
+    iifname "${bridge}" meta nfproto ipv6 drop
+  }
+  chain postrouting {
+    type nat hook postrouting priority 100; policy accept;
+    ip saddr ${net}.0/24 oifname != "${bridge}" masquerade
+  }
+}`);
+  }
+
+  /** What an earlier builder with this subnet (or this one, closing) left behind. */
+  async #removeLeftovers(): Promise<void> {
+    const prefix = `svc${this.#index}-`;
+    const names = await readdir(NETNS_DIR).catch(() => [] as string[]);
+    const stale = names.filter((name) => name.startsWith(prefix));
+    const commands = [...stale.map((name) => `netns del ${name}`), `link del svcbr${this.#index}`];
+    // -force: keep going past what is already gone.
+    const child = run("ip", ["-force", "-batch", "-"], { timeout: 30_000 });
+    child.child.stdin?.end(commands.join("\n"));
+    await child.catch(() => undefined);
+    await run("nft", ["delete", "table", "inet", `svc_${this.#index}`]).catch(() => undefined);
+  }
+}
+
+/** Claims a free subnet index with an O_EXCL pid file; a claim whose process is gone is taken over. */
+async function claimSubnet(): Promise<number> {
+  const first = process.pid % SUBNETS;
+  for (let i = 0; i < SUBNETS; i++) {
+    const index = (first + i) % SUBNETS;
+    const file = join(STATE_DIR, `net-${index}.pid`);
+    const owner = Number(await readFile(file, "utf8").catch(() => "0"));
+    if (owner > 0 && owner !== process.pid && alive(owner)) continue;
+    if (owner > 0) await rm(file, { force: true });
+    try {
+      const handle = await open(file, "wx", 0o644);
+      await handle.writeFile(String(process.pid));
+      await handle.close();
+      return index;
+    } catch {
+      // another builder took it meanwhile
+    }
+  }
+  throw new Error(`all ${SUBNETS} builder subnets are claimed`);
+}
