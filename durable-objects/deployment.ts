@@ -3,7 +3,7 @@ import { type BlobsRequest, type BlobsResponse, GENERATED_WEB_SERVER_CONFIG_PATH
 import { apps, deployments } from "../worker/db/schema";
 import { cancelJob, jobLog, submitBuild } from "../worker/lib/builder-client";
 import { parseHeadersFile } from "../worker/sites/headers";
-import { blobKey, type Manifest, manifestKey } from "../worker/sites/serve";
+import { blobKey, blobPrefix, type Manifest, manifestKey } from "../worker/sites/serve";
 import { presign } from "../worker/storage/presign";
 import { ARTIFACTS, artifactKey, buildLogKey, KEPT_DEPLOYMENTS } from "../worker/services/deployments";
 import { envOf } from "../worker/services/env-vars";
@@ -26,12 +26,13 @@ export class Deployment extends SingleBuilderJob {
     if (row?.status !== "queued" || row.startedAt !== null) return;
     const app = await this.db.select().from(apps).where(eq(apps.id, row.appId)).get();
     if (!app) return;
-    await this.ctx.storage.put("deploymentId", deploymentId);
+    await this.ctx.storage.put({ deploymentId, accountId: app.accountId });
     const now = Date.now();
     await this.db.update(deployments).set({ status: "building", startedAt: now }).where(eq(deployments.id, deploymentId));
     const config = this.config;
     const source = await presign(config, { method: "GET", key: row.sourceKey, expiresInSeconds: config.PRESIGNED_URL_TTL_SECONDS });
     const submitted = await submitBuild(config, {
+      tenant: app.accountId,
       sourceUrl: source.url,
       env: await envOf(this.db, config, app.id),
       // The app's memory limit (spec: OOMKilled when a build exceeds it), capped by the operator's maximum.
@@ -49,21 +50,32 @@ export class Deployment extends SingleBuilderJob {
     await this.watch(submitted.value.id);
   }
 
-  /** Presigned PUTs for the blobs storage lacks (asked for by the builder, signed). */
+  /**
+   * Presigned PUTs for the blobs the account's storage lacks (asked for by the
+   * builder, signed). Each URL signs the blob's length and SHA-256, so storage
+   * accepts nothing but the bytes the hash names; blobs are shared only within
+   * the account, so nothing tells one account what another has stored.
+   */
   async missingBlobs(request: BlobsRequest): Promise<BlobsResponse> {
-    if (await this.ctx.storage.get<boolean>("finished")) return { missing: [] };
+    const [finished, accountId] = await Promise.all([
+      this.ctx.storage.get<boolean>("finished"),
+      this.ctx.storage.get<string>("accountId"),
+    ]);
+    if (finished || !accountId) return { missing: [] };
+    const prefix = blobPrefix(accountId);
     const unique = [...new Map(request.blobs.map((b) => [b.sha256, b])).values()];
     const missing: BlobsResponse["missing"] = [];
     for (let i = 0; i < unique.length; i += HEAD_CONCURRENCY) {
       const batch = unique.slice(i, i + HEAD_CONCURRENCY);
-      const heads = await Promise.all(batch.map((b) => this.env.BUCKET.head(blobKey(b.sha256))));
+      const heads = await Promise.all(batch.map((b) => this.env.BUCKET.head(blobKey(prefix, b.sha256))));
       for (const [j, blob] of batch.entries()) {
         if (heads[j]?.size === blob.size) continue;
         const { url } = await presign(this.config, {
           method: "PUT",
-          key: blobKey(blob.sha256),
+          key: blobKey(prefix, blob.sha256),
           expiresInSeconds: this.config.PRESIGNED_URL_TTL_SECONDS,
           contentLength: blob.size,
+          sha256: blob.sha256,
         });
         missing.push({ sha256: blob.sha256, url });
       }
@@ -117,7 +129,7 @@ export class Deployment extends SingleBuilderJob {
     const absent = [];
     for (let i = 0; i < result.manifest.length; i += HEAD_CONCURRENCY) {
       const batch = result.manifest.slice(i, i + HEAD_CONCURRENCY);
-      const heads = await Promise.all(batch.map((f) => this.env.BUCKET.head(blobKey(f.sha256))));
+      const heads = await Promise.all(batch.map((f) => this.env.BUCKET.head(blobKey(blobPrefix(row.accountId), f.sha256))));
       absent.push(...batch.filter((_, j) => !heads[j]).map((f) => f.path));
     }
     if (absent.length > 0) {
@@ -127,9 +139,12 @@ export class Deployment extends SingleBuilderJob {
     }
     // `_headers` configures the edge (DESIGN §6); like on Pages it is applied, not served.
     const headersFile = result.manifest.find((f) => f.path === HEADERS_FILE);
-    const headersText = headersFile ? await (await this.env.BUCKET.get(blobKey(headersFile.sha256)))?.text() : undefined;
+    const headersText = headersFile
+      ? await (await this.env.BUCKET.get(blobKey(blobPrefix(row.accountId), headersFile.sha256)))?.text()
+      : undefined;
     const manifest: Manifest = {
       spa: result.spa,
+      blobs: blobPrefix(row.accountId),
       files: Object.fromEntries(
         result.manifest
           .filter((f) => f.path !== HEADERS_FILE)

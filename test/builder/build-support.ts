@@ -137,7 +137,9 @@ export async function startFakeWorker(secret: string): Promise<FakeWorker> {
       const expected = announced.get(hash);
       const actual = createHash("sha256").update(body).digest("hex");
       const contentType = request.headers["content-type"] ?? "";
-      if (!expected || actual !== hash || body.length !== expected.size || contentType !== expected.contentType) {
+      // As R2 does with a signed x-amz-checksum-sha256: the bytes must hash to it.
+      const checksum = Buffer.from(String(request.headers["x-amz-checksum-sha256"] ?? ""), "base64").toString("hex");
+      if (!expected || actual !== hash || checksum !== hash || body.length !== expected.size || contentType !== expected.contentType) {
         response.writeHead(400).end("blob does not match what was announced");
         return;
       }

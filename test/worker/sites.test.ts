@@ -1,7 +1,7 @@
 import { env, exports } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
 import { newId } from "../../worker/lib/ids";
-import { blobKey, type Manifest, manifestKey } from "../../worker/sites/serve";
+import { blobKey, blobPrefix, type Manifest, manifestKey } from "../../worker/sites/serve";
 import { call, newAccount } from "./helpers";
 
 async function sha256(text: string): Promise<string> {
@@ -17,10 +17,10 @@ async function publish(
   spa: boolean,
   headers?: Manifest["headers"],
 ): Promise<string> {
-  const manifest: Manifest = { spa, files: {}, ...(headers ? { headers } : {}) };
+  const manifest: Manifest = { spa, files: {}, blobs: blobPrefix(accountId), ...(headers ? { headers } : {}) };
   for (const [path, [contentType, body]] of Object.entries(files)) {
     const sha = await sha256(body);
-    await env.BUCKET.put(blobKey(sha), body);
+    await env.BUCKET.put(blobKey(blobPrefix(accountId), sha), body);
     manifest.files[path] = { sha256: sha, size: new TextEncoder().encode(body).byteLength, contentType };
   }
   const id = newId("deployment");

@@ -93,4 +93,32 @@ describe("/storage gateway (presigned URLs over the R2 binding)", () => {
     await upload.complete(etags);
     expect((await env.BUCKET.head(key))?.size).toBe(first.byteLength + second.byteLength);
   });
+
+  it("stores bytes under a content address only when they hash to it (signed x-amz-checksum-sha256)", async () => {
+    const key = `blobs/acct_x/${crypto.randomUUID()}`;
+    const good = new TextEncoder().encode("the real bytes");
+    const digest = [...new Uint8Array(await crypto.subtle.digest("SHA-256", good))].map((b) => b.toString(16).padStart(2, "0")).join("");
+    const base64 = btoa(String.fromCharCode(...new Uint8Array(await crypto.subtle.digest("SHA-256", good))));
+    const put = await presign(config(), { method: "PUT", key, expiresInSeconds: 3600, contentLength: good.byteLength, sha256: digest });
+    expect(new URL(put.url).searchParams.get("X-Amz-SignedHeaders")).toBe("content-length;host;x-amz-checksum-sha256");
+
+    const planted = new TextEncoder().encode("planted bytes!");
+    expect(planted.byteLength).toBe(good.byteLength);
+    const forged = await send(put.url, { method: "PUT", body: planted, headers: { "x-amz-checksum-sha256": base64 } });
+    expect(forged.status).toBe(400);
+    expect(await errorCode(forged)).toBe("CHECKSUM_MISMATCH");
+    const relabelled = await send(put.url, {
+      method: "PUT",
+      body: planted,
+      headers: { "x-amz-checksum-sha256": btoa(String.fromCharCode(...new Uint8Array(await crypto.subtle.digest("SHA-256", planted)))) },
+    });
+    expect(relabelled.status, "a checksum other than the signed one breaks the signature").toBe(403);
+    const missing = await send(put.url, { method: "PUT", body: planted });
+    expect(missing.status, "the signed checksum header cannot be left out").toBe(403);
+    expect(await env.BUCKET.head(key)).toBeNull();
+
+    const stored = await send(put.url, { method: "PUT", body: good, headers: { "x-amz-checksum-sha256": base64 } });
+    expect(stored.status).toBe(200);
+    expect(await (await env.BUCKET.get(key))!.text()).toBe("the real bytes");
+  });
 });

@@ -30,6 +30,7 @@ export type ErrorCode =
   | "NAME_TAKEN"
   | "PRESIGNED_URL_EXPIRED"
   | "LENGTH_REQUIRED"
+  | "CHECKSUM_MISMATCH"
   | "PAYLOAD_TOO_LARGE"
   | "RATE_LIMITED"
   | "BUILDER_UNAVAILABLE"
@@ -42,6 +43,7 @@ export function statusOf(code: ErrorCode): ErrorStatus {
   switch (code) {
     case "VALIDATION_ERROR":
     case "INVALID_CRON_EXPRESSION":
+    case "CHECKSUM_MISMATCH":
       return 400;
     case "UNAUTHORIZED":
       return 401;

@@ -6,11 +6,19 @@ import { type HeaderRule, headersFor } from "./headers";
 import { cacheControl, type Decision, decide, type ManifestEntry, matchesEtag } from "./resolve";
 import { logRequest } from "./request-log";
 
-/** The manifest a deployment publishes; immutable for the deployment's life. */
-export type Manifest = { spa: boolean; files: Record<string, ManifestEntry>; headers?: HeaderRule[] };
+/**
+ * The manifest a deployment publishes; immutable for the deployment's life.
+ * `blobs` is where its files live: the account's own content-addressed folder
+ * (absent in manifests written before blobs were kept per account).
+ */
+export type Manifest = { spa: boolean; files: Record<string, ManifestEntry>; headers?: HeaderRule[]; blobs?: string };
 
 export const manifestKey = (deploymentId: string) => `manifests/${deploymentId}.json`;
-export const blobKey = (sha256: string) => `blobs/${sha256}`;
+/** An account's blobs: content-addressed, deduplicated within the account only. */
+export const blobPrefix = (accountId: string) => `blobs/${accountId}/`;
+/** Where manifests without `blobs` find their files (one folder shared by every account, as before). */
+const LEGACY_BLOB_PREFIX = "blobs/";
+export const blobKey = (prefix: string, sha256: string) => `${prefix}${sha256}`;
 
 type SiteApp = { id: string; status: "running" | "stopped"; activeDeploymentId: string | null };
 
@@ -63,6 +71,7 @@ function page(status: number, title: string, extra: Record<string, string> = {})
 async function respond(
   request: Request,
   env: Env,
+  blobs: string,
   decision: Exclude<Decision, { kind: "not-found" }>,
   extra: Record<string, string>,
 ): Promise<Response> {
@@ -82,7 +91,7 @@ async function respond(
     return new Response(null, { status: decision.status, headers: { ...headers, "Content-Length": String(entry.size) } });
   }
   const ranged = decision.status === 200 && request.headers.has("Range");
-  const object = await env.BUCKET.get(blobKey(entry.sha256), ranged ? { range: request.headers } : undefined);
+  const object = await env.BUCKET.get(blobKey(blobs, entry.sha256), ranged ? { range: request.headers } : undefined);
   if (!object) return page(500, "Site file missing");
   if (ranged && object.range && "offset" in object.range) {
     const offset = object.range.offset ?? 0;
@@ -119,7 +128,10 @@ export async function serveSite(
     else {
       const decision = decide(pathname, (p) => manifest.files[p], manifest.spa);
       const extra = headersFor(manifest.headers, pathname);
-      response = decision.kind === "not-found" ? page(404, "Not found", extra) : await respond(request, env, decision, extra);
+      response =
+        decision.kind === "not-found"
+          ? page(404, "Not found", extra)
+          : await respond(request, env, manifest.blobs ?? LEGACY_BLOB_PREFIX, decision, extra);
     }
   }
   if (app) {

@@ -1,7 +1,7 @@
 import { Hono } from "hono";
 import type { AppEnv } from "../context";
 import { ApiError } from "../lib/errors";
-import { verifyPresigned } from "./presign";
+import { base64ToHex, CHECKSUM_HEADER, verifyPresigned } from "./presign";
 
 /**
  * The local stand-in for R2's S3 endpoint: serves presigned GET/HEAD/PUT (and
@@ -60,7 +60,22 @@ storageRoutes.on(["GET", "HEAD", "PUT"], "/:bucket/:key{.+}", async (c) => {
       }
     }
     const contentType = c.req.header("Content-Type");
-    const stored = await bucket.put(key, body, contentType ? { httpMetadata: { contentType } } : undefined);
+    // Like S3 and R2: a checksum header (signed into content-addressed upload URLs) must match the bytes.
+    const checksum = c.req.header(CHECKSUM_HEADER);
+    const sha256 = checksum === undefined ? undefined : base64ToHex(checksum);
+    if (sha256 === null) throw new ApiError("VALIDATION_ERROR", `${CHECKSUM_HEADER} must be a base64 SHA-256 digest`);
+    let stored: R2Object | null;
+    try {
+      stored = await bucket.put(key, body, {
+        ...(contentType ? { httpMetadata: { contentType } } : {}),
+        ...(sha256 ? { sha256 } : {}),
+      });
+    } catch (err) {
+      if (sha256 && err instanceof Error && /checksum|digest/i.test(err.message)) {
+        throw new ApiError("CHECKSUM_MISMATCH", `the uploaded bytes do not hash to the ${CHECKSUM_HEADER} the URL was signed for`);
+      }
+      throw err;
+    }
     return c.body(null, 200, { ETag: quoted(stored?.etag ?? "") });
   }
 

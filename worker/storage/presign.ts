@@ -9,6 +9,8 @@ import { ApiError } from "../lib/errors";
  * with the same code (see gateway.ts).
  */
 export const REGION = "auto";
+/** The header carrying an upload's SHA-256 (base64), which S3 and R2 verify against the bytes. */
+export const CHECKSUM_HEADER = "x-amz-checksum-sha256";
 export const SERVICE = "s3";
 
 export type PresignInput = {
@@ -17,6 +19,11 @@ export type PresignInput = {
   expiresInSeconds: number;
   /** Signed, so the uploader must send exactly this many bytes. */
   contentLength?: number;
+  /**
+   * Hex SHA-256 of the bytes to upload, signed as `x-amz-checksum-sha256`
+   * (base64): storage (R2, or the local gateway) refuses any other bytes.
+   */
+  sha256?: string;
   /** Extra query parameters that become part of the signature (e.g. partNumber, uploadId). */
   query?: Record<string, string>;
   /** Signing time; defaults to now (tests inject old clocks to get expired URLs). */
@@ -28,6 +35,24 @@ function credentials(config: Config) {
     throw new ApiError("INTERNAL", "object storage credentials are not configured (R2_ACCESS_KEY_ID / R2_SECRET_ACCESS_KEY)");
   }
   return { accessKeyId: config.R2_ACCESS_KEY_ID, secretAccessKey: config.R2_SECRET_ACCESS_KEY };
+}
+
+export function hexToBase64(hex: string): string {
+  let binary = "";
+  for (let i = 0; i < hex.length; i += 2) binary += String.fromCharCode(Number.parseInt(hex.slice(i, i + 2), 16));
+  return btoa(binary);
+}
+
+/** The hex digest of a base64 `x-amz-checksum-sha256` value, or null when it is not 32 bytes of base64. */
+export function base64ToHex(value: string): string | null {
+  let binary: string;
+  try {
+    binary = atob(value);
+  } catch {
+    return null;
+  }
+  if (binary.length !== 32) return null;
+  return [...binary].map((c) => c.charCodeAt(0).toString(16).padStart(2, "0")).join("");
 }
 
 /** `20261121T102800Z`, the SigV4 timestamp format. */
@@ -48,6 +73,7 @@ export async function presign(config: Config, input: PresignInput): Promise<{ ur
   url.searchParams.set("X-Amz-Expires", String(input.expiresInSeconds));
   const headers: Record<string, string> = {};
   if (input.contentLength !== undefined) headers["content-length"] = String(input.contentLength);
+  if (input.sha256 !== undefined) headers[CHECKSUM_HEADER] = hexToBase64(input.sha256);
   const signer = new AwsV4Signer({
     ...credentials(config),
     url: url.href,

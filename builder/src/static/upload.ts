@@ -4,7 +4,8 @@
  * storage lacks, and only those are sent. The builder holds no storage
  * credentials; every request to the Worker is signed with the shared secret.
  */
-import { Readable } from "node:stream";
+import { createHash } from "node:crypto";
+import { Readable, Transform } from "node:stream";
 import type { ReadableStream as WebReadableStream } from "node:stream/web";
 import { setTimeout as sleep } from "node:timers/promises";
 import { BLOB_BATCH_LIMIT, type BlobsRequest, BlobsResponse, type ManifestEntry, signRequest } from "../protocol.js";
@@ -85,16 +86,33 @@ async function askMissing(options: UploadOptions, batch: ManifestEntry[]): Promi
   return parsed.data.missing;
 }
 
+/**
+ * PUTs one blob. The URL signs its length and SHA-256 (x-amz-checksum-sha256),
+ * so storage refuses bytes that do not hash to the manifest's digest; the
+ * stream is hashed on the way too, and cut short (failing the upload) if the
+ * file no longer holds what was hashed.
+ */
 async function putBlob(options: UploadOptions, entry: ManifestEntry, url: string): Promise<void> {
+  const checksum = Buffer.from(entry.sha256, "hex").toString("base64");
   const response = await withRetries(`upload of ${entry.path}`, options.signal, async (signal) => {
     const handle = await openInside(options.root, entry.path.slice(1));
     if (!handle) throw new UploadError(`${entry.path} disappeared from the output before its upload`);
+    const hash = createHash("sha256");
+    const verify = new Transform({
+      transform(chunk: Buffer, _encoding, done) {
+        hash.update(chunk);
+        done(null, chunk);
+      },
+      flush(done) {
+        done(hash.digest("hex") === entry.sha256 ? null : new UploadError(`${entry.path} changed after it was hashed`));
+      },
+    });
     // The stream closes the handle once it is read, failed or cancelled.
-    const body = Readable.toWeb(handle.createReadStream()) as WebReadableStream<Uint8Array> as ReadableStream<Uint8Array>;
+    const body = Readable.toWeb(handle.createReadStream().pipe(verify)) as WebReadableStream<Uint8Array> as ReadableStream<Uint8Array>;
     try {
       return await fetch(url, {
         method: "PUT",
-        headers: { "Content-Length": String(entry.size), "Content-Type": entry.contentType },
+        headers: { "Content-Length": String(entry.size), "Content-Type": entry.contentType, "x-amz-checksum-sha256": checksum },
         body,
         duplex: "half",
         signal,
