@@ -15,7 +15,7 @@
  * says whether this host has them.
  */
 import { execFile } from "node:child_process";
-import { chown, mkdir, open, stat, statfs, truncate } from "node:fs/promises";
+import { chown, mkdir, open, readFile, realpath, stat, statfs, truncate } from "node:fs/promises";
 import { join } from "node:path";
 import { promisify } from "node:util";
 import type { JobUser } from "./sandbox.js";
@@ -49,14 +49,13 @@ async function fileSize(path: string): Promise<number> {
   );
 }
 
-/** Whether `dir` is a mount point (a different device than its parent). */
+/** Whether `dir` is a mount point (bind mounts of the same filesystem included), from /proc/self/mountinfo. */
 export async function isMountPoint(dir: string): Promise<boolean> {
-  try {
-    const [self, parent] = await Promise.all([stat(dir), stat(join(dir, ".."))]);
-    return self.dev !== parent.dev;
-  } catch {
-    return false;
-  }
+  const target = await realpath(dir).catch(() => null);
+  if (target === null) return false;
+  const mounts = await readFile("/proc/self/mountinfo", "utf8");
+  // Field 5 is the mount point, with space, tab, newline and backslash written as octal escapes.
+  return mounts.split("\n").some((line) => line.split(" ")[4]?.replace(/\\([0-7]{3})/g, (_, octal: string) => String.fromCharCode(Number.parseInt(octal, 8))) === target);
 }
 
 /**

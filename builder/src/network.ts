@@ -100,6 +100,7 @@ export class RunNetwork {
     const resolvers = (await hostResolvers()).filter((address) => !address.startsWith("127."));
     try {
       await mkdir(STATE_DIR, { recursive: true, mode: 0o711 });
+      await removeAbandoned();
       const index = await claimSubnet();
       const network = new RunNetwork(index);
       await network.#removeLeftovers();
@@ -183,15 +184,32 @@ table inet svc_${this.#index} {
 
   /** What an earlier builder with this subnet (or this one, closing) left behind. */
   async #removeLeftovers(): Promise<void> {
-    const prefix = `svc${this.#index}-`;
-    const names = await readdir(NETNS_DIR).catch(() => [] as string[]);
-    const stale = names.filter((name) => name.startsWith(prefix));
-    const commands = [...stale.map((name) => `netns del ${name}`), `link del svcbr${this.#index}`];
-    // -force: keep going past what is already gone.
-    const child = run("ip", ["-force", "-batch", "-"], { timeout: 30_000 });
-    child.child.stdin?.end(commands.join("\n"));
-    await child.catch(() => undefined);
-    await run("nft", ["delete", "table", "inet", `svc_${this.#index}`]).catch(() => undefined);
+    await removeSubnet(this.#index);
+  }
+}
+
+/** Deletes one subnet's namespaces, bridge and rules (whatever of them exists). */
+async function removeSubnet(index: number): Promise<void> {
+  const prefix = `svc${index}-`;
+  const names = await readdir(NETNS_DIR).catch(() => [] as string[]);
+  const stale = names.filter((name) => name.startsWith(prefix));
+  const commands = [...stale.map((name) => `netns del ${name}`), `link del svcbr${index}`];
+  // -force: keep going past what is already gone.
+  const child = run("ip", ["-force", "-batch", "-"], { timeout: 30_000 });
+  child.child.stdin?.end(commands.join("\n"));
+  await child.catch(() => undefined);
+  await run("nft", ["delete", "table", "inet", `svc_${index}`]).catch(() => undefined);
+}
+
+/** Subnets claimed by builders that died without closing (SIGKILL, a crash): freed for good. */
+async function removeAbandoned(): Promise<void> {
+  for (const name of await readdir(STATE_DIR).catch(() => [] as string[])) {
+    const index = Number(/^net-(\d+)\.pid$/.exec(name)?.[1] ?? Number.NaN);
+    if (!Number.isInteger(index)) continue;
+    const owner = Number(await readFile(join(STATE_DIR, name), "utf8").catch(() => "0"));
+    if (owner > 0 && alive(owner)) continue;
+    await removeSubnet(index);
+    await rm(join(STATE_DIR, name), { force: true });
   }
 }
 

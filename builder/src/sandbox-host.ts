@@ -143,6 +143,8 @@ export class SandboxHost {
     if (this.#alias) {
       await FsImages.unmount(this.#alias.to).catch(() => undefined);
       await rmdir(this.#alias.to).catch(() => undefined);
+      // The data dir's own bind (made shared for the alias) goes too, so nothing stays mounted.
+      await FsImages.unmount(this.#alias.from).catch(() => undefined);
     }
   }
 }
@@ -220,7 +222,12 @@ function describeProbeFailure(line: string): string {
   return `bubblewrap could not create a sandbox: ${line}`;
 }
 
-/** Bind-mounts the data dir where any user can traverse (root only); stale aliases of dead builders go first. */
+/**
+ * Shows the data dir where any user can traverse (root only): the data dir is
+ * made a shared mount and bound at /run/svc-builder/data-<pid>, so filesystems
+ * mounted below it later (disks, build scratch space) appear there too. Aliases
+ * of builders that died go first.
+ */
 async function aliasDataDir(dataDir: string): Promise<{ from: string; to: string }> {
   await mkdir(ALIAS_DIR, { recursive: true, mode: 0o711 });
   for (const name of await readdir(ALIAS_DIR).catch(() => [] as string[])) {
@@ -236,8 +243,11 @@ async function aliasDataDir(dataDir: string): Promise<{ from: string; to: string
     await FsImages.unmount(join(ALIAS_DIR, name)).catch(() => undefined);
     await rmdir(join(ALIAS_DIR, name)).catch(() => undefined);
   }
+  const source = await realpath(dataDir);
+  if (!(await isMountPoint(source))) await run("mount", ["--bind", source, source]);
+  await run("mount", ["--make-shared", source]);
   const to = join(ALIAS_DIR, `data-${process.pid}`);
   await mkdir(to, { recursive: true, mode: 0o711 });
-  if (!(await isMountPoint(to))) await run("mount", ["--bind", await realpath(dataDir), to]);
+  if (!(await isMountPoint(to))) await run("mount", ["--bind", source, to]);
   return { from: dataDir, to };
 }

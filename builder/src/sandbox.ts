@@ -68,8 +68,14 @@ const MEMORY_SAMPLE_MS = 100;
 const DISK_SAMPLE_MIN_MS = 2_000;
 /** Room kept below the log cap for the builder's own closing lines. */
 const LOG_RESERVE_BYTES = 4_096;
-/** /tmp and /dev/shm of every job: in memory, so they also count against its memory limit. */
-const TMPFS_BYTES = 1024 * 1024 * 1024;
+/**
+ * /tmp and /dev/shm of every job live in memory and count against its memory
+ * limit; each gets a quarter of it (at most 1 GiB), so filling one ends in
+ * ENOSPC, not in an OOM kill.
+ */
+function scratchTmpfsBytes(memoryLimitBytes: number): number {
+  return Math.min(1024 * 1024 * 1024, Math.floor(memoryLimitBytes / 4));
+}
 /** Most processes (and threads) of one job alive at once. */
 const MAX_PROCESSES = 1024;
 /** A disk with less free room than this after a failed job was what made it fail. */
@@ -384,13 +390,13 @@ function bwrapOptions(options: SandboxOptions, env: Record<string, string>, with
     "--dev",
     "/dev",
     "--size",
-    String(Math.min(TMPFS_BYTES, options.memoryLimitBytes)),
+    String(scratchTmpfsBytes(options.memoryLimitBytes)),
     "--tmpfs",
     "/dev/shm",
     "--remount-ro",
     "/dev",
     "--size",
-    String(Math.min(TMPFS_BYTES, options.memoryLimitBytes)),
+    String(scratchTmpfsBytes(options.memoryLimitBytes)),
     "--tmpfs",
     "/tmp",
   ];

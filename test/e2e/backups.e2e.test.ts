@@ -6,6 +6,7 @@ import { join, relative } from "node:path";
 import { gzipSync } from "node:zlib";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type LocalStack, startLocalStack } from "../../scripts/local-stack";
+import { diskDataPath } from "../builder/builder-process";
 
 /**
  * Disk backup and restore through the whole system: the Worker under
@@ -119,7 +120,7 @@ describe("disk backup and restore, end to end", () => {
     expect((await api("POST", "/v1/apps", { name: app, runtime: "node" })).status).toBe(201);
     const disk = (await api<{ data: { id: string } }>("POST", "/v1/disks", { name: "files", sizeGb: 1 })).body.data;
     await api("POST", `/v1/disks/${disk.id}/attach`, { app });
-    const data = join(root, "svc", "builder", "disks", disk.id, "data");
+    const data = diskDataPath(join(root, "svc", "builder"), disk.id);
 
     await mkdir(join(data, "nested", "deeper", "deepest"), { recursive: true });
     await mkdir(join(data, "empty-dir"));
@@ -183,7 +184,7 @@ describe("disk backup and restore, end to end", () => {
 
   it("a hostile archive fails the restore and leaves the disk and everything outside it untouched", async () => {
     const disk = (await api<{ data: { id: string } }>("POST", "/v1/disks", { name: "guarded", sizeGb: 1 })).body.data;
-    const data = join(root, "svc", "builder", "disks", disk.id, "data");
+    const data = diskDataPath(join(root, "svc", "builder"), disk.id);
     await writeFile(join(data, "keep.txt"), "precious");
     const before = await tree(data);
     for (const name of ["../escaped.txt", "/tmp/svc-e2e-absolute.txt"]) {

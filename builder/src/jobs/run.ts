@@ -30,7 +30,7 @@ export interface RunJobInput {
  * Prepares the disk and the source, runs the command in its sandbox and writes
  * the outcome as the log's last line, so a log read on its own says how the run
  * ended. The working directory lives in memory (it counts against the job's
- * memory limit) and disappears with the sandbox.
+ * memory limit, of which it may take half) and disappears with the sandbox.
  */
 export async function runJob(input: RunJobInput): Promise<SandboxOutcome> {
   const { spec, log } = input;
@@ -65,7 +65,8 @@ export async function runJob(input: RunJobInput): Promise<SandboxOutcome> {
       command: spec.command,
       env: spec.env,
       user: input.user,
-      work: { tmpfsBytes: memoryLimitBytes },
+      // Half the memory limit: with /tmp and /dev/shm, in-memory files can fill it but not pass it.
+      work: { tmpfsBytes: Math.floor(memoryLimitBytes / 2) },
       source,
       network: "egress",
       tools: null,
