@@ -12,7 +12,7 @@ export type LaunchOptions = {
   dataDir: string;
   /** 0 (default) picks a free port; the URL comes from the builder's own start-up line. */
   port?: number;
-  /** Extra environment (BUILDER_MAX_CONCURRENT_JOBS, BUILDER_JOB_USER, NPM_CONFIG_REGISTRY…). */
+  /** Extra environment (BUILDER_MAX_CONCURRENT_JOBS, NPM_CONFIG_REGISTRY…). */
   env?: Record<string, string>;
   /** Where the builder's output goes besides `output()`: this terminal, a log file, or nowhere. */
   log?: "inherit" | { file: string } | "none";

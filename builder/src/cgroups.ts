@@ -9,13 +9,17 @@
  *   swap accounting exists), `pids` (`pids.max`) and `cpu` (`cpu.shares`)
  *   hierarchies.
  *
+ * A job's cgroup is made, joined, read and removed with synchronous calls: they
+ * are in-kernel operations that never block on a disk, and a round trip through
+ * the thread pool for each would cost more than the work itself.
+ *
  * Jobs live under a parent named after the builder process (`svc-builder-<pid>`),
  * so several builders on one host never touch each other's jobs, and parents
  * left by a builder that died are removed at the next start. With neither
  * (read-only cgroupfs, an unprivileged builder without delegation) the caller
  * falls back to sampling memory and has no process or CPU limit, and says so.
  */
-import { constants } from "node:fs";
+import { constants, mkdirSync, readFileSync, rmdirSync, writeFileSync } from "node:fs";
 import { access, appendFile, mkdir, readFile, readdir, rmdir, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -57,9 +61,9 @@ async function exists(path: string, mode = constants.F_OK): Promise<boolean> {
   }
 }
 
-async function readNumber(path: string): Promise<number | null> {
+function readNumber(path: string): number | null {
   try {
-    const value = Number((await readFile(path, "utf8")).trim());
+    const value = Number(readFileSync(path, "utf8").trim());
     return Number.isFinite(value) ? value : null;
   } catch {
     return null;
@@ -67,8 +71,12 @@ async function readNumber(path: string): Promise<number | null> {
 }
 
 /** Writes a control file that some kernels lack (swap accounting, oom.group); the main limit still holds. */
-async function writeOptional(path: string, value: string): Promise<void> {
-  await writeFile(path, value).catch(() => undefined);
+function writeOptional(path: string, value: string): void {
+  try {
+    writeFileSync(path, value);
+  } catch {
+    // not on this kernel
+  }
 }
 
 function alive(pid: number): boolean {
@@ -80,31 +88,31 @@ function alive(pid: number): boolean {
   }
 }
 
-async function pidsOf(dir: string): Promise<number[]> {
+function pidsOf(dir: string): number[] {
   try {
-    return (await readFile(join(dir, "cgroup.procs"), "utf8")).split("\n").filter(Boolean).map(Number);
+    return readFileSync(join(dir, "cgroup.procs"), "utf8").split("\n").filter(Boolean).map(Number);
   } catch {
     return [];
   }
 }
 
-/** Removes a cgroup directory, killing its members until the kernel lets it go. */
-async function removeDir(dir: string, kill: () => Promise<void>): Promise<void> {
-  for (let attempt = 0; attempt < 100; attempt++) {
+/** Removes a cgroup directory, killing its members until the kernel lets it go (exiting tasks leave it a moment late). */
+async function removeDir(dir: string): Promise<void> {
+  for (let attempt = 0; attempt < 200; attempt++) {
     try {
-      await rmdir(dir);
+      rmdirSync(dir);
       return;
     } catch (error) {
       if ((error as NodeJS.ErrnoException).code === "ENOENT") return;
-      await kill();
-      await sleep(20);
+      killMembers(dir);
+      await sleep(attempt < 10 ? 1 : 20);
     }
   }
   console.error(`builder: could not remove cgroup ${dir}`);
 }
 
-async function killMembers(dir: string): Promise<void> {
-  for (const pid of await pidsOf(dir)) {
+function killMembers(dir: string): void {
+  for (const pid of pidsOf(dir)) {
     try {
       process.kill(pid, "SIGKILL");
     } catch {
@@ -121,7 +129,7 @@ async function removeStaleParents(base: string): Promise<void> {
     if (owner === process.pid || (Number.isInteger(owner) && alive(owner))) continue;
     const parent = join(base, entry.name);
     for (const job of await readdir(parent, { withFileTypes: true }).catch(() => [])) {
-      if (job.isDirectory()) await removeDir(join(parent, job.name), () => killMembers(join(parent, job.name)));
+      if (job.isDirectory()) await removeDir(join(parent, job.name));
     }
     await rmdir(parent).catch(() => undefined);
   }
@@ -158,7 +166,7 @@ class V2Cgroups implements Cgroups {
       await enable(base);
     } catch {
       // "No internal processes": the builder must leave `base` before `base` may delegate.
-      const members = await pidsOf(base);
+      const members = pidsOf(base);
       if (members.some((pid) => pid !== process.pid) && ownPath !== "/") return null;
       await mkdir(join(base, "svc-builder"), { recursive: true });
       for (const pid of members) await writeFile(join(base, "svc-builder", "cgroup.procs"), String(pid));
@@ -173,15 +181,15 @@ class V2Cgroups implements Cgroups {
 
   async create(jobId: string, limits: JobLimits): Promise<JobCgroup> {
     const dir = join(this.#parent, jobId);
-    await mkdir(dir);
+    mkdirSync(dir);
     try {
-      await writeFile(join(dir, "memory.max"), String(limits.memoryBytes));
-      await writeOptional(join(dir, "memory.swap.max"), "0");
-      await writeOptional(join(dir, "memory.oom.group"), "1");
-      if (this.#controllers.has("pids")) await writeFile(join(dir, "pids.max"), String(limits.pids));
-      if (this.#controllers.has("cpu")) await writeFile(join(dir, "cpu.weight"), String(limits.cpuWeight));
+      writeFileSync(join(dir, "memory.max"), String(limits.memoryBytes));
+      writeOptional(join(dir, "memory.swap.max"), "0");
+      writeOptional(join(dir, "memory.oom.group"), "1");
+      if (this.#controllers.has("pids")) writeFileSync(join(dir, "pids.max"), String(limits.pids));
+      if (this.#controllers.has("cpu")) writeFileSync(join(dir, "cpu.weight"), String(limits.cpuWeight));
     } catch (error) {
-      await rmdir(dir).catch(() => undefined);
+      await removeDir(dir);
       throw error;
     }
     return new V2JobCgroup(dir);
@@ -197,19 +205,24 @@ class V2JobCgroup implements JobCgroup {
   }
 
   async add(pid: number): Promise<void> {
-    await writeFile(join(this.#dir, "cgroup.procs"), String(pid));
+    writeFileSync(join(this.#dir, "cgroup.procs"), String(pid));
   }
 
   async sample(): Promise<{ peakBytes: number; oomKilled: boolean }> {
-    const peak = (await readNumber(join(this.#dir, "memory.peak"))) ?? (await readNumber(join(this.#dir, "memory.current")));
+    const peak = readNumber(join(this.#dir, "memory.peak")) ?? readNumber(join(this.#dir, "memory.current"));
     if (peak !== null) this.#peak = Math.max(this.#peak, peak);
-    const events = await readFile(join(this.#dir, "memory.events"), "utf8").catch(() => "");
+    let events = "";
+    try {
+      events = readFileSync(join(this.#dir, "memory.events"), "utf8");
+    } catch {
+      // gone with the job
+    }
     return { peakBytes: this.#peak, oomKilled: Number(/^oom_kill (\d+)$/m.exec(events)?.[1] ?? 0) > 0 };
   }
 
   async remove(): Promise<void> {
-    await writeOptional(join(this.#dir, "cgroup.kill"), "1");
-    await removeDir(this.#dir, () => killMembers(this.#dir));
+    writeOptional(join(this.#dir, "cgroup.kill"), "1");
+    await removeDir(this.#dir);
   }
 }
 
@@ -260,19 +273,19 @@ class V1Cgroups implements Cgroups {
     try {
       for (const [name, parent] of this.#parents) {
         const dir = join(parent, jobId);
-        await mkdir(dir);
+        mkdirSync(dir);
         dirs.set(name, dir);
       }
       const memory = dirs.get("memory")!;
-      await writeFile(join(memory, "memory.limit_in_bytes"), String(limits.memoryBytes));
+      writeFileSync(join(memory, "memory.limit_in_bytes"), String(limits.memoryBytes));
       // Memory plus swap capped at the same value: the job cannot swap its way past the limit.
-      await writeOptional(join(memory, "memory.memsw.limit_in_bytes"), String(limits.memoryBytes));
+      writeOptional(join(memory, "memory.memsw.limit_in_bytes"), String(limits.memoryBytes));
       const pids = dirs.get("pids");
-      if (pids) await writeFile(join(pids, "pids.max"), String(limits.pids));
+      if (pids) writeFileSync(join(pids, "pids.max"), String(limits.pids));
       const cpu = dirs.get("cpu");
-      if (cpu) await writeFile(join(cpu, "cpu.shares"), String(Math.max(2, Math.round(limits.cpuWeight * V1_SHARES_PER_WEIGHT))));
+      if (cpu) writeFileSync(join(cpu, "cpu.shares"), String(Math.max(2, Math.round(limits.cpuWeight * V1_SHARES_PER_WEIGHT))));
     } catch (error) {
-      for (const dir of dirs.values()) await rmdir(dir).catch(() => undefined);
+      for (const dir of dirs.values()) await removeDir(dir);
       throw error;
     }
     return new V1JobCgroup(dirs);
@@ -289,18 +302,23 @@ class V1JobCgroup implements JobCgroup {
   }
 
   async add(pid: number): Promise<void> {
-    for (const dir of this.#dirs.values()) await writeFile(join(dir, "cgroup.procs"), String(pid));
+    for (const dir of this.#dirs.values()) writeFileSync(join(dir, "cgroup.procs"), String(pid));
   }
 
   async sample(): Promise<{ peakBytes: number; oomKilled: boolean }> {
-    const peak = (await readNumber(join(this.#memory, "memory.max_usage_in_bytes"))) ?? 0;
+    const peak = readNumber(join(this.#memory, "memory.max_usage_in_bytes")) ?? 0;
     // v1 kills one process, not the group; the caller ends the rest once it sees the count.
-    const control = await readFile(join(this.#memory, "memory.oom_control"), "utf8").catch(() => "");
+    let control = "";
+    try {
+      control = readFileSync(join(this.#memory, "memory.oom_control"), "utf8");
+    } catch {
+      // gone with the job
+    }
     return { peakBytes: peak, oomKilled: Number(/^oom_kill (\d+)$/m.exec(control)?.[1] ?? 0) > 0 };
   }
 
   async remove(): Promise<void> {
-    for (const dir of this.#dirs.values()) await removeDir(dir, () => killMembers(dir));
+    for (const dir of this.#dirs.values()) await removeDir(dir);
   }
 }
 

@@ -17,7 +17,7 @@ export interface StartBuilderOptions {
   secret?: string;
   /** Data directory; a fresh temporary one (removed by stop()) by default. */
   dataDir?: string;
-  /** Extra environment for the builder (BUILDER_MAX_CONCURRENT_JOBS, BUILDER_JOB_USER, …). */
+  /** Extra environment for the builder (BUILDER_MAX_CONCURRENT_JOBS, NPM_CONFIG_REGISTRY, …). */
   env?: Record<string, string>;
 }
 
