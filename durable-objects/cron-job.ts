@@ -1,33 +1,46 @@
 import { DurableObject } from "cloudflare:workers";
-import { and, asc, desc, eq } from "drizzle-orm";
+import { and, asc, eq } from "drizzle-orm";
 import type { JobSpec, JobStatus } from "../builder/src/protocol";
-import { openDb } from "../worker/db/client";
-import { type AppRow, apps, type CronRow, type CronRunRow, cronRuns, crons, deployments, type DiskRow, disks } from "../worker/db/schema";
+import { countingD1, openDb } from "../worker/db/client";
+import { cronRuns, crons } from "../worker/db/schema";
 import { configOf, type Env } from "../worker/env";
-import { cancelJob, getJob, jobLog, submitJob } from "../worker/lib/builder-client";
+import { cancelJob, findJob, getJob, jobLog, submitJob } from "../worker/lib/builder-client";
 import { nextRuns } from "../worker/lib/cron";
 import { randomBase62 } from "../worker/lib/ids";
-import { presign } from "../worker/storage/presign";
-import { GIB } from "../worker/services/disks";
-import { envOf } from "../worker/services/env-vars";
+import { type CronTarget, loadTarget } from "../worker/services/cron-targets";
+import type { CronDefinition, CronRunRecord } from "../worker/services/crons";
 import { logKey, RUN_HISTORY } from "../worker/services/crons";
-
-/** Runs between history trims (trimming is a scan, so it is not done on every run). */
-const TRIM_EVERY_RUNS = 10;
-
-type Target = { app: AppRow; disk: DiskRow | null; sourceKey: string | null };
+import { GIB } from "../worker/services/disks";
+import { decryptEnv } from "../worker/services/env-vars";
+import { presign } from "../worker/storage/presign";
 
 /** How a finished run ended, whatever reported it (callback, poll, or a dispatch failure). */
 type Outcome = { status: "success" | "failed"; exitCode: number | null; error: string | null; log: string };
+
+type RunRow = {
+  seq: number;
+  job_name: string;
+  trigger: "schedule" | "manual";
+  status: "running" | "success" | "failed";
+  scheduled_at: number;
+  started_at: number;
+  finished_at: number | null;
+  exit_code: number | null;
+  error: string | null;
+  builder_job_id: string | null;
+  log_key: string | null;
+};
 
 /** Poll running jobs quickly at first, then settle; callbacks usually arrive first. */
 const FAST_POLL_MS = 2_000;
 const SLOW_POLL_MS = 15_000;
 const FAST_POLL_WINDOW_MS = 60_000;
-/** A run with no builder job this long after it started never reached the builder. */
+/** A run the builder has no record of this long after it started never reached the builder. */
 const DISPATCH_GRACE_MS = 60_000;
 /** Past its timeout plus this, a run whose builder cannot be asked is given up. */
 const LOST_CONTACT_GRACE_MS = 5 * 60_000;
+/** The alarm is this late (or missing) before the job's detail calls it late. */
+export const LATE_AFTER_MS = 2 * 60_000;
 
 const logLine = (text: string, at = Date.now()) => `${new Date(at).toISOString()} svc ${text}\n`;
 
@@ -49,65 +62,175 @@ export function failureLine(status: JobStatus, timeoutSeconds: number): string {
   }
 }
 
+const recordOf = (row: RunRow): CronRunRecord => ({
+  jobName: row.job_name,
+  trigger: row.trigger,
+  status: row.status,
+  scheduledAt: row.scheduled_at,
+  startedAt: row.started_at,
+  finishedAt: row.finished_at,
+  exitCode: row.exit_code,
+  error: row.error,
+});
+
 /**
- * One object per cron job (DESIGN §4): its alarm is the job's only timer. The
- * alarm fires due runs and polls the builder for running ones; D1 holds the
- * job's definition and run history, storage holds only what the alarm needs.
- * Alarms are at-least-once, so firing is idempotent: a run's name is derived
- * from its scheduled second and inserted with ON CONFLICT DO NOTHING.
+ * One object per cron job (DESIGN §4): its alarm is the job's only timer, and
+ * it owns the job's runs (status, times, exit code, builder job, log key) in
+ * its own SQLite storage. Everything a scheduled run needs is already here:
+ * the job's definition (written by create/update) and its app's target
+ * (pushed when the app changes, see services/cron-targets.ts). So when the
+ * alarm fires, the command goes to the builder at once; D1 is written once,
+ * after, with the job's last and next run (the list and the watchdog read it).
+ *
+ * Alarms are at-least-once and may race with updates: a run is named after its
+ * scheduled second and inserted only if new, so a duplicate delivery does
+ * nothing; the next alarm is always computed from the definition stored now,
+ * so an update that lands while the alarm runs wins; a run ends once (a
+ * conditional update), whichever of callback, poll or cancel gets there first.
  */
 export class CronJob extends DurableObject<Env> {
-  private get db() {
-    return openDb(this.env.DB);
+  constructor(ctx: DurableObjectState, env: Env) {
+    super(ctx, env);
+    ctx.storage.sql.exec(`CREATE TABLE IF NOT EXISTS runs (
+      seq INTEGER PRIMARY KEY AUTOINCREMENT,
+      job_name TEXT NOT NULL UNIQUE,
+      trigger TEXT NOT NULL,
+      status TEXT NOT NULL,
+      scheduled_at INTEGER NOT NULL,
+      started_at INTEGER NOT NULL,
+      finished_at INTEGER,
+      exit_code INTEGER,
+      error TEXT,
+      builder_job_id TEXT,
+      log_key TEXT
+    )`);
+    ctx.storage.sql.exec("CREATE INDEX IF NOT EXISTS runs_running ON runs (status) WHERE status = 'running'");
   }
+
+  /** D1 statements this object ran while handling the current alarm (logged with each run: issue 11 counts them). */
+  private d1Queries = 0;
 
   private get config() {
     return configOf(this.env);
   }
 
-  /** (Re)arms the alarm for the job's next run; returns that time (epoch ms) or null. */
-  async arm(cronId: string): Promise<number | null> {
-    await this.ctx.storage.put("cronId", cronId);
-    const cron = await this.loadCron();
-    if (!cron) {
-      await this.destroy();
-      return null;
-    }
-    return this.reschedule(cron);
+  private get db() {
+    return openDb(countingD1(this.env.DB, () => this.d1Queries++));
+  }
+
+  private get kv() {
+    return this.ctx.storage.kv;
+  }
+
+  private job(): CronDefinition | undefined {
+    return this.kv.get<CronDefinition>("job");
+  }
+
+  private target(): CronTarget | undefined {
+    return this.kv.get<CronTarget>("target");
+  }
+
+  /**
+   * Stores the job's definition (create and every update) and, when given,
+   * its app's target; re-arms the alarm for the next run, which it returns
+   * (epoch ms).
+   */
+  async configure(job: CronDefinition, target: CronTarget | null): Promise<number | null> {
+    this.kv.put("job", job);
+    if (target) this.storeTarget(target);
+    return this.reschedule();
+  }
+
+  /** A newer copy of the app's target (older pushes, arriving late, are ignored). */
+  async setTarget(target: CronTarget): Promise<void> {
+    this.storeTarget(target);
+  }
+
+  private storeTarget(target: CronTarget): void {
+    const current = this.target();
+    if (!current || current.version <= target.version) this.kv.put("target", target);
   }
 
   /** Starts a manual run now, whatever the schedule and concurrency policy say. */
-  async runNow(): Promise<{ jobName: string; status: CronRunRow["status"] } | null> {
-    const job = await this.loadJob();
-    if (!job?.target) return null;
-    const { cron, target } = job;
+  async runNow(): Promise<{ jobName: string; status: RunRow["status"] } | null> {
+    const job = this.job();
+    const target = this.target();
+    if (!job || !target) return null;
     const now = Date.now();
     const jobName = `manual-${randomBase62(6).toLowerCase()}-${Math.floor(now / 1000)}`;
-    const run = await this.insertRun(cron, jobName, "manual", now);
-    if (!run) return null;
-    await this.dispatch(cron, target, run);
-    await this.reschedule(cron);
-    const after = await this.loadRun(cron.id, jobName);
-    return { jobName, status: after?.status ?? "running" };
+    this.insertRun(jobName, "manual", now);
+    this.kv.put("lastRunAt", now);
+    await this.dispatch(job, target, jobName);
+    await this.reschedule();
+    await this.recordInD1(job);
+    return { jobName, status: this.row(jobName)?.status ?? "running" };
   }
 
-  /** Cancels a running run; the builder kills its process group. */
-  async cancel(jobName: string): Promise<boolean> {
-    const cron = await this.loadCron();
-    const run = cron && (await this.loadRun(cron.id, jobName));
-    if (!cron || !run || run.status !== "running") return false;
-    await this.stopRun(cron, run, "cancelled");
-    return true;
+  /** The newest runs first (the last {@link RUN_HISTORY} are kept). */
+  async runs(): Promise<CronRunRecord[]> {
+    return this.ctx.storage.sql
+      .exec<RunRow>("SELECT * FROM runs ORDER BY seq DESC LIMIT ?", RUN_HISTORY)
+      .toArray()
+      .map(recordOf);
+  }
+
+  async run(jobName: string): Promise<CronRunRecord | null> {
+    const row = this.row(jobName);
+    return row ? recordOf(row) : null;
+  }
+
+  /** A run's log: stored in R2 once it ended, read live from the builder while it runs; null for an unknown run. */
+  async logs(jobName: string): Promise<string | null> {
+    const row = this.row(jobName);
+    if (!row) return null;
+    if (row.log_key) return (await (await this.env.BUCKET.get(row.log_key))?.text()) ?? "";
+    const live = row.builder_job_id ? await jobLog(this.config, row.builder_job_id).catch(() => null) : null;
+    return live?.ok ? live.value : "";
+  }
+
+  /** Cancels a running run (the builder kills its processes); the run as it is afterwards, null when unknown. */
+  async cancel(jobName: string): Promise<CronRunRecord | null> {
+    const row = this.row(jobName);
+    const job = this.job();
+    if (!row || !job) return null;
+    if (row.status === "running") {
+      await this.stopRun(job, row, "cancelled");
+      await this.reschedule();
+    }
+    return this.run(jobName);
+  }
+
+  /** Last and next run, and whether the schedule is behind (an alarm that did not fire). */
+  async detail(): Promise<{ lastRunAt: number | null; nextRunAt: number | null; late: boolean }> {
+    const job = this.job();
+    const next = this.kv.get<number>("scheduledFor") ?? null;
+    const alarm = await this.ctx.storage.getAlarm();
+    const late =
+      Boolean(job?.enabled) && next !== null && Date.now() - next > LATE_AFTER_MS && (alarm === null || alarm > next);
+    return { lastRunAt: this.kv.get<number>("lastRunAt") ?? null, nextRunAt: job?.enabled ? next : null, late };
+  }
+
+  /**
+   * The watchdog's call for a job whose next run is overdue (its alarm failed
+   * past the runtime's retries): runs what is due now, once, and re-arms.
+   */
+  async rearm(): Promise<number | null> {
+    const job = this.job();
+    if (!job) return null;
+    await this.alarm();
+    await this.recordInD1(this.job() ?? job);
+    return this.kv.get<number>("scheduledFor") ?? null;
   }
 
   /** The builder's signed completion callback lands here (see worker/routes/internal.ts). */
   async jobFinished(status: JobStatus): Promise<void> {
-    const cron = await this.loadCron();
+    const job = this.job();
     const jobName = status.labels.jobName;
-    const run = cron && jobName ? await this.loadRun(cron.id, jobName) : null;
-    if (!cron || !run || run.status !== "running" || run.builderJobId !== status.id) return;
-    await this.completeFromBuilder(cron, run, status);
-    await this.reschedule(cron);
+    const row = jobName ? this.row(jobName) : null;
+    if (!job || !row || row.status !== "running") return;
+    if (row.builder_job_id !== null && row.builder_job_id !== status.id) return;
+    await this.completeFromBuilder(job, row, status);
+    await this.reschedule();
   }
 
   /** Disarms and forgets everything; a stale alarm afterwards finds nothing to do. */
@@ -117,208 +240,192 @@ export class CronJob extends DurableObject<Env> {
   }
 
   override async alarm(): Promise<void> {
-    const job = await this.loadJob();
+    this.d1Queries = 0;
+    const job = this.job() ?? (await this.adoptLegacy());
     if (!job) {
       await this.destroy();
       return;
     }
-    const now = Date.now();
-    const [due, pollAt] = await Promise.all([
-      this.ctx.storage.get<number>("scheduledFor"),
-      this.ctx.storage.get<number>("pollAt"),
-    ]);
-    if (due !== undefined && due <= now) await this.fire(job.cron, job.target, due);
-    if (pollAt !== undefined && pollAt <= now) await this.pollRunning(job.cron);
-    await this.reschedule(job.cron);
+    const due = this.kv.get<number>("scheduledFor");
+    const dispatchedAt = due !== undefined && due <= Date.now() ? await this.fire(job, due) : null;
+    const pollAt = this.kv.get<number>("pollAt");
+    if (pollAt !== undefined && pollAt <= Date.now()) await this.pollRunning();
+    // From the definition stored now: an update that landed while this alarm ran wins.
+    await this.reschedule();
+    if (dispatchedAt !== null && due !== undefined) {
+      await this.recordInD1(this.job() ?? job);
+      await this.trimHistory();
+      // One structured line per scheduled run: how late the builder had it, and what it cost D1.
+      console.log(
+        JSON.stringify({
+          event: "cron.run",
+          cronId: job.id,
+          jobName: `${job.name}-${Math.floor(due / 1000)}`,
+          dispatchLagMs: dispatchedAt - due,
+          d1Queries: this.d1Queries,
+        }),
+      );
+    }
   }
 
-  private async loadCron(): Promise<CronRow | null> {
-    const cronId = await this.ctx.storage.get<string>("cronId");
-    if (!cronId) return null;
-    return (await this.db.select().from(crons).where(eq(crons.id, cronId)).get()) ?? null;
+  private row(jobName: string): RunRow | null {
+    return this.ctx.storage.sql.exec<RunRow>("SELECT * FROM runs WHERE job_name = ?", jobName).toArray()[0] ?? null;
   }
 
-  /** The job with its app and the disk attached to it, in one query (the alarm's hot path). */
-  private async loadJob(): Promise<{ cron: CronRow; target: Target | null } | null> {
-    const cronId = await this.ctx.storage.get<string>("cronId");
-    if (!cronId) return null;
-    const row = await this.db
-      .select({ cron: crons, app: apps, disk: disks, sourceKey: deployments.sourceKey })
-      .from(crons)
-      .leftJoin(apps, eq(apps.id, crons.appId))
-      .leftJoin(disks, eq(disks.appId, crons.appId))
-      .leftJoin(deployments, eq(deployments.id, apps.activeDeploymentId))
-      .where(eq(crons.id, cronId))
-      .get();
-    if (!row) return null;
-    return { cron: row.cron, target: row.app ? { app: row.app, disk: row.disk, sourceKey: row.sourceKey } : null };
+  private runningRows(): RunRow[] {
+    return this.ctx.storage.sql.exec<RunRow>("SELECT * FROM runs WHERE status = 'running' ORDER BY seq").toArray();
   }
 
-  private async loadRun(cronId: string, jobName: string): Promise<CronRunRow | null> {
-    return (
-      (await this.db
-        .select()
-        .from(cronRuns)
-        .where(and(eq(cronRuns.cronId, cronId), eq(cronRuns.jobName, jobName)))
-        .get()) ?? null
+  /** Inserts a `running` run; false when one of that name exists (a duplicate alarm delivery). */
+  private insertRun(jobName: string, trigger: RunRow["trigger"], scheduledAt: number): boolean {
+    const cursor = this.ctx.storage.sql.exec(
+      "INSERT INTO runs (job_name, trigger, status, scheduled_at, started_at) VALUES (?, ?, 'running', ?, ?) ON CONFLICT (job_name) DO NOTHING",
+      jobName,
+      trigger,
+      scheduledAt,
+      Date.now(),
     );
-  }
-
-  private async runningRuns(cronId: string): Promise<CronRunRow[]> {
-    return this.db
-      .select()
-      .from(cronRuns)
-      .where(and(eq(cronRuns.cronId, cronId), eq(cronRuns.status, "running")))
-      .orderBy(asc(cronRuns.startedAt));
+    return cursor.rowsWritten > 0;
   }
 
   /**
-   * Next run strictly after now: a late alarm runs once and the schedule moves
-   * on, never a catch-up burst. The alarm is the earlier of that and the next poll.
+   * Next run strictly after now, from the stored definition: a late alarm runs
+   * once and the schedule moves on, never a catch-up burst. The alarm is the
+   * earlier of that and the next poll of running runs.
    */
-  private async reschedule(cron: CronRow): Promise<number | null> {
+  private async reschedule(): Promise<number | null> {
     const now = Date.now();
-    const next = nextRuns(cron.schedule, cron.timezone, now, 1)[0] ?? null;
-    if (next === null) await this.ctx.storage.delete("scheduledFor");
-    else await this.ctx.storage.put("scheduledFor", next);
-    const running = await this.runningRuns(cron.id);
+    const job = this.job();
+    // Armed while disabled too (DESIGN §4): the alarm skips the run and arms the next, so enabling needs nothing more.
+    const next = job ? (nextRuns(job.schedule, job.timezone, now, 1)[0] ?? null) : null;
+    if (next === null) this.kv.delete("scheduledFor");
+    else this.kv.put("scheduledFor", next);
+    const running = this.runningRows();
     // Keep a poll already planned (re-arming must not push it back), else plan the next one.
-    const planned = await this.ctx.storage.get<number>("pollAt");
+    const planned = this.kv.get<number>("pollAt");
     const pollAt =
       running.length === 0
         ? null
         : planned !== undefined && planned > now
           ? planned
-          : now + (running.some((r) => now - r.startedAt < FAST_POLL_WINDOW_MS) ? FAST_POLL_MS : SLOW_POLL_MS);
-    if (pollAt === null) await this.ctx.storage.delete("pollAt");
-    else await this.ctx.storage.put("pollAt", pollAt);
+          : now + (running.some((r) => now - r.started_at < FAST_POLL_WINDOW_MS) ? FAST_POLL_MS : SLOW_POLL_MS);
+    if (pollAt === null) this.kv.delete("pollAt");
+    else this.kv.put("pollAt", pollAt);
     const wake = Math.min(next ?? Number.POSITIVE_INFINITY, pollAt ?? Number.POSITIVE_INFINITY);
     if (Number.isFinite(wake)) await this.ctx.storage.setAlarm(wake);
     else await this.ctx.storage.deleteAlarm();
-    if (cron.nextRunAt !== next) {
-      await this.db.update(crons).set({ nextRunAt: next }).where(eq(crons.id, cron.id));
-    }
     return next;
   }
 
-  private async fire(cron: CronRow, target: Target | null, due: number): Promise<void> {
-    if (!target || !cron.enabled || target.app.status === "stopped") return;
-    const running = await this.runningRuns(cron.id);
-    if (running.length > 0) {
-      if (cron.concurrencyPolicy === "forbid") return;
-      if (cron.concurrencyPolicy === "replace") {
-        for (const run of running) await this.stopRun(cron, run, "replaced by the next scheduled run");
-      }
+  /** Starts the run due at `due`, unless the job or its app says not to; when one started, the time the builder had it. */
+  private async fire(job: CronDefinition, due: number): Promise<number | null> {
+    const target = this.target();
+    if (!job.enabled || !target || target.stopped) return null;
+    const running = this.runningRows();
+    if (running.length > 0 && job.concurrencyPolicy === "forbid") return null;
+    const jobName = `${job.name}-${Math.floor(due / 1000)}`;
+    if (!this.insertRun(jobName, "schedule", due)) return null;
+    this.kv.put("lastRunAt", due);
+    // The only wait before the command starts is the builder's answer; the rest is bookkeeping after.
+    await this.dispatch(job, target, jobName);
+    const dispatchedAt = Date.now();
+    if (job.concurrencyPolicy === "replace") {
+      for (const row of running) await this.stopRun(job, row, "replaced by the next scheduled run");
     }
-    const run = await this.insertRun(cron, `${cron.name}-${Math.floor(due / 1000)}`, "schedule", due);
-    if (run) await this.dispatch(cron, target, run);
+    return dispatchedAt;
   }
 
-  /** Inserts a `running` run; null when a run of that name exists (a duplicate alarm delivery). */
-  private async insertRun(
-    cron: CronRow,
-    jobName: string,
-    trigger: CronRunRow["trigger"],
-    scheduledAt: number,
-  ): Promise<CronRunRow | null> {
-    // One round trip; on a duplicate delivery the update rewrites the same lastRunAt.
-    const [[run]] = await this.db.batch([
-      this.db
-        .insert(cronRuns)
-        .values({ cronId: cron.id, jobName, trigger, status: "running", scheduledAt, startedAt: Date.now() })
-        .onConflictDoNothing()
-        .returning(),
-      this.db.update(crons).set({ lastRunAt: scheduledAt }).where(eq(crons.id, cron.id)),
-    ]);
-    if (!run) return null;
-    const inserted = ((await this.ctx.storage.get<number>("runsSinceTrim")) ?? 0) + 1;
-    if (inserted >= TRIM_EVERY_RUNS) await this.trimHistory(cron.id);
-    await this.ctx.storage.put("runsSinceTrim", inserted >= TRIM_EVERY_RUNS ? 0 : inserted);
-    return run;
-  }
-
-  /** Sends the run to the builder with the app's decrypted env vars and its disk. */
-  private async dispatch(cron: CronRow, { app, disk, sourceKey }: Target, run: CronRunRow): Promise<void> {
+  /** Sends the run to the builder with the app's env vars, disk and source; a refusal or an outage fails it. */
+  private async dispatch(job: CronDefinition, target: CronTarget, jobName: string): Promise<void> {
     const config = this.config;
+    const { disk } = target;
+    if (disk?.restoring) {
+      const error = `disk ${disk.name} is being restored; the run did not start`;
+      await this.complete(jobName, { status: "failed", exitCode: null, error, log: logLine(`error: ${error}`) });
+      return;
+    }
     try {
-      if (disk?.status === "restoring") {
-        await this.complete(cron, run, {
-          status: "failed",
-          exitCode: null,
-          error: `disk ${disk.name} is being restored`,
-          log: logLine(`error: disk ${disk.name} is being restored; the run did not start`),
-        });
-        return;
-      }
       const spec: JobSpec = {
-        tenant: cron.accountId,
-        command: cron.command,
-        env: await envOf(this.db, config, app.id),
-        timeoutSeconds: cron.timeoutSeconds,
-        memoryMb: app.memoryMb,
+        key: `${job.id}/${jobName}`,
+        tenant: job.accountId,
+        command: job.command,
+        env: await decryptEnv(config, target.appId, target.env),
+        timeoutSeconds: job.timeoutSeconds,
+        memoryMb: target.memoryMb,
         callbackUrl: new URL("/internal/builder/callback", config.PUBLIC_URL).href,
-        labels: { kind: "cron", cronId: cron.id, jobName: run.jobName },
+        labels: { kind: "cron", cronId: job.id, jobName },
         ...(disk ? { disk: { id: disk.id, mountPath: disk.mountPath, sizeBytes: disk.sizeGb * GIB } } : {}),
         // The app's environment: the source of its active deployment, extracted as the working directory.
-        ...(sourceKey
-          ? { sourceUrl: (await presign(config, { method: "GET", key: sourceKey, expiresInSeconds: config.PRESIGNED_URL_TTL_SECONDS })).url }
+        ...(target.sourceKey
+          ? {
+              sourceUrl: (await presign(config, { method: "GET", key: target.sourceKey, expiresInSeconds: config.PRESIGNED_URL_TTL_SECONDS }))
+                .url,
+            }
           : {}),
       };
       const submitted = await submitJob(config, spec);
       if (!submitted.ok) {
         const error = `the builder refused the run: ${submitted.message}`;
-        await this.complete(cron, run, { status: "failed", exitCode: null, error, log: logLine(`error: ${error}`) });
+        await this.complete(jobName, { status: "failed", exitCode: null, error, log: logLine(`error: ${error}`) });
         return;
       }
-      await this.db
-        .update(cronRuns)
-        .set({ builderJobId: submitted.value.id })
-        .where(and(eq(cronRuns.cronId, cron.id), eq(cronRuns.jobName, run.jobName)));
+      this.ctx.storage.sql.exec("UPDATE runs SET builder_job_id = ? WHERE job_name = ?", submitted.value.id, jobName);
     } catch (err) {
+      // Unreachable even after retries. The key lets the next poll find the run if the builder did get it.
       const error = `the builder could not be reached: ${err instanceof Error ? err.message : String(err)}`;
-      await this.complete(cron, run, { status: "failed", exitCode: null, error, log: logLine(`error: ${error}`) });
+      this.kv.put(`unreachable:${jobName}`, error);
     }
   }
 
-  /** Asks the builder about every running run; a lost callback loses nothing. */
-  private async pollRunning(cron: CronRow): Promise<void> {
+  /** Asks the builder about every running run; a lost callback or a lost submission reply loses nothing. */
+  private async pollRunning(): Promise<void> {
+    const job = this.job();
+    if (!job) return;
     const now = Date.now();
-    for (const run of await this.runningRuns(cron.id)) {
-      if (!run.builderJobId) {
-        if (now - run.startedAt > DISPATCH_GRACE_MS) {
-          const error = "the run never reached the builder";
-          await this.complete(cron, run, { status: "failed", exitCode: null, error, log: logLine(`error: ${error}`) });
-        }
+    for (const row of this.runningRows()) {
+      const found = row.builder_job_id
+        ? await getJob(this.config, row.builder_job_id).catch(() => null)
+        : await findJob(this.config, `${job.id}/${row.job_name}`).catch(() => null);
+      if (found?.ok) {
+        if (!row.builder_job_id) this.ctx.storage.sql.exec("UPDATE runs SET builder_job_id = ? WHERE job_name = ?", found.value.id, row.job_name);
+        if (found.value.finishedAt !== null) await this.completeFromBuilder(job, { ...row, builder_job_id: found.value.id }, found.value);
         continue;
       }
-      const job = await getJob(this.config, run.builderJobId).catch(() => null);
-      if (job?.ok) {
-        if (job.value.finishedAt !== null) await this.completeFromBuilder(cron, run, job.value);
-      } else if (now - run.startedAt > cron.timeoutSeconds * 1000 + LOST_CONTACT_GRACE_MS) {
-        const error = `lost contact with the builder${job ? `: ${job.message}` : ""}`;
-        await this.complete(cron, run, { status: "failed", exitCode: null, error, log: logLine(`error: ${error}`) });
+      const unreachable = this.kv.get<string>(`unreachable:${row.job_name}`);
+      const age = now - row.started_at;
+      let error: string | null = null;
+      if (row.builder_job_id) {
+        // The builder took the run; it answers that it has no such job (lost), or not at all for too long.
+        if (found?.status === 404) error = `the builder has no record of job ${row.builder_job_id}: it was lost (the builder restarted without its records)`;
+        else if (!found && age > job.timeoutSeconds * 1000 + LOST_CONTACT_GRACE_MS) error = "lost contact with the builder";
+      } else if (found?.status === 404) {
+        // The submission was never confirmed, and the builder does not know its key: it never arrived.
+        error = unreachable ?? "the run never reached the builder";
+      } else if (!found && age > DISPATCH_GRACE_MS) {
+        error = unreachable ?? "the run never reached the builder";
       }
+      if (error !== null) await this.complete(row.job_name, { status: "failed", exitCode: null, error, log: logLine(`error: ${error}`) });
     }
   }
 
-  private async stopRun(cron: CronRow, run: CronRunRow, why: string): Promise<void> {
-    const cancelled = run.builderJobId ? await cancelJob(this.config, run.builderJobId).catch(() => null) : null;
+  private async stopRun(job: CronDefinition, row: RunRow, why: string): Promise<void> {
+    const cancelled = row.builder_job_id ? await cancelJob(this.config, row.builder_job_id).catch(() => null) : null;
     if (cancelled?.ok && cancelled.value.finishedAt !== null) {
-      await this.completeFromBuilder(cron, run, cancelled.value, why);
+      await this.completeFromBuilder(job, row, cancelled.value, why);
       return;
     }
-    await this.complete(cron, run, { status: "failed", exitCode: null, error: why, log: logLine(`error: ${why}`) });
+    await this.complete(row.job_name, { status: "failed", exitCode: null, error: why, log: logLine(`error: ${why}`) });
   }
 
-  private async completeFromBuilder(cron: CronRow, run: CronRunRow, status: JobStatus, why?: string): Promise<void> {
+  private async completeFromBuilder(job: CronDefinition, row: RunRow, status: JobStatus, why?: string): Promise<void> {
     const log = await jobLog(this.config, status.id).catch(() => null);
     const text = log?.ok ? log.value : logLine("warning: the builder's log could not be fetched");
     if (status.status === "succeeded") {
-      await this.complete(cron, run, { status: "success", exitCode: status.exitCode, error: null, log: text });
+      await this.complete(row.job_name, { status: "success", exitCode: status.exitCode, error: null, log: text });
       return;
     }
-    const line = why ? `error: ${why}` : failureLine(status, cron.timeoutSeconds);
-    await this.complete(cron, run, {
+    const line = why ? `error: ${why}` : failureLine(status, job.timeoutSeconds);
+    await this.complete(row.job_name, {
       status: "failed",
       exitCode: status.exitCode,
       error: line.replace(/^error: /, ""),
@@ -326,35 +433,80 @@ export class CronJob extends DurableObject<Env> {
     });
   }
 
-  /** Stores the log in R2, then records the outcome once (a racing callback and poll agree). */
-  private async complete(cron: CronRow, run: CronRunRow, outcome: Outcome): Promise<void> {
-    const key = logKey(cron.id, run.jobName);
+  /** Records the outcome once (a racing callback, poll and cancel agree on the first), then stores the log in R2. */
+  private async complete(jobName: string, outcome: Outcome): Promise<void> {
+    const ended = this.ctx.storage.sql.exec(
+      "UPDATE runs SET status = ?, finished_at = ?, exit_code = ?, error = ? WHERE job_name = ? AND status = 'running'",
+      outcome.status,
+      Date.now(),
+      outcome.exitCode,
+      outcome.error,
+      jobName,
+    );
+    if (ended.rowsWritten === 0) return;
+    this.kv.delete(`unreachable:${jobName}`);
+    const job = this.job();
+    if (!job) return;
+    const key = logKey(job.id, jobName);
     await this.env.BUCKET.put(key, outcome.log, { httpMetadata: { contentType: "text/plain; charset=utf-8" } });
-    await this.db
-      .update(cronRuns)
-      .set({
-        status: outcome.status,
-        finishedAt: Date.now(),
-        exitCode: outcome.exitCode,
-        error: outcome.error,
-        logKey: key,
-      })
-      .where(and(eq(cronRuns.cronId, cron.id), eq(cronRuns.jobName, run.jobName), eq(cronRuns.status, "running")));
+    this.ctx.storage.sql.exec("UPDATE runs SET log_key = ? WHERE job_name = ?", key, jobName);
   }
 
-  /** Keeps the newest {@link RUN_HISTORY} runs (checked every {@link TRIM_EVERY_RUNS}); older ones go with their logs. */
-  private async trimHistory(cronId: string): Promise<void> {
-    const old = await this.db
-      .select({ jobName: cronRuns.jobName })
-      .from(cronRuns)
-      .where(eq(cronRuns.cronId, cronId))
-      .orderBy(desc(cronRuns.startedAt), desc(cronRuns.jobName))
-      .limit(1000)
-      .offset(RUN_HISTORY);
-    if (old.length === 0) return;
-    await this.env.BUCKET.delete(old.map((r) => logKey(cronId, r.jobName)));
-    for (const { jobName } of old) {
-      await this.db.delete(cronRuns).where(and(eq(cronRuns.cronId, cronId), eq(cronRuns.jobName, jobName)));
+  /** The job's last and next run, for the list and the watchdog: the one D1 write of a run, after it started. */
+  private async recordInD1(job: CronDefinition): Promise<void> {
+    await this.db
+      .update(crons)
+      .set({ lastRunAt: this.kv.get<number>("lastRunAt") ?? null, nextRunAt: this.kv.get<number>("scheduledFor") ?? null })
+      .where(eq(crons.id, job.id));
+  }
+
+  /** Keeps the newest {@link RUN_HISTORY} runs; reads only the rows past them (by the primary key), never scans. */
+  private async trimHistory(): Promise<void> {
+    const job = this.job();
+    const old = this.ctx.storage.sql
+      .exec<{ seq: number; job_name: string }>("SELECT seq, job_name FROM runs ORDER BY seq DESC LIMIT -1 OFFSET ?", RUN_HISTORY)
+      .toArray();
+    if (!job || old.length === 0) return;
+    await this.env.BUCKET.delete(old.map((r) => logKey(job.id, r.job_name)));
+    this.ctx.storage.sql.exec("DELETE FROM runs WHERE seq <= ?", old[0]!.seq);
+  }
+
+  /**
+   * An object made before objects owned their runs holds only its job's id:
+   * reads the definition and target from D1 once, takes the job's runs over
+   * from D1's cron_runs (deleting them there), and carries on.
+   */
+  private async adoptLegacy(): Promise<CronDefinition | undefined> {
+    const cronId = this.kv.get<string>("cronId");
+    if (!cronId) return undefined;
+    const db = this.db;
+    const row = await db.select().from(crons).where(eq(crons.id, cronId)).get();
+    if (!row) return undefined;
+    const { lastRunAt, nextRunAt: _next, targetVersion: _version, ...job } = row;
+    const [target, legacy] = await Promise.all([
+      loadTarget(db, row.appId),
+      db.select().from(cronRuns).where(eq(cronRuns.cronId, cronId)).orderBy(asc(cronRuns.startedAt)),
+    ]);
+    for (const run of legacy) {
+      this.ctx.storage.sql.exec(
+        "INSERT INTO runs (job_name, trigger, status, scheduled_at, started_at, finished_at, exit_code, error, builder_job_id, log_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (job_name) DO NOTHING",
+        run.jobName,
+        run.trigger,
+        run.status,
+        run.scheduledAt,
+        run.startedAt,
+        run.finishedAt,
+        run.exitCode,
+        run.error,
+        run.builderJobId,
+        run.logKey,
+      );
     }
+    this.kv.put("job", job);
+    if (target) this.storeTarget(target);
+    if (lastRunAt !== null) this.kv.put("lastRunAt", lastRunAt);
+    this.kv.delete("cronId");
+    if (legacy.length > 0) await db.delete(cronRuns).where(and(eq(cronRuns.cronId, cronId)));
+    return job;
   }
 }

@@ -1,37 +1,55 @@
 import { and, desc, eq, inArray, ne } from "drizzle-orm";
-import { type BlobsRequest, type BlobsResponse, GENERATED_WEB_SERVER_CONFIG_PATH, type JobStatus } from "../builder/src/protocol";
+import { type BlobsRequest, type BlobsResponse, GENERATED_WEB_SERVER_CONFIG_PATH } from "../builder/src/protocol";
 import { apps, deployments } from "../worker/db/schema";
+import type { Env } from "../worker/env";
 import { cancelJob, jobLog, submitBuild } from "../worker/lib/builder-client";
 import { parseHeadersFile } from "../worker/sites/headers";
 import { blobKey, blobPrefix, type Manifest, manifestKey } from "../worker/sites/serve";
 import { presign } from "../worker/storage/presign";
-import { ARTIFACTS, artifactKey, buildLogKey, KEPT_DEPLOYMENTS } from "../worker/services/deployments";
+import { appChanged } from "../worker/services/cron-targets";
+import { ARTIFACTS, activateIfNewer, artifactKey, buildLogKey, KEPT_DEPLOYMENTS } from "../worker/services/deployments";
 import { envOf } from "../worker/services/env-vars";
-import { failureOf, SingleBuilderJob } from "./single-job";
+import { type Ending, failureOf, SingleBuilderJob } from "./single-job";
 
 const HEADERS_FILE = "/_headers";
 
 /** Heads run this many at a time when checking which blobs storage lacks. */
 const HEAD_CONCURRENCY = 50;
+/**
+ * Blobs checked per invocation when a build finishes: with the few other
+ * subrequests of a finish, well under Workers' 1,000 per invocation (free
+ * plan); a bigger site is checked over several alarms.
+ */
+const VERIFY_PER_INVOCATION = 800;
 
 /**
  * One object per deployment: drives the builder's static-site build (fetch
- * source, install, build, upload the blobs R2 lacks), then publishes the
- * manifest and switches the app's active deployment in one UPDATE. Keeps the
- * last {@link KEPT_DEPLOYMENTS} deployments for rollback.
+ * source, install, build, upload the blobs R2 lacks), checks that every blob
+ * it handed out an upload URL for arrived, then publishes the manifest and
+ * switches the app's active deployment in one UPDATE, forward only (an older
+ * build finishing late never replaces a newer one). Keeps the last
+ * {@link KEPT_DEPLOYMENTS} deployments for rollback.
  */
 export class Deployment extends SingleBuilderJob {
+  constructor(ctx: DurableObjectState, env: Env) {
+    super(ctx, env);
+    // Blobs this deployment handed out upload URLs for: what must be in storage before it goes live.
+    ctx.storage.sql.exec("CREATE TABLE IF NOT EXISTS issued (sha256 TEXT PRIMARY KEY, verified INTEGER NOT NULL DEFAULT 0)");
+  }
+
   async start(deploymentId: string): Promise<void> {
     const row = await this.db.select().from(deployments).where(eq(deployments.id, deploymentId)).get();
     if (row?.status !== "queued" || row.startedAt !== null) return;
     const app = await this.db.select().from(apps).where(eq(apps.id, row.appId)).get();
     if (!app) return;
-    await this.ctx.storage.put({ deploymentId, accountId: app.accountId });
+    this.ctx.storage.kv.put("deploymentId", deploymentId);
+    this.ctx.storage.kv.put("accountId", app.accountId);
     const now = Date.now();
     await this.db.update(deployments).set({ status: "building", startedAt: now }).where(eq(deployments.id, deploymentId));
     const config = this.config;
     const source = await presign(config, { method: "GET", key: row.sourceKey, expiresInSeconds: config.PRESIGNED_URL_TTL_SECONDS });
     const submitted = await submitBuild(config, {
+      key: deploymentId,
       tenant: app.accountId,
       sourceUrl: source.url,
       env: await envOf(this.db, config, app.id),
@@ -42,12 +60,8 @@ export class Deployment extends SingleBuilderJob {
       callbackUrl: new URL("/internal/builder/callback", config.PUBLIC_URL).href,
       labels: { kind: "deployment", deploymentId },
     }).catch((err: unknown) => ({ ok: false as const, message: err instanceof Error ? err.message : String(err) }));
-    if (!submitted.ok) {
-      await this.fail(`the builder could not start the build: ${submitted.message}`);
-      return;
-    }
-    await this.db.update(deployments).set({ builderJobId: submitted.value.id }).where(eq(deployments.id, deploymentId));
-    await this.watch(submitted.value.id);
+    if (submitted.ok) await this.db.update(deployments).set({ builderJobId: submitted.value.id }).where(eq(deployments.id, deploymentId));
+    await this.submitted(deploymentId, submitted, "the build");
   }
 
   /**
@@ -57,11 +71,9 @@ export class Deployment extends SingleBuilderJob {
    * the account, so nothing tells one account what another has stored.
    */
   async missingBlobs(request: BlobsRequest): Promise<BlobsResponse> {
-    const [finished, accountId] = await Promise.all([
-      this.ctx.storage.get<boolean>("finished"),
-      this.ctx.storage.get<string>("accountId"),
-    ]);
-    if (finished || !accountId) return { missing: [] };
+    const kv = this.ctx.storage.kv;
+    const accountId = kv.get<string>("accountId");
+    if (kv.get("finished") || kv.get("finishing") || !accountId) return { missing: [] };
     const prefix = blobPrefix(accountId);
     const unique = [...new Map(request.blobs.map((b) => [b.sha256, b])).values()];
     const missing: BlobsResponse["missing"] = [];
@@ -77,6 +89,7 @@ export class Deployment extends SingleBuilderJob {
           contentLength: blob.size,
           sha256: blob.sha256,
         });
+        this.ctx.storage.sql.exec("INSERT INTO issued (sha256) VALUES (?) ON CONFLICT DO NOTHING", blob.sha256);
         missing.push({ sha256: blob.sha256, url });
       }
     }
@@ -84,7 +97,7 @@ export class Deployment extends SingleBuilderJob {
   }
 
   async cancel(): Promise<void> {
-    const jobId = await this.ctx.storage.get<string>("jobId");
+    const jobId = this.ctx.storage.kv.get<string>("jobId");
     if (jobId) await cancelJob(this.config, jobId).catch(() => undefined);
   }
 
@@ -92,20 +105,20 @@ export class Deployment extends SingleBuilderJob {
     return this.config.BUILD_TIMEOUT_SECONDS * 1000 + 10 * 60_000;
   }
 
-  protected async finish(status: JobStatus | { error: string }): Promise<void> {
-    const deploymentId = await this.ctx.storage.get<string>("deploymentId");
+  protected async finish(ending: Ending): Promise<void> {
+    const deploymentId = this.ctx.storage.kv.get<string>("deploymentId");
     const row = deploymentId ? await this.db.select().from(deployments).where(eq(deployments.id, deploymentId)).get() : null;
     if (!row) return;
-    if ("id" in status) {
-      const log = await jobLog(this.config, status.id).catch(() => null);
+    if ("id" in ending) {
+      const log = await jobLog(this.config, ending.id).catch(() => null);
       if (log?.ok) await this.env.BUCKET.put(buildLogKey(row.id), log.value, { httpMetadata: { contentType: "text/plain; charset=utf-8" } });
     }
     const now = Date.now();
-    const result = "id" in status ? status.result : null;
-    let error = failureOf(status);
+    const result = "id" in ending ? ending.result : null;
+    let error = failureOf(ending);
     if (!error && result?.kind !== "build") error = "the builder reported no build result";
     if (error || result?.kind !== "build") {
-      const cancelled = "id" in status && status.status === "cancelled";
+      const cancelled = "id" in ending && ending.status === "cancelled";
       await this.db
         .update(deployments)
         .set({ status: cancelled ? "cancelled" : "failed", error, finishedAt: now })
@@ -126,25 +139,13 @@ export class Deployment extends SingleBuilderJob {
         peakMemoryBytes: result.peakMemoryBytes,
       })
       .where(eq(deployments.id, row.id));
-    const absent = [];
-    for (let i = 0; i < result.manifest.length; i += HEAD_CONCURRENCY) {
-      const batch = result.manifest.slice(i, i + HEAD_CONCURRENCY);
-      const heads = await Promise.all(batch.map((f) => this.env.BUCKET.head(blobKey(blobPrefix(row.accountId), f.sha256))));
-      absent.push(...batch.filter((_, j) => !heads[j]).map((f) => f.path));
-    }
-    if (absent.length > 0) {
-      const error = `${absent.length} file(s) never reached storage, e.g. ${absent.slice(0, 3).join(", ")}`;
-      await this.db.update(deployments).set({ status: "failed", error, finishedAt: Date.now() }).where(eq(deployments.id, row.id));
-      return;
-    }
     // `_headers` configures the edge (DESIGN §6); like on Pages it is applied, not served.
+    const prefix = blobPrefix(row.accountId);
     const headersFile = result.manifest.find((f) => f.path === HEADERS_FILE);
-    const headersText = headersFile
-      ? await (await this.env.BUCKET.get(blobKey(blobPrefix(row.accountId), headersFile.sha256)))?.text()
-      : undefined;
+    const headersText = headersFile ? await (await this.env.BUCKET.get(blobKey(prefix, headersFile.sha256)))?.text() : undefined;
     const manifest: Manifest = {
       spa: result.spa,
-      blobs: blobPrefix(row.accountId),
+      blobs: prefix,
       files: Object.fromEntries(
         result.manifest
           .filter((f) => f.path !== HEADERS_FILE)
@@ -152,18 +153,64 @@ export class Deployment extends SingleBuilderJob {
       ),
       ...(headersText ? { headers: parseHeadersFile(headersText) } : {}),
     };
-    const key = manifestKey(row.id);
-    await this.env.BUCKET.put(key, JSON.stringify(manifest), { httpMetadata: { contentType: "application/json" } });
+    // Written now, read by the edge only once the app points at this deployment.
+    await this.env.BUCKET.put(manifestKey(row.id), JSON.stringify(manifest), { httpMetadata: { contentType: "application/json" } });
     if (result.artifacts) {
       const text = { httpMetadata: { contentType: "text/plain; charset=utf-8" } };
       await this.env.BUCKET.put(artifactKey(row.id, "Dockerfile"), result.artifacts.dockerfile, text);
       await this.env.BUCKET.put(artifactKey(row.id, GENERATED_WEB_SERVER_CONFIG_PATH), result.artifacts.webServerConfig, text);
     }
-    await this.db.batch([
-      this.db.update(deployments).set({ status: "ready", manifestKey: key, finishedAt: Date.now() }).where(eq(deployments.id, row.id)),
-      this.db.update(apps).set({ activeDeploymentId: row.id, updatedAt: Date.now() }).where(eq(apps.id, row.appId)),
-    ]);
-    await this.prune(row.appId, row.id);
+    this.ctx.storage.kv.put("publishing", true);
+    await this.publish();
+  }
+
+  override async alarm(): Promise<void> {
+    if (this.ctx.storage.kv.get("publishing")) await this.publish();
+    else await super.alarm();
+  }
+
+  /**
+   * Checks the uploaded blobs arrived (each was stored only under its own
+   * SHA-256), {@link VERIFY_PER_INVOCATION} per invocation, continuing in the
+   * next alarm; then marks the deployment ready and moves the app to it.
+   */
+  private async publish(): Promise<void> {
+    const deploymentId = this.ctx.storage.kv.get<string>("deploymentId");
+    const row = deploymentId ? await this.db.select().from(deployments).where(eq(deployments.id, deploymentId)).get() : null;
+    if (!row || row.status !== "deploying") {
+      this.ctx.storage.kv.delete("publishing");
+      return;
+    }
+    const prefix = blobPrefix(row.accountId);
+    const batch = this.ctx.storage.sql
+      .exec<{ sha256: string }>("SELECT sha256 FROM issued WHERE verified = 0 LIMIT ?", VERIFY_PER_INVOCATION)
+      .toArray();
+    const absent: string[] = [];
+    for (let i = 0; i < batch.length; i += HEAD_CONCURRENCY) {
+      const slice = batch.slice(i, i + HEAD_CONCURRENCY);
+      const heads = await Promise.all(slice.map((b) => this.env.BUCKET.head(blobKey(prefix, b.sha256))));
+      slice.forEach((b, j) => (heads[j] ? this.ctx.storage.sql.exec("UPDATE issued SET verified = 1 WHERE sha256 = ?", b.sha256) : absent.push(b.sha256)));
+    }
+    if (absent.length > 0) {
+      const error = `${absent.length} file(s) never reached storage (blobs ${absent.slice(0, 3).join(", ")})`;
+      await this.db.update(deployments).set({ status: "failed", error, finishedAt: Date.now() }).where(eq(deployments.id, row.id));
+      this.ctx.storage.kv.delete("publishing");
+      return;
+    }
+    if (batch.length === VERIFY_PER_INVOCATION) {
+      await this.ctx.storage.setAlarm(Date.now());
+      return;
+    }
+    await this.db
+      .update(deployments)
+      .set({ status: "ready", manifestKey: manifestKey(row.id), finishedAt: Date.now() })
+      .where(eq(deployments.id, row.id));
+    if (await activateIfNewer(this.db, row)) {
+      // The app's cron runs work in the active deployment's source.
+      await appChanged(this.env, this.db, row.appId);
+      await this.prune(row.appId, row.id);
+    }
+    this.ctx.storage.kv.delete("publishing");
   }
 
   /** Drops deployments beyond the newest {@link KEPT_DEPLOYMENTS} (never the active one) with their objects. */

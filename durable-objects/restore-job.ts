@@ -1,11 +1,11 @@
 import { eq } from "drizzle-orm";
-import type { JobStatus } from "../builder/src/protocol";
 import { apps, disks, restores } from "../worker/db/schema";
 import { submitRestore } from "../worker/lib/builder-client";
-import { presign } from "../worker/storage/presign";
 import { setAppStatus } from "../worker/services/apps";
+import { appChanged } from "../worker/services/cron-targets";
 import { GIB } from "../worker/services/disks";
-import { failureOf, SingleBuilderJob } from "./single-job";
+import { presign } from "../worker/storage/presign";
+import { type Ending, failureOf, SingleBuilderJob } from "./single-job";
 
 /** Most entries a restored archive may hold (bounds a tar of millions of empty files). */
 export const RESTORE_MAX_ENTRIES = 1_000_000;
@@ -14,14 +14,15 @@ const TAR_OVERHEAD_PER_ENTRY = 1536;
 /**
  * One object per restore: the builder downloads the archive through a
  * presigned GET, validates it, extracts into staging and swaps it in
- * atomically (a failure leaves the disk as it was). Afterwards the disk is
- * available again and, on success, its app is restarted on the new data.
+ * atomically (a failure, or a builder crash, leaves the disk as it was).
+ * Afterwards the disk is available again and, on success, its app is
+ * restarted on the new data.
  */
 export class RestoreJob extends SingleBuilderJob {
   async start(restoreId: string): Promise<void> {
     const restore = await this.db.select().from(restores).where(eq(restores.id, restoreId)).get();
     if (restore?.status !== "running") return;
-    await this.ctx.storage.put("restoreId", restoreId);
+    this.ctx.storage.kv.put("restoreId", restoreId);
     const disk = await this.db.select().from(disks).where(eq(disks.id, restore.diskId)).get();
     if (!disk) {
       await this.fail("the disk no longer exists");
@@ -33,6 +34,7 @@ export class RestoreJob extends SingleBuilderJob {
       expiresInSeconds: this.config.PRESIGNED_URL_TTL_SECONDS,
     });
     const submitted = await submitRestore(this.config, {
+      key: restoreId,
       diskId: disk.id,
       archiveUrl: url,
       expectedSizeBytes: restore.sizeBytes,
@@ -43,35 +45,32 @@ export class RestoreJob extends SingleBuilderJob {
       callbackUrl: new URL("/internal/builder/callback", this.config.PUBLIC_URL).href,
       labels: { kind: "restore", restoreId },
     }).catch((err: unknown) => ({ ok: false as const, message: err instanceof Error ? err.message : String(err) }));
-    if (!submitted.ok) {
-      await this.fail(`the builder could not start the restore: ${submitted.message}`);
-      return;
-    }
-    await this.ctx.storage.put("builderJobId", submitted.value.id);
-    await this.db.update(restores).set({ builderJobId: submitted.value.id }).where(eq(restores.id, restoreId));
-    await this.watch(submitted.value.id);
+    if (submitted.ok) await this.db.update(restores).set({ builderJobId: submitted.value.id }).where(eq(restores.id, restoreId));
+    await this.submitted(restoreId, submitted, "the restore");
   }
 
   protected maxRuntimeMs(): number {
     return 12 * 3_600_000;
   }
 
-  protected async finish(status: JobStatus | { error: string }): Promise<void> {
-    const restoreId = await this.ctx.storage.get<string>("restoreId");
+  /** Every step is repeatable: a finish that failed half-way runs again from the top. */
+  protected async finish(ending: Ending): Promise<void> {
+    const restoreId = this.ctx.storage.kv.get<string>("restoreId");
     const restore = restoreId ? await this.db.select().from(restores).where(eq(restores.id, restoreId)).get() : null;
     if (!restore) return;
-    const error = failureOf(status);
+    const error = failureOf(ending);
     const now = Date.now();
     await this.db.batch([
       this.db
         .update(restores)
-        .set({ status: error ? "failed" : "succeeded", error, finishedAt: now })
+        .set({ status: error ? "failed" : "succeeded", error, finishedAt: now, ...("id" in ending ? { builderJobId: ending.id } : {}) })
         .where(eq(restores.id, restore.id)),
       this.db.update(disks).set({ status: "available", updatedAt: now }).where(eq(disks.id, restore.diskId)),
     ]);
-    if (error) return;
     const disk = await this.db.select().from(disks).where(eq(disks.id, restore.diskId)).get();
     const app = disk?.appId ? await this.db.select().from(apps).where(eq(apps.id, disk.appId)).get() : null;
-    if (app) await setAppStatus(this.db, app, "running");
+    if (!app) return;
+    if (!error) await setAppStatus(this.db, app, "running");
+    await appChanged(this.env, this.db, app.id);
   }
 }

@@ -2,17 +2,27 @@ import { DurableObject } from "cloudflare:workers";
 import type { JobStatus } from "../builder/src/protocol";
 import { openDb } from "../worker/db/client";
 import { configOf, type Env } from "../worker/env";
-import { getJob } from "../worker/lib/builder-client";
+import { type BuilderResult, findJob, getJob } from "../worker/lib/builder-client";
 
 const FAST_POLL_MS = 2_000;
 const SLOW_POLL_MS = 15_000;
 const FAST_POLL_WINDOW_MS = 60_000;
+/** A finish that failed half-way (storage or D1 unavailable) is tried again this much later. */
+const FINISH_RETRY_MS = 5_000;
+
+/** What a job ended with: the builder's final status, or why there is none. */
+export type Ending = JobStatus | { error: string };
 
 /**
  * Shared shape of the objects that own one builder job each (a backup, a
- * restore, a deployment): remember the job, learn its end from the signed
- * callback or, if that is lost, from the alarm polling the builder, and finish
- * exactly once. Subclasses say what "finish" means.
+ * restore, a deployment): submit it under the object's own key, remember it,
+ * learn its end from the signed callback or, if that is lost, from the alarm
+ * polling the builder, and finish exactly once. Subclasses say what "finish"
+ * means; their finish must be safe to run again after it failed part-way.
+ *
+ * Alarms, callbacks and polls all arrive more than once and may race: the
+ * object claims the finish synchronously (before its first await), so a second
+ * arrival returns at once instead of finishing twice.
  */
 export abstract class SingleBuilderJob extends DurableObject<Env> {
   protected get db() {
@@ -23,15 +33,36 @@ export abstract class SingleBuilderJob extends DurableObject<Env> {
     return configOf(this.env);
   }
 
-  /** Called once with the job's final status (or a synthetic failure). */
-  protected abstract finish(status: JobStatus | { error: string }): Promise<void>;
+  /** Called once with how the job ended (a final status, or a failure without one). */
+  protected abstract finish(ending: Ending): Promise<void>;
 
   /** Gives up on a job the builder cannot report on after this long. */
   protected abstract maxRuntimeMs(): number;
 
+  /**
+   * Takes the outcome of a submission: watches the job it started, or fails.
+   * A submission whose reply was lost is remembered by its key; the alarm asks
+   * the builder for it again (the key makes a retried submission safe, too).
+   */
+  protected async submitted(key: string, result: BuilderResult<JobStatus> | { ok: false; message: string }, what: string): Promise<void> {
+    this.ctx.storage.kv.put("jobKey", key);
+    if (result.ok) {
+      await this.watch(result.value.id);
+      return;
+    }
+    if ("status" in result && result.status !== 0) {
+      await this.fail(`the builder refused ${what}: ${result.message}`);
+      return;
+    }
+    // Unreachable, or the reply was lost: find out by key at the next alarm.
+    this.ctx.storage.kv.put("watchedAt", Date.now());
+    await this.ctx.storage.setAlarm(Date.now() + FAST_POLL_MS);
+  }
+
   /** Records the builder job and starts polling for its end. */
   protected async watch(jobId: string): Promise<void> {
-    await this.ctx.storage.put({ jobId, watchedAt: Date.now() });
+    this.ctx.storage.kv.put("jobId", jobId);
+    if (this.ctx.storage.kv.get("watchedAt") === undefined) this.ctx.storage.kv.put("watchedAt", Date.now());
     await this.ctx.storage.setAlarm(Date.now() + FAST_POLL_MS);
   }
 
@@ -42,39 +73,67 @@ export abstract class SingleBuilderJob extends DurableObject<Env> {
 
   /** The builder's completion callback. */
   async jobFinished(status: JobStatus): Promise<void> {
-    if ((await this.ctx.storage.get<string>("jobId")) !== status.id) return;
+    const jobId = this.ctx.storage.kv.get<string>("jobId");
+    const key = this.ctx.storage.kv.get<string>("jobKey");
+    if (jobId !== status.id && (key === undefined || status.key !== key)) return;
+    if (jobId === undefined) this.ctx.storage.kv.put("jobId", status.id);
     await this.finishOnce(status);
   }
 
   override async alarm(): Promise<void> {
-    const jobId = await this.ctx.storage.get<string>("jobId");
-    if (!jobId || (await this.ctx.storage.get<boolean>("finished"))) return;
-    const watchedAt = (await this.ctx.storage.get<number>("watchedAt")) ?? Date.now();
-    const job = await getJob(this.config, jobId).catch(() => null);
-    if (job?.ok && job.value.finishedAt !== null) {
-      await this.finishOnce(job.value);
-      return;
-    }
+    if (this.ctx.storage.kv.get("finished") || this.ctx.storage.kv.get("finishing")) return;
+    const watchedAt = this.ctx.storage.kv.get<number>("watchedAt") ?? Date.now();
     const age = Date.now() - watchedAt;
-    if (!job?.ok && age > this.maxRuntimeMs()) {
+    const jobId = this.ctx.storage.kv.get<string>("jobId");
+    const key = this.ctx.storage.kv.get<string>("jobKey");
+    let job: BuilderResult<JobStatus> | null;
+    if (jobId !== undefined) job = await getJob(this.config, jobId).catch(() => null);
+    else if (key !== undefined) job = await findJob(this.config, key).catch(() => null);
+    else return;
+    if (job?.ok) {
+      if (jobId === undefined) this.ctx.storage.kv.put("jobId", job.value.id);
+      if (job.value.finishedAt !== null) {
+        await this.finishOnce(job.value);
+        return;
+      }
+    } else if (job?.status === 404) {
+      // The builder answers, and has no such job: it was lost (a restart without its records), or never arrived.
+      const lost =
+        jobId === undefined
+          ? "the job never reached the builder"
+          : `the builder has no record of job ${jobId}: it was lost (the builder restarted without its records)`;
+      await this.finishOnce({ error: lost });
+      return;
+    } else if (age > this.maxRuntimeMs()) {
       await this.finishOnce({ error: `lost contact with the builder${job ? `: ${job.message}` : ""}` });
       return;
     }
     await this.ctx.storage.setAlarm(Date.now() + (age < FAST_POLL_WINDOW_MS ? FAST_POLL_MS : SLOW_POLL_MS));
   }
 
-  private async finishOnce(status: JobStatus | { error: string }): Promise<void> {
-    if (await this.ctx.storage.get<boolean>("finished")) return;
-    await this.finish(status);
-    await this.ctx.storage.put("finished", true);
+  private async finishOnce(ending: Ending): Promise<void> {
+    const kv = this.ctx.storage.kv;
+    if (kv.get("finished") || kv.get("finishing")) return;
+    kv.put("finishing", Date.now());
+    // Polling is over; a subclass's finish may set an alarm of its own (a deployment publishing in steps).
     await this.ctx.storage.deleteAlarm();
+    try {
+      await this.finish(ending);
+    } catch (err) {
+      // Let the alarm try again (it polls the builder for the same outcome); finish steps are repeatable.
+      kv.delete("finishing");
+      await this.ctx.storage.setAlarm(Date.now() + FINISH_RETRY_MS);
+      throw err;
+    }
+    kv.put("finished", true);
+    kv.delete("finishing");
   }
 }
 
-/** The failure message of a status that did not succeed; memory kills are named `OOMKilled` (spec, "Errors"). */
-export function failureOf(status: JobStatus | { error: string }): string | null {
-  if (!("id" in status)) return status.error;
-  if (status.status === "succeeded") return null;
-  const message = status.error ?? `the job ended ${status.status}`;
-  return status.reason === "OOMKilled" ? `OOMKilled: ${message}` : message;
+/** The failure message of an ending that did not succeed; memory kills are named `OOMKilled` (spec, "Errors"). */
+export function failureOf(ending: Ending): string | null {
+  if (!("id" in ending)) return ending.error;
+  if (ending.status === "succeeded") return null;
+  const message = ending.error ?? `the job ended ${ending.status}`;
+  return ending.reason === "OOMKilled" ? `OOMKilled: ${message}` : message;
 }

@@ -23,7 +23,7 @@ export type BuilderProcess = {
   pid: number;
   /** What the builder printed so far (stdout and stderr, last MiB). */
   output(): string;
-  /** SIGTERM (the builder ends its jobs), SIGKILL after 15 s. */
+  /** SIGTERM (the builder lets jobs finish within its grace period, then ends them), SIGKILL if it is still there a while after. */
   stop(): Promise<void>;
 };
 
@@ -82,7 +82,9 @@ export async function launchBuilder(options: LaunchOptions): Promise<BuilderProc
     async stop() {
       if (child.exitCode === null && child.signalCode === null) {
         child.kill("SIGTERM");
-        const killer = setTimeout(() => child.kill("SIGKILL"), 15_000);
+        // The grace period (BUILDER_SHUTDOWN_GRACE_SECONDS, default 20 s) plus time to report what it ended.
+        const grace = Number(options.env?.BUILDER_SHUTDOWN_GRACE_SECONDS ?? 20);
+        const killer = setTimeout(() => child.kill("SIGKILL"), (grace + 25) * 1000);
         await exited;
         clearTimeout(killer);
       }

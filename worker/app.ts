@@ -2,6 +2,7 @@ import type { Context, MiddlewareHandler } from "hono";
 import { bodyLimit } from "hono/body-limit";
 import { HTTPException } from "hono/http-exception";
 import { requestId } from "hono/request-id";
+import { CALLBACK_OVERHEAD_BYTES, MAX_MANIFEST_BYTES } from "../builder/src/protocol";
 import { requireKey } from "./auth/middleware";
 import type { AppEnv } from "./context";
 import { openDb } from "./db/client";
@@ -28,7 +29,7 @@ const BACKUP_PATH = /^\/v1\/disks\/[^/]+\/backups(\/|$)/;
 
 function errorResponse(c: Context<AppEnv>, err: ApiError): Response {
   const body = BACKUP_PATH.test(c.req.path) ? { ...errorBody(err), status: err.status, data: null } : errorBody(err);
-  const headers: Record<string, string> = {};
+  const headers: Record<string, string> = { ...err.headers };
   if (err.code === "UNAUTHORIZED") headers["WWW-Authenticate"] = 'Bearer realm="svc"';
   return c.json(body, err.status, headers);
 }
@@ -68,15 +69,20 @@ export function createApp() {
     await next();
   });
   app.use("*", requestId({ headerName: "X-Request-Id" }));
-  const limitBody: MiddlewareHandler<AppEnv> = (c, next) =>
-    bodyLimit({
-      maxSize: c.get("config").MAX_REQUEST_BODY_BYTES,
-      onError: () => {
-        throw new ApiError("PAYLOAD_TOO_LARGE", `request body exceeds ${c.get("config").MAX_REQUEST_BODY_BYTES} bytes`);
-      },
-    })(c, next);
-  app.use("/v1/*", limitBody);
-  app.use("/internal/*", limitBody);
+  const limitBody =
+    (maxSize: (c: Context<AppEnv>) => number): MiddlewareHandler<AppEnv> =>
+    (c, next) =>
+      bodyLimit({
+        maxSize: maxSize(c),
+        onError: () => {
+          throw new ApiError("PAYLOAD_TOO_LARGE", `request body exceeds ${maxSize(c)} bytes`);
+        },
+      })(c, next);
+  const apiLimit = limitBody((c) => c.get("config").MAX_REQUEST_BODY_BYTES);
+  app.use("/v1/*", apiLimit);
+  // A build's completion carries its whole manifest, which the builder bounds (MAX_MANIFEST_BYTES).
+  app.use("/internal/builder/callback", limitBody(() => MAX_MANIFEST_BYTES + CALLBACK_OVERHEAD_BYTES));
+  app.use("/internal/*", (c, next) => (c.req.path === "/internal/builder/callback" ? next() : apiLimit(c, next)));
 
   // Authentication happens once here; routers only check scopes.
   app.use("/v1/*", (c, next) => (PUBLIC_PATHS.has(c.req.path) ? next() : requireKey(c, next)));

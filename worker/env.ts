@@ -12,6 +12,8 @@ export interface Env {
   BACKUP_JOB: DurableObjectNamespace<BackupJob>;
   RESTORE_JOB: DurableObjectNamespace<RestoreJob>;
   DEPLOYMENT: DurableObjectNamespace<Deployment>;
+  /** Requests per API key ([[ratelimits]] in wrangler.toml). */
+  API_RATE_LIMITER: RateLimit;
   /** Where the builder can reach this Worker (completion callbacks). */
   PUBLIC_URL: string;
   APPS_DOMAIN: string;
@@ -27,6 +29,7 @@ export interface Env {
   MAX_RESTORE_ARCHIVE_BYTES: string;
   PRESIGNED_URL_TTL_SECONDS: string;
   KEY_ROLL_MAX_GRACE_SECONDS: string;
+  API_RATE_LIMIT_PERIOD_SECONDS: string;
   OPERATOR_TOKEN?: string;
   BUILDER_SECRET?: string;
   ENV_ENCRYPTION_KEY?: string;
@@ -51,6 +54,7 @@ const configSchema = z.object({
   MAX_RESTORE_ARCHIVE_BYTES: positiveInt,
   PRESIGNED_URL_TTL_SECONDS: positiveInt,
   KEY_ROLL_MAX_GRACE_SECONDS: positiveInt,
+  API_RATE_LIMIT_PERIOD_SECONDS: z.enum(["10", "60"]).transform(Number),
   OPERATOR_TOKEN: z.string().min(16).optional(),
   BUILDER_SECRET: z.string().min(16).optional(),
   ENV_ENCRYPTION_KEY: z.string().optional(),

@@ -1,6 +1,7 @@
 import { createApp } from "./app";
 import type { Env } from "./env";
 import { sweep } from "./services/retention";
+import { watchCrons } from "./services/watchdog";
 
 export { BackupJob } from "../durable-objects/backup-job";
 export { CronJob } from "../durable-objects/cron-job";
@@ -9,9 +10,13 @@ export { RestoreJob } from "../durable-objects/restore-job";
 
 const app = createApp();
 
+/** wrangler.toml [triggers]: the hourly retention sweep; the other trigger (every 5 minutes) is the cron watchdog. */
+const RETENTION_SCHEDULE = "17 * * * *";
+
 export default {
   fetch: app.fetch,
   scheduled(controller, env, ctx) {
-    ctx.waitUntil(sweep(env, controller.scheduledTime));
+    if (controller.cron === RETENTION_SCHEDULE) ctx.waitUntil(sweep(env, controller.scheduledTime));
+    else ctx.waitUntil(watchCrons(env, controller.scheduledTime));
   },
 } satisfies ExportedHandler<Env>;

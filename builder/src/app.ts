@@ -13,6 +13,7 @@ import {
   type BuilderError,
   type BuilderErrorCode,
   DiskSpec,
+  JOB_KEY_PATTERN,
   JobSpec,
   type NonceCache,
   RestoreSpec,
@@ -55,9 +56,9 @@ function sendError(response: ServerResponse, status: number, code: BuilderErrorC
   sendJson(response, status, body);
 }
 
-/** Answers a job submission: 201 with the status, or the refusal's error. */
+/** Answers a job submission: 201 with the new job's status (200 when its key named one already), or the refusal's error. */
 function sendAdmission(response: ServerResponse, admission: Admission): void {
-  if (admission.ok) sendJson(response, 201, admission.status);
+  if (admission.ok) sendJson(response, admission.existing ? 200 : 201, admission.status);
   else sendError(response, admission.code === "DISK_BUSY" ? 409 : 503, admission.code, admission.message);
 }
 
@@ -107,6 +108,19 @@ function routes({ jobs, disks }: BuilderServices): Route[] {
         const spec = parseBody(BuildSpec, context);
         if (!spec) return;
         sendAdmission(context.response, await jobs.submitBuild(spec));
+      },
+    },
+    {
+      method: "GET",
+      pattern: /^\/v1\/jobs$/,
+      async handle({ url, response }) {
+        const key = url.searchParams.get("key");
+        if (key === null || !JOB_KEY_PATTERN.test(key)) {
+          return sendError(response, 400, "VALIDATION_ERROR", "give the job's key: GET /v1/jobs?key=…", [{ path: "key", message: "invalid key" }]);
+        }
+        const status = jobs.statusByKey(key);
+        if (status) sendJson(response, 200, status);
+        else jobNotFound(response);
       },
     },
     {

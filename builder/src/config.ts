@@ -19,6 +19,8 @@ export interface BuilderConfig {
   tenantUidBase: number | null;
   /** Room a build gets for project, dependencies and output. */
   buildScratchBytes: number;
+  /** On SIGTERM, how long running jobs may go on before they are ended. */
+  shutdownGraceMs: number;
   /** Package mirror builds install through; null keeps the package managers' default registry. */
   npmRegistry: string | null;
 }
@@ -31,6 +33,7 @@ const EnvSchema = z.object({
   BUILDER_MAX_CONCURRENT_JOBS: z.coerce.number().int().min(1).max(1024).default(8),
   BUILDER_TENANT_UID_BASE: z.coerce.number().int().min(1000).max(4_000_000_000).default(2_000_000),
   BUILDER_BUILD_SCRATCH_MB: z.coerce.number().int().min(64).max(1_048_576).default(4096),
+  BUILDER_SHUTDOWN_GRACE_SECONDS: z.coerce.number().int().min(0).max(3600).default(20),
   NPM_CONFIG_REGISTRY: z.url({ protocol: /^https?$/, error: "must be an http(s) URL" }).optional(),
 });
 
@@ -54,6 +57,7 @@ export function loadConfig(
       maxConcurrentJobs: values.BUILDER_MAX_CONCURRENT_JOBS,
       tenantUidBase: process.getuid?.() === 0 ? values.BUILDER_TENANT_UID_BASE : null,
       buildScratchBytes: values.BUILDER_BUILD_SCRATCH_MB * 1024 * 1024,
+      shutdownGraceMs: values.BUILDER_SHUTDOWN_GRACE_SECONDS * 1000,
       npmRegistry: values.NPM_CONFIG_REGISTRY ?? null,
     },
   };

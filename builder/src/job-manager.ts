@@ -22,6 +22,7 @@ import type { TenantUsers } from "./tenants.js";
 /** How long finished jobs (status and log) stay available. */
 const JOB_RETENTION_MS = 24 * 60 * 60 * 1000;
 const PRUNE_INTERVAL_MS = 60 * 60 * 1000;
+/** After the grace period, how long interrupted jobs and their callbacks get to finish. */
 const SHUTDOWN_WAIT_MS = 10_000;
 const JOB_ID_PATTERN = /^job_[0-9A-Za-z]{24}$/;
 const BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
@@ -73,6 +74,7 @@ export interface JobOutcome extends SandboxOutcome {
  * records, disk bookkeeping and callback are shared, only `execute` differs.
  */
 interface JobWork {
+  key: string | undefined;
   labels: Record<string, string> | undefined;
   callbackUrl: string | undefined;
   /**
@@ -84,14 +86,16 @@ interface JobWork {
   execute(context: JobContext): Promise<JobOutcome>;
 }
 
-/** Answer to a submission: expected refusals are values, mapped to HTTP by the routes. */
+/** Answer to a submission (`existing`: its key named a job already submitted); refusals are values, mapped to HTTP by the routes. */
 export type Admission =
-  | { ok: true; status: JobStatus }
+  | { ok: true; status: JobStatus; existing: boolean }
   | { ok: false; code: "UNAVAILABLE" | "DISK_BUSY"; message: string };
 
 interface JobEntry {
   status: JobStatus;
   dir: string;
+  /** Where the final status goes; kept on disk (callback.json) so a restarted builder can still report it. */
+  callbackUrl: string | null;
   /** Held only until the job ends: a run's env may carry the app's secrets. */
   work: JobWork | null;
   log: JobLog | null;
@@ -123,6 +127,9 @@ export class JobManager {
   readonly #options: JobManagerOptions;
   readonly #jobsDir: string;
   readonly #jobs = new Map<string, JobEntry>();
+  readonly #byKey = new Map<string, JobEntry>();
+  /** Callbacks under way, awaited (up to a bound) by a shutdown. */
+  readonly #deliveries = new Set<Promise<boolean>>();
   readonly #queue: JobEntry[] = [];
   readonly #diskUse = new Map<string, number>();
   /** Disks an exclusive job (a restore) holds. */
@@ -137,7 +144,11 @@ export class JobManager {
     this.#jobsDir = join(options.dataDir, "jobs");
   }
 
-  /** Loads the records a previous process left (ending its unfinished jobs) and starts pruning. */
+  /**
+   * Loads the records a previous process left and ends its unfinished jobs,
+   * reporting each through its callback at once (a crash loses the job, not
+   * the news of it), then starts pruning.
+   */
   static async open(options: JobManagerOptions): Promise<JobManager> {
     const manager = new JobManager(options);
     await mkdir(manager.#jobsDir, { recursive: true, mode: 0o711 });
@@ -154,6 +165,7 @@ export class JobManager {
   submit(spec: JobSpec): Promise<Admission> {
     const { disks, host, tenants } = this.#options;
     return this.#admit({
+      key: spec.key,
       labels: spec.labels,
       callbackUrl: spec.callbackUrl,
       disk: spec.disk ? { id: spec.disk.id, exclusive: false } : null,
@@ -165,6 +177,7 @@ export class JobManager {
   submitBuild(spec: BuildSpec): Promise<Admission> {
     const { host, tenants, secret, npmRegistry, buildScratchBytes } = this.#options;
     return this.#admit({
+      key: spec.key,
       labels: spec.labels,
       callbackUrl: spec.callbackUrl,
       disk: null,
@@ -180,6 +193,7 @@ export class JobManager {
   submitSnapshot(spec: SnapshotSpec): Promise<Admission> {
     const { disks, secret } = this.#options;
     return this.#admit({
+      key: spec.key,
       labels: spec.labels,
       callbackUrl: spec.callbackUrl,
       disk: { id: spec.diskId, exclusive: false },
@@ -194,6 +208,7 @@ export class JobManager {
   submitRestore(spec: RestoreSpec): Promise<Admission> {
     const { disks } = this.#options;
     return this.#admit({
+      key: spec.key,
       labels: spec.labels,
       callbackUrl: spec.callbackUrl,
       disk: { id: spec.diskId, exclusive: true },
@@ -202,6 +217,8 @@ export class JobManager {
   }
 
   async #admit(work: JobWork): Promise<Admission> {
+    const known = work.key === undefined ? undefined : this.#byKey.get(work.key);
+    if (known) return { ok: true, status: this.#snapshot(known), existing: true };
     if (this.#closing) return { ok: false, code: "UNAVAILABLE", message: "builder is shutting down; retry on another instance" };
     const { disk } = work;
     if (disk) {
@@ -230,6 +247,7 @@ export class JobManager {
     const entry: JobEntry = {
       status: {
         id,
+        key: work.key ?? null,
         status: "queued",
         reason: null,
         exitCode: null,
@@ -245,6 +263,7 @@ export class JobManager {
         result: null,
       },
       dir,
+      callbackUrl: work.callbackUrl ?? null,
       work,
       log: null,
       abort: new AbortController(),
@@ -253,10 +272,18 @@ export class JobManager {
       markFinished,
     };
     this.#jobs.set(id, entry);
+    if (work.key !== undefined) this.#byKey.set(work.key, entry);
+    if (entry.callbackUrl) await writeFile(join(dir, "callback.json"), JSON.stringify({ url: entry.callbackUrl }), { mode: 0o600 });
     this.#queue.push(entry);
     this.#pump();
     if (entry.status.status === "queued") await this.#persist(entry);
-    return { ok: true, status: this.#snapshot(entry) };
+    return { ok: true, status: this.#snapshot(entry), existing: false };
+  }
+
+  /** The job submitted with this key, or null. */
+  statusByKey(key: string): JobStatus | null {
+    const entry = this.#byKey.get(key);
+    return entry ? this.#snapshot(entry) : null;
   }
 
   /** The job's current status, or null for an unknown (or pruned) id. */
@@ -297,8 +324,13 @@ export class JobManager {
     return (this.#diskUse.get(diskId) ?? 0) > 0;
   }
 
-  /** Ends every job (queued ones without running them) and stops retrying callbacks. */
-  async shutdown(): Promise<void> {
+  /**
+   * Stops accepting jobs, lets running ones finish for up to `graceMs`, then
+   * ends the rest (their status says the builder shut down) and delivers every
+   * final status through its callback before returning (each bounded), so the
+   * control plane hears of everything at once rather than by polling.
+   */
+  async shutdown(graceMs: number): Promise<void> {
     this.#closing = true;
     clearInterval(this.#pruneTimer);
     const outcome: SandboxOutcome = {
@@ -309,12 +341,14 @@ export class JobManager {
       peakMemoryBytes: 0,
     };
     for (const entry of this.#queue.splice(0)) await this.#finish(entry, outcome);
-    const running = [...this.#jobs.values()].filter((entry) => entry.status.status === "running");
-    for (const entry of running) entry.abort.abort("shutdown");
-    await Promise.race([
-      Promise.all(running.map((entry) => entry.finished)),
-      new Promise((resolve) => setTimeout(resolve, SHUTDOWN_WAIT_MS).unref()),
-    ]);
+    const running = () => [...this.#jobs.values()].filter((entry) => entry.status.status === "running");
+    const within = (ms: number, work: Promise<unknown>) =>
+      Promise.race([work, new Promise((resolve) => setTimeout(resolve, ms).unref())]);
+    if (graceMs > 0 && running().length > 0) await within(graceMs, Promise.all(running().map((entry) => entry.finished)));
+    const interrupted = running();
+    for (const entry of interrupted) entry.abort.abort("shutdown");
+    await within(SHUTDOWN_WAIT_MS, Promise.all(interrupted.map((entry) => entry.finished)));
+    await within(SHUTDOWN_WAIT_MS, Promise.all(this.#deliveries));
     this.#stopCallbacks.abort();
   }
 
@@ -366,7 +400,6 @@ export class JobManager {
 
   async #finish(entry: JobEntry, outcome: JobOutcome): Promise<void> {
     const { status } = entry;
-    const callbackUrl = entry.work?.callbackUrl;
     status.status = outcome.reason === null ? "succeeded" : outcome.reason === "cancelled" ? "cancelled" : "failed";
     status.reason = outcome.reason;
     status.exitCode = outcome.exitCode;
@@ -383,14 +416,20 @@ export class JobManager {
     entry.changes.notify();
     await this.#persist(entry);
     entry.markFinished();
-    if (callbackUrl) {
-      void deliverCallback({
-        url: callbackUrl,
-        status: this.#snapshot(entry),
-        secret: this.#options.secret,
-        signal: this.#stopCallbacks.signal,
-      });
-    }
+    this.#report(entry);
+  }
+
+  /** Sends the final status to the job's callback URL (in the background, tracked for shutdown). */
+  #report(entry: JobEntry): void {
+    if (!entry.callbackUrl) return;
+    const delivery = deliverCallback({
+      url: entry.callbackUrl,
+      status: this.#snapshot(entry),
+      secret: this.#options.secret,
+      signal: this.#stopCallbacks.signal,
+    });
+    this.#deliveries.add(delivery);
+    void delivery.finally(() => this.#deliveries.delete(delivery));
   }
 
   #releaseDisk(work: JobWork): void {
@@ -428,9 +467,14 @@ export class JobManager {
         await rm(dir, { recursive: true, force: true });
         continue;
       }
+      const callback = await readFile(join(dir, "callback.json"), "utf8").then(
+        (text) => (JSON.parse(text) as { url?: unknown }).url,
+        () => undefined,
+      );
       const entry: JobEntry = {
         status,
         dir,
+        callbackUrl: typeof callback === "string" ? callback : null,
         work: null,
         log: null,
         abort: new AbortController(),
@@ -439,6 +483,7 @@ export class JobManager {
         markFinished: () => {},
       };
       this.#jobs.set(name, entry);
+      if (status.key !== null) this.#byKey.set(status.key, entry);
       if (!isFinal(status.status)) {
         await rm(join(dir, "work"), { recursive: true, force: true });
         status.logBytes = await stat(join(dir, "log")).then(
@@ -462,6 +507,7 @@ export class JobManager {
       const { finishedAt } = entry.status;
       if (finishedAt !== null && Date.parse(finishedAt) < cutoff) {
         this.#jobs.delete(id);
+        if (entry.status.key !== null && this.#byKey.get(entry.status.key) === entry) this.#byKey.delete(entry.status.key);
         await rm(entry.dir, { recursive: true, force: true });
       }
     }

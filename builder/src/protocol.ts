@@ -222,6 +222,15 @@ const noNul = (value: string) => !value.includes("\0");
 const tenant = z.string().regex(TENANT_PATTERN, "must be a tenant (account) id");
 
 /**
+ * The submission's idempotency key, chosen by the control plane (the run,
+ * backup, restore or deployment it belongs to): submitting again with a key the
+ * builder knows returns that job instead of starting another, so a retry after a
+ * lost reply never runs anything twice. `GET /v1/jobs?key=…` finds it too.
+ */
+export const JOB_KEY_PATTERN = /^[A-Za-z0-9_.:/-]{1,200}$/;
+const key = z.string().regex(JOB_KEY_PATTERN, "must be 1-200 characters of letters, digits and _.:/-");
+
+/**
  * Directories of a job's sandbox (the host's system directories it sees
  * read-only, and its own /proc, /dev, /tmp, /work, /home, /run): a disk may not
  * be mounted on or under them.
@@ -256,6 +265,7 @@ export function mountPathProblem(mountPath: string): string | null {
 
 /** A job to run: what the Worker posts to `POST /v1/jobs`. */
 export const JobSpec = z.object({
+  key: key.optional(),
   /** The account the job belongs to: it runs as that account's user and may use only its disks. */
   tenant,
   command: z.string().min(1).max(100_000).refine(noNul, "must not contain NUL"),
@@ -303,6 +313,8 @@ export type JobFailureReason = z.infer<typeof JobFailureReason>;
 /** What `GET /v1/jobs/:id` answers and what the completion callback carries. */
 export const JobStatus = z.object({
   id: z.string(),
+  /** The submission's idempotency key (null when it had none, and in records written before keys existed). */
+  key: z.string().nullable().default(null),
   status: JobState,
   reason: JobFailureReason.nullable(),
   exitCode: z.int().nullable(),
@@ -409,6 +421,7 @@ const sha256Hex = z.string().regex(/^[0-9a-f]{64}$/, "must be 64 lowercase hex c
 
 /** A snapshot to take: what the Worker posts to `POST /v1/snapshots`. */
 export const SnapshotSpec = z.object({
+  key: key.optional(),
   diskId: z.string().regex(DISK_ID_PATTERN),
   /** Every part but the last has exactly this size. */
   partSizeBytes: z.int().min(SNAPSHOT_MIN_PART_BYTES).max(SNAPSHOT_MAX_PART_BYTES),
@@ -451,6 +464,7 @@ export type SnapshotResult = z.infer<typeof SnapshotResult>;
 
 /** A restore to run: what the Worker posts to `POST /v1/restores`. */
 export const RestoreSpec = z.object({
+  key: key.optional(),
   diskId: z.string().regex(DISK_ID_PATTERN),
   /** Presigned GET URL of the `.tar.gz`. */
   archiveUrl: httpUrl,
@@ -500,6 +514,14 @@ export const BLOB_BATCH_LIMIT = 500;
 /** Most files one deployment may hold (Cloudflare Pages' limit); more fails the build. */
 export const MAX_MANIFEST_FILES = 20_000;
 /**
+ * Most bytes the manifest may take as JSON (long paths add up); more fails the
+ * build. It bounds a build's completion callback, whose body the Worker accepts
+ * up to this plus {@link CALLBACK_OVERHEAD_BYTES}.
+ */
+export const MAX_MANIFEST_BYTES = 16 * 1024 * 1024;
+/** What a completion callback carries besides a manifest: status fields, labels, artifacts. */
+export const CALLBACK_OVERHEAD_BYTES = 1024 * 1024;
+/**
  * Where the generated Dockerfile expects the generated web-server config: a
  * file of this name beside the Dockerfile, at the root of the project.
  */
@@ -528,6 +550,7 @@ function isManifestPath(path: string): boolean {
 
 /** A build to run: what the Worker posts to `POST /v1/builds`. */
 export const BuildSpec = z.object({
+  key: key.optional(),
   /** The account the build belongs to (its user runs install and build). */
   tenant,
   /** Presigned GET of the project's `.tar.gz`, extracted as the build's working directory. */

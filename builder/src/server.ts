@@ -57,7 +57,7 @@ async function stop(): Promise<void> {
   if (stopping) return;
   stopping = true;
   server.close();
-  await jobs.shutdown();
+  await jobs.shutdown(config.shutdownGraceMs);
   server.closeAllConnections();
   await disks.close();
   await host.close();

@@ -39,7 +39,9 @@ export async function startBuilder(options: StartBuilderOptions = {}): Promise<B
   const ownDataDir = options.dataDir === undefined;
   const dataDir = options.dataDir ?? (await mkdtemp(join(tmpdir(), "svc-builder-")));
   const secret = options.secret ?? randomBytes(24).toString("hex");
-  const builder = await launchBuilder({ secret, dataDir, ...(options.env ? { env: options.env } : {}) });
+  // Tests end running jobs at once on stop unless they ask for a grace period.
+  const env = { BUILDER_SHUTDOWN_GRACE_SECONDS: "0", ...options.env };
+  const builder = await launchBuilder({ secret, dataDir, env });
   return {
     ...builder,
     secret,

@@ -62,7 +62,7 @@ describe("records across restarts", () => {
     let text = "";
     while (!/started\n/.test(text)) text += (await reader.read()).value ?? "";
     await reader.cancel();
-    expect(running(sleep)).toBe(true);
+    await expect.poll(() => running(sleep)).toBe(true);
     process.kill(builder.pid, "SIGKILL");
     await builder.stop();
     // The sandbox dies with its parent: nothing of the job outlives the builder.

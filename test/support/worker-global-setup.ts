@@ -13,6 +13,7 @@ export default async function setup(): Promise<() => Promise<void>> {
     port: Number(process.env.SVC_TEST_BUILDER_PORT),
     secret: process.env.SVC_TEST_BUILDER_SECRET ?? "",
     dataDir,
+    env: { BUILDER_SHUTDOWN_GRACE_SECONDS: "0" },
     log: { file: join(dataDir, "builder.log") },
   });
   return async () => {

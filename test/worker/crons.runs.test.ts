@@ -108,24 +108,50 @@ describe("cron runs on the real builder", () => {
     expect((await json<ErrorJson>(res)).error.code).toBe("RUN_NOT_FOUND");
   });
 
-  it("builder unreachable: the run fails with the reason in its log and the schedule goes on", async () => {
+  it("builder unreachable: the run waits to learn by its key whether it arrived, then fails with the reason; the schedule goes on", async () => {
     const { adminKey: key } = await newAccount();
     const cron = await newCron(key, { appId: (await newApp(key)).id, command: "true" });
     // Simulated outage: the builder is a real process here, so the only way to make it
     // unreachable for one test is to refuse connections to its address.
     const realFetch = globalThis.fetch;
-    vi.spyOn(globalThis, "fetch").mockImplementation((input, init) => {
+    const outage = vi.spyOn(globalThis, "fetch").mockImplementation((input, init) => {
       const url = input instanceof Request ? input.url : String(input);
       if (url.startsWith(env.BUILDER_URL)) return Promise.reject(new TypeError("connection refused"));
       return realFetch(input, init);
     });
     const due = Math.floor(Date.now() / 1000) * 1000 - 1000;
     await deliverAlarm(cron.id, due);
-    const [run] = await runs(key, cron.id);
-    expect(run).toMatchObject({ jobName: `${cron.name}-${due / 1000}`, status: "failed" });
-    expect(run!.error).toContain("could not be reached");
-    expect(await logsOf(key, cron.id, run!.jobName)).toContain("connection refused");
+    // Unconfirmed, not failed: a reply lost on the way back looks the same.
+    expect((await runs(key, cron.id))[0]).toMatchObject({ jobName: `${cron.name}-${due / 1000}`, status: "running" });
+    outage.mockRestore();
+    // The builder answers again and has no job under the run's key: it never arrived.
+    const run = await waitForRun(key, cron.id, `${cron.name}-${due / 1000}`);
+    expect(run.status).toBe("failed");
+    expect(run.error).toContain("could not be reached");
+    expect(await logsOf(key, cron.id, run.jobName)).toContain("connection refused");
     const detail = (await json<{ data: { nextRun: string } }>(await call(`/v1/crons/${cron.id}`, { key }))).data;
     expect(Date.parse(detail.nextRun)).toBeGreaterThan(Date.now());
+  });
+
+  it("a submission whose reply was lost is found by its key: the run is not failed, and not run twice", async () => {
+    const { adminKey: key } = await newAccount();
+    const cron = await newCron(key, { appId: (await newApp(key)).id, command: "echo ran-once" });
+    // The builder gets the submission and starts the job; the answer is lost on the way back.
+    const realFetch = globalThis.fetch;
+    vi.spyOn(globalThis, "fetch").mockImplementation(async (input, init) => {
+      const url = input instanceof Request ? input.url : String(input);
+      const method = input instanceof Request ? input.method : (init?.method ?? "GET");
+      const response = await realFetch(input, init);
+      if (url === `${env.BUILDER_URL}/v1/jobs` && method === "POST") throw new TypeError("network connection lost");
+      return response;
+    });
+    const due = Math.floor(Date.now() / 1000) * 1000 - 1000;
+    await deliverAlarm(cron.id, due);
+    vi.restoreAllMocks();
+    const run = await waitForRun(key, cron.id, `${cron.name}-${due / 1000}`);
+    expect(run).toMatchObject({ status: "success", error: null });
+    const logs = await logsOf(key, cron.id, run.jobName);
+    // The retries carried the same key: the builder ran the command once.
+    expect(logs.match(/ out ran-once$/gm)).toHaveLength(1);
   });
 });

@@ -1,4 +1,5 @@
 import { runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
+import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
 import { nextRuns } from "../../worker/lib/cron";
 import { call, json, newAccount } from "./helpers";
@@ -151,28 +152,33 @@ describe("CronJob alarm", () => {
 });
 
 describe("run history", () => {
-  it("keeps the newest 100 runs and removes older ones with their logs", async () => {
-    const { env } = await import("cloudflare:workers");
+  it("keeps the newest 100 runs in the job's object and removes older ones with their logs", async () => {
     const { adminKey: key } = await newAccount();
     const app = await newApp(key);
     const cron = await newCron(key, { appId: app.id, command: "true", concurrencyPolicy: "allow" });
     const base = Math.floor(Date.now() / 1000) - 100_000;
-    const seeded = [];
-    for (let i = 0; i < 100; i++) {
-      const jobName = `${cron.name}-${base + i}`;
-      seeded.push(
-        env.DB.prepare(
-          "INSERT INTO cron_runs (cron_id, job_name, trigger, status, scheduled_at, started_at, finished_at, log_key) VALUES (?, ?, 'schedule', 'success', ?, ?, ?, ?)",
-        ).bind(cron.id, jobName, (base + i) * 1000, (base + i) * 1000, (base + i) * 1000 + 10, `cron-logs/${cron.id}/${jobName}.log`),
-      );
-    }
-    await env.DB.batch(seeded);
+    await runInDurableObject(stubOf(cron.id), (_i, state) => {
+      for (let i = 0; i < 100; i++) {
+        const jobName = `${cron.name}-${base + i}`;
+        state.storage.sql.exec(
+          "INSERT INTO runs (job_name, trigger, status, scheduled_at, started_at, finished_at, log_key) VALUES (?, 'schedule', 'success', ?, ?, ?, ?)",
+          jobName,
+          (base + i) * 1000,
+          (base + i) * 1000,
+          (base + i) * 1000 + 10,
+          `cron-logs/${cron.id}/${jobName}.log`,
+        );
+      }
+    });
     await env.BUCKET.put(`cron-logs/${cron.id}/${cron.name}-${base}.log`, "oldest");
     const now = Math.floor(Date.now() / 1000) * 1000;
     for (let i = 0; i < 10; i++) await deliverAlarm(cron.id, now - 20_000 + i * 1000);
-    const count = await env.DB.prepare("SELECT count(*) AS n FROM cron_runs WHERE cron_id = ?").bind(cron.id).first<{ n: number }>();
-    expect(count!.n).toBe(100);
+    const count = await runInDurableObject(stubOf(cron.id), (_i, state) => state.storage.sql.exec("SELECT count(*) AS n FROM runs").one().n);
+    expect(count).toBe(100);
     expect((await runs(key, cron.id)).map((r) => r.jobName)).not.toContain(`${cron.name}-${base}`);
     expect(await env.BUCKET.head(`cron-logs/${cron.id}/${cron.name}-${base}.log`)).toBeNull();
+    // None of it went through D1.
+    const inD1 = await env.DB.prepare("SELECT count(*) AS n FROM cron_runs WHERE cron_id = ?").bind(cron.id).first<{ n: number }>();
+    expect(inD1!.n).toBe(0);
   });
 });

@@ -4,12 +4,23 @@ import type { Scope } from "../db/schema";
 import { ApiError } from "../lib/errors";
 import { authenticate, needsTouch, touchKey } from "./authenticate";
 
-/** Rejects the request with 401 unless it carries a live API key; sets `principal`. */
+/**
+ * Rejects the request with 401 unless it carries a live API key, and with 429
+ * once that key is over its rate limit (the Workers Rate Limiting binding);
+ * sets `principal`.
+ */
 export const requireKey: MiddlewareHandler<AppEnv> = async (c, next) => {
   const now = Date.now();
   const db = c.get("db");
   const result = await authenticate(db, c.req.header("Authorization"), now);
   if (!result.ok) throw new ApiError("UNAUTHORIZED", result.message);
+  const { success } = await c.env.API_RATE_LIMITER.limit({ key: result.principal.keyId });
+  if (!success) {
+    const period = c.get("config").API_RATE_LIMIT_PERIOD_SECONDS;
+    throw new ApiError("RATE_LIMITED", `too many requests with this API key; retry in ${period} s`, undefined, undefined, {
+      "Retry-After": String(period),
+    });
+  }
   c.set("principal", result.principal);
   if (needsTouch(result.lastUsedAt, now)) {
     c.executionCtx.waitUntil(

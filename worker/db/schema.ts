@@ -155,8 +155,10 @@ export const crons = sqliteTable(
     enabled: integer("enabled", { mode: "boolean" }).notNull().default(true),
     /** Scheduled time of the most recent run (manual or scheduled). */
     lastRunAt: integer("last_run_at"),
-    /** When the job's Durable Object alarm will fire next; null while disabled. */
+    /** When the job's Durable Object alarm will fire next; null while disabled. Written after each run (the watchdog's input). */
     nextRunAt: integer("next_run_at"),
+    /** The app version (`apps.updated_at`) whose target the job's object holds; null before the first push. */
+    targetVersion: integer("target_version"),
     createdAt: integer("created_at").notNull(),
     updatedAt: integer("updated_at").notNull(),
   },
@@ -166,6 +168,11 @@ export const crons = sqliteTable(
 export const CRON_RUN_STATUSES = ["running", "success", "failed"] as const;
 export type CronRunStatus = (typeof CRON_RUN_STATUSES)[number];
 
+/**
+ * Runs as D1 kept them before each job's object owned its runs (issue 11). A
+ * job's object imports its rows once, on first use, and deletes them here; the
+ * table goes in a later migration, once empty everywhere.
+ */
 export const cronRuns = sqliteTable(
   "cron_runs",
   {

@@ -33,6 +33,29 @@ async function builderFetch(config: Config, method: string, path: string, body?:
   }
 }
 
+/**
+ * Posts a submission, retrying when the builder cannot be reached or answers
+ * 5xx: every submission carries its owner's key, so a retry after a lost
+ * reply returns the job that already runs instead of starting a second one.
+ */
+async function submit(config: Config, path: string, spec: { key?: string | undefined }): Promise<BuilderResult<JobStatus>> {
+  let lastError: unknown;
+  for (const pause of [0, 200, 800]) {
+    if (pause > 0) await new Promise((resolve) => setTimeout(resolve, pause));
+    try {
+      const res = await builderFetch(config, "POST", path, spec);
+      if (res.ok) return { ok: true, value: JobStatus.parse(await res.json()) };
+      if (res.status < 500 || spec.key === undefined) return failure(res);
+      lastError = new ApiError("BUILDER_UNAVAILABLE", `the builder answered HTTP ${res.status}`);
+      await res.body?.cancel();
+    } catch (err) {
+      if (spec.key === undefined) throw err;
+      lastError = err;
+    }
+  }
+  throw lastError;
+}
+
 async function failure(res: Response): Promise<{ ok: false; status: number; code: string; message: string }> {
   const parsed = BuilderError.safeParse(await res.json().catch(() => null));
   return parsed.success
@@ -54,9 +77,14 @@ export async function destroyDisk(config: Config, id: string): Promise<BuilderRe
   return failure(res);
 }
 
-/** Starts a job on the builder. */
-export async function submitJob(config: Config, spec: JobSpec): Promise<BuilderResult<JobStatus>> {
-  const res = await builderFetch(config, "POST", "/v1/jobs", spec);
+/** Starts a job on the builder (or, by its key, finds the one a lost reply already started). */
+export function submitJob(config: Config, spec: JobSpec): Promise<BuilderResult<JobStatus>> {
+  return submit(config, "/v1/jobs", spec);
+}
+
+/** The job submitted with this idempotency key (404 when the builder never got it). */
+export async function findJob(config: Config, key: string): Promise<BuilderResult<JobStatus>> {
+  const res = await builderFetch(config, "GET", `/v1/jobs?key=${encodeURIComponent(key)}`);
   if (!res.ok) return failure(res);
   return { ok: true, value: JobStatus.parse(await res.json()) };
 }
@@ -88,24 +116,18 @@ export async function diskUsage(config: Config, id: string): Promise<BuilderResu
 }
 
 /** Starts a snapshot (tar.gz of the disk streamed in parts to presigned URLs). */
-export async function submitSnapshot(config: Config, spec: SnapshotSpec): Promise<BuilderResult<JobStatus>> {
-  const res = await builderFetch(config, "POST", "/v1/snapshots", spec);
-  if (!res.ok) return failure(res);
-  return { ok: true, value: JobStatus.parse(await res.json()) };
+export function submitSnapshot(config: Config, spec: SnapshotSpec): Promise<BuilderResult<JobStatus>> {
+  return submit(config, "/v1/snapshots", spec);
 }
 
 /** Starts a restore (download, validate, extract to staging, swap in). */
-export async function submitRestore(config: Config, spec: RestoreSpec): Promise<BuilderResult<JobStatus>> {
-  const res = await builderFetch(config, "POST", "/v1/restores", spec);
-  if (!res.ok) return failure(res);
-  return { ok: true, value: JobStatus.parse(await res.json()) };
+export function submitRestore(config: Config, spec: RestoreSpec): Promise<BuilderResult<JobStatus>> {
+  return submit(config, "/v1/restores", spec);
 }
 
 /** Starts a static-site build. */
-export async function submitBuild(config: Config, spec: BuildSpec): Promise<BuilderResult<JobStatus>> {
-  const res = await builderFetch(config, "POST", "/v1/builds", spec);
-  if (!res.ok) return failure(res);
-  return { ok: true, value: JobStatus.parse(await res.json()) };
+export function submitBuild(config: Config, spec: BuildSpec): Promise<BuilderResult<JobStatus>> {
+  return submit(config, "/v1/builds", spec);
 }
 
 /** The job's log as a stream; with `follow` it stays open until the job ends. */

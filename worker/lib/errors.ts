@@ -99,6 +99,8 @@ export class ApiError extends Error {
     message: string,
     readonly details?: ErrorDetail[],
     status?: ErrorStatus,
+    /** Headers the answer carries (Retry-After for RATE_LIMITED). */
+    readonly headers: Record<string, string> = {},
   ) {
     super(message);
     this.name = "ApiError";

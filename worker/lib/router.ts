@@ -69,6 +69,7 @@ export const authErrors = {
   400: errorResponse("Invalid request (VALIDATION_ERROR)"),
   401: errorResponse("Missing, malformed, unknown, deleted or expired API key (UNAUTHORIZED)"),
   403: errorResponse("The key lacks the required scope (INSUFFICIENT_SCOPE)"),
+  429: errorResponse("Too many requests with this key (RATE_LIMITED); Retry-After says when to try again"),
 } as const;
 
 export { errorResponse };

@@ -3,6 +3,8 @@ import { requireScope } from "../auth/middleware";
 import { APP_STATUSES, RUNTIMES } from "../db/schema";
 import { authErrors, errorResponse, jsonBody, newRouter } from "../lib/router";
 import { DnsLabel, Deleted, dataOf, Ref } from "../lib/schemas";
+import { appChanged } from "../services/cron-targets";
+import { deleteAppCrons } from "../services/crons";
 import { appView, appViews, createApp, deleteApp, listApps, resolveApp, setAppStatus } from "../services/apps";
 
 export const AppSchema = z
@@ -114,7 +116,10 @@ for (const [verb, status, summary] of [
     async (c) => {
       const db = c.get("db");
       const app = await resolveApp(db, c.get("principal").accountId, c.req.valid("param").app);
-      return c.json({ data: await appView(db, c.get("config"), await setAppStatus(db, app, status)) }, 200);
+      await setAppStatus(db, app, status);
+      // Its cron jobs hold the app's state: a stopped app's jobs skip their runs.
+      await appChanged(c.env, db, app.id);
+      return c.json({ data: await appView(db, c.get("config"), await resolveApp(db, app.accountId, app.id)) }, 200);
     },
   );
 }
@@ -136,6 +141,7 @@ appRoutes.openapi(
   }),
   async (c) => {
     const app = await resolveApp(c.get("db"), c.get("principal").accountId, c.req.valid("param").app);
+    await deleteAppCrons(c.get("db"), c.env, app.id);
     await deleteApp(c.get("db"), app);
     return c.json({ data: { id: app.id, deleted: true as const } }, 200);
   },

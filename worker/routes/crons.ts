@@ -3,23 +3,10 @@ import { requireScope } from "../auth/middleware";
 import { CONCURRENCY_POLICIES, CRON_RUN_STATUSES } from "../db/schema";
 import { checkSchedule, isTimeZone } from "../lib/cron";
 import { ApiError } from "../lib/errors";
-import { jobLog } from "../lib/builder-client";
 import { authErrors, codedIssue, errorResponse, jsonBody, newRouter } from "../lib/router";
 import { DnsLabel, Deleted, dataOf, Ref } from "../lib/schemas";
 import { resolveApp } from "../services/apps";
-import {
-  createCron,
-  cronDetail,
-  cronStub,
-  cronView,
-  deleteCron,
-  listCrons,
-  listRuns,
-  resolveCron,
-  resolveRun,
-  runView,
-  updateCron,
-} from "../services/crons";
+import { createCron, cronDetail, cronStub, cronView, deleteCron, listCrons, resolveCron, runView, updateCron } from "../services/crons";
 
 const Schedule = z
   .string()
@@ -80,6 +67,9 @@ const CronDetailSchema = CronSchema.extend({
   lastRun: z.string().nullable(),
   nextRun: z.string().nullable(),
   nextRuns: z.array(z.string()).openapi({ description: "The next five run times" }),
+  late: z.boolean().openapi({
+    description: "The next run is overdue and its alarm did not fire; a watchdog re-arms such jobs within minutes",
+  }),
 }).openapi("CronDetail");
 
 const RunSchema = z
@@ -154,7 +144,7 @@ cronRoutes.openapi(
   }),
   async (c) => {
     const row = await resolveCron(c.get("db"), c.get("principal").accountId, c.req.valid("param").id);
-    return c.json({ data: cronDetail(row) }, 200);
+    return c.json({ data: await cronDetail(c.env, row) }, 200);
   },
 );
 
@@ -172,7 +162,7 @@ cronRoutes.openapi(
   async (c) => {
     const db = c.get("db");
     const cron = await resolveCron(db, c.get("principal").accountId, c.req.valid("param").id);
-    return c.json({ data: cronDetail(await updateCron(db, c.env, cron, c.req.valid("json"))) }, 200);
+    return c.json({ data: await cronDetail(c.env, await updateCron(db, c.env, cron, c.req.valid("json"))) }, 200);
   },
 );
 
@@ -235,7 +225,7 @@ cronRoutes.openapi(
   }),
   async (c) => {
     const cron = await resolveCron(c.get("db"), c.get("principal").accountId, c.req.valid("param").id);
-    return c.json({ data: (await listRuns(c.get("db"), cron.id)).map(runView) }, 200);
+    return c.json({ data: (await cronStub(c.env, cron.id).runs()).map(runView) }, 200);
   },
 );
 
@@ -256,13 +246,9 @@ cronRoutes.openapi(
   async (c) => {
     const { id, jobName } = c.req.valid("param");
     const cron = await resolveCron(c.get("db"), c.get("principal").accountId, id);
-    const run = await resolveRun(c.get("db"), cron.id, jobName);
-    if (run.logKey) {
-      const object = await c.env.BUCKET.get(run.logKey);
-      return c.json({ data: { logs: object ? await object.text() : "" } }, 200);
-    }
-    const live = run.builderJobId ? await jobLog(c.get("config"), run.builderJobId).catch(() => null) : null;
-    return c.json({ data: { logs: live?.ok ? live.value : "" } }, 200);
+    const logs = await cronStub(c.env, cron.id).logs(jobName);
+    if (logs === null) throw new ApiError("RUN_NOT_FOUND", `run ${jobName} not found`);
+    return c.json({ data: { logs } }, 200);
   },
 );
 
@@ -283,10 +269,9 @@ cronRoutes.openapi(
   }),
   async (c) => {
     const { id, jobName } = c.req.valid("param");
-    const db = c.get("db");
-    const cron = await resolveCron(db, c.get("principal").accountId, id);
-    const run = await resolveRun(db, cron.id, jobName);
-    if (run.status === "running") await cronStub(c.env, cron.id).cancel(jobName);
-    return c.json({ data: runView(await resolveRun(db, cron.id, jobName)) }, 200);
+    const cron = await resolveCron(c.get("db"), c.get("principal").accountId, id);
+    const run = await cronStub(c.env, cron.id).cancel(jobName);
+    if (!run) throw new ApiError("RUN_NOT_FOUND", `run ${jobName} not found`);
+    return c.json({ data: runView(run) }, 200);
   },
 );

@@ -8,6 +8,7 @@ import { authErrors, errorResponse, jsonBody, newRouter } from "../lib/router";
 import { dataOf, Ref } from "../lib/schemas";
 import { iso } from "../lib/time";
 import { appView, resolveApp } from "../services/apps";
+import { appChanged } from "../services/cron-targets";
 import {
   ARTIFACTS,
   activateDeployment,
@@ -202,7 +203,9 @@ deploymentRoutes.openapi(
     const { app: ref, id } = c.req.valid("param");
     const { app, row } = await resolveAppDeployment(db, c.get("principal").accountId, ref, id);
     const updated = await activateDeployment(db, app, row);
-    return c.json({ data: await appView(db, c.get("config"), updated) }, 200);
+    // The app's cron runs work in the active deployment's source.
+    await appChanged(c.env, db, app.id);
+    return c.json({ data: await appView(db, c.get("config"), await resolveApp(db, updated.accountId, updated.id)) }, 200);
   },
 );
 

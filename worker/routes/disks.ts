@@ -1,5 +1,6 @@
 import { createRoute, z } from "@hono/zod-openapi";
 import { mountPathProblem } from "../../builder/src/protocol";
+import { appChanged } from "../services/cron-targets";
 import { requireScope } from "../auth/middleware";
 import { DISK_STATUSES } from "../db/schema";
 import { authErrors, errorResponse, jsonBody, newRouter } from "../lib/router";
@@ -116,7 +117,9 @@ diskRoutes.openapi(
   async (c) => {
     const accountId = c.get("principal").accountId;
     const app = await resolveApp(c.get("db"), accountId, c.req.valid("json").app);
-    return c.json({ data: await attachDisk(c.get("db"), accountId, c.req.valid("param").disk, app) }, 200);
+    const disk = await attachDisk(c.get("db"), accountId, c.req.valid("param").disk, app);
+    await appChanged(c.env, c.get("db"), app.id);
+    return c.json({ data: disk }, 200);
   },
 );
 
@@ -130,7 +133,11 @@ diskRoutes.openapi(
     request: { params: DiskParam },
     responses: { 200: diskResponse("The disk, detached"), ...authErrors, ...notFound },
   }),
-  async (c) => c.json({ data: await detachDisk(c.get("db"), c.get("principal").accountId, c.req.valid("param").disk) }, 200),
+  async (c) => {
+    const { disk, formerAppId } = await detachDisk(c.get("db"), c.get("principal").accountId, c.req.valid("param").disk);
+    if (formerAppId) await appChanged(c.env, c.get("db"), formerAppId);
+    return c.json({ data: disk }, 200);
+  },
 );
 
 diskRoutes.openapi(

@@ -4,6 +4,7 @@ import { ApiError } from "../lib/errors";
 import { authErrors, errorResponse, jsonBody, newRouter } from "../lib/router";
 import { dataOf, Ref } from "../lib/schemas";
 import { resolveApp } from "../services/apps";
+import { appChanged } from "../services/cron-targets";
 import { listEnvVars, setEnvVars, unsetEnvVars } from "../services/env-vars";
 
 const EnvName = z
@@ -75,6 +76,7 @@ envVarRoutes.openapi(
     const db = c.get("db");
     const app = await resolveApp(db, c.get("principal").accountId, c.req.valid("param").app);
     await setEnvVars(db, c.get("config"), app.id, c.req.valid("json").vars);
+    await appChanged(c.env, db, app.id);
     return c.json({ data: await listEnvVars(db, c.get("config"), app.id, false) }, 200);
   },
 );
@@ -102,6 +104,7 @@ envVarRoutes.openapi(
     if ((await unsetEnvVars(c.get("db"), app.id, [name])).length > 0) {
       throw new ApiError("ENV_VAR_NOT_FOUND", `env var ${name} is not set on app ${app.name}`);
     }
+    await appChanged(c.env, c.get("db"), app.id);
     return c.json({ data: { name, deleted: true as const } }, 200);
   },
 );

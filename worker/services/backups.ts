@@ -18,6 +18,7 @@ import { newId } from "../lib/ids";
 import { PLAN_LIMITS } from "../lib/plans";
 import { iso, isoOrNull } from "../lib/time";
 import { presign } from "../storage/presign";
+import { appChanged } from "./cron-targets";
 import { isInUse, resolveDisk } from "./disks";
 
 /** Archives above this are uploaded in parts (DESIGN §7). */
@@ -335,6 +336,8 @@ export async function startRestore(
     db.insert(restores).values(row),
     ...(source.uploadId ? [db.update(restoreUploads).set({ usedAt: now }).where(eq(restoreUploads.id, source.uploadId))] : []),
   ]);
+  // Its app (stopped, or it would be in use) learns that the disk is being restored.
+  if (entry.disk.appId) await appChanged(env, db, entry.disk.appId);
   try {
     await restoreStub(env, row.id).start(row.id);
   } catch (err) {
@@ -343,6 +346,7 @@ export async function startRestore(
       db.update(restores).set({ status: "failed", error, finishedAt: Date.now() }).where(eq(restores.id, row.id)),
       db.update(disks).set({ status: "available", updatedAt: Date.now() }).where(eq(disks.id, entry.disk.id)),
     ]);
+    if (entry.disk.appId) await appChanged(env, db, entry.disk.appId);
     return { ...row, status: "failed", error };
   }
   return row;

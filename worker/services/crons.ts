@@ -1,12 +1,13 @@
 import { and, desc, eq } from "drizzle-orm";
 import { type Db, isUniqueViolation } from "../db/client";
-import { type ConcurrencyPolicy, type CronRow, type CronRunRow, cronRuns, crons } from "../db/schema";
+import { type ConcurrencyPolicy, type CronRow, type CronRunStatus, crons } from "../db/schema";
 import type { Env } from "../env";
 import { nextRuns } from "../lib/cron";
 import { ApiError } from "../lib/errors";
 import { newId } from "../lib/ids";
 import { iso, isoOrNull } from "../lib/time";
 import { deletePrefix } from "../storage/objects";
+import { loadTarget } from "./cron-targets";
 
 /** Runs kept per job (DESIGN §6); older runs and their logs are removed. */
 export const RUN_HISTORY = 100;
@@ -25,12 +26,27 @@ export type CronView = {
   updatedAt: string;
 };
 
-export type CronDetail = CronView & { lastRun: string | null; nextRun: string | null; nextRuns: string[] };
+export type CronDetail = CronView & { lastRun: string | null; nextRun: string | null; nextRuns: string[]; late: boolean };
+
+/** What a job's object needs of its D1 row: the definition, without the bookkeeping columns. */
+export type CronDefinition = Omit<CronRow, "lastRunAt" | "nextRunAt" | "targetVersion">;
+
+/** A run as the job's object keeps it (epoch milliseconds). */
+export type CronRunRecord = {
+  jobName: string;
+  trigger: "schedule" | "manual";
+  status: CronRunStatus;
+  scheduledAt: number;
+  startedAt: number;
+  finishedAt: number | null;
+  exitCode: number | null;
+  error: string | null;
+};
 
 export type CronRunView = {
   jobName: string;
-  status: CronRunRow["status"];
-  trigger: CronRunRow["trigger"];
+  status: CronRunStatus;
+  trigger: CronRunRecord["trigger"];
   startedAt: string;
   finishedAt: string | null;
   exitCode: number | null;
@@ -53,16 +69,19 @@ export function cronView(row: CronRow): CronView {
   };
 }
 
-export function cronDetail(row: CronRow, now = Date.now()): CronDetail {
+/** The detail view: the definition from D1, last and next run from the job's object (where runs live). */
+export async function cronDetail(env: Env, row: CronRow, now = Date.now()): Promise<CronDetail> {
+  const state = await cronStub(env, row.id).detail();
   return {
     ...cronView(row),
-    lastRun: isoOrNull(row.lastRunAt),
-    nextRun: row.enabled ? isoOrNull(row.nextRunAt) : null,
+    lastRun: isoOrNull(state.lastRunAt),
+    nextRun: isoOrNull(state.nextRunAt),
     nextRuns: row.enabled ? nextRuns(row.schedule, row.timezone, now, 5).map(iso) : [],
+    late: state.late,
   };
 }
 
-export function runView(row: CronRunRow): CronRunView {
+export function runView(row: CronRunRecord): CronRunView {
   return {
     jobName: row.jobName,
     status: row.status,
@@ -72,6 +91,11 @@ export function runView(row: CronRunRow): CronRunView {
     exitCode: row.exitCode,
     error: row.error,
   };
+}
+
+export function definitionOf(row: CronRow): CronDefinition {
+  const { lastRunAt: _last, nextRunAt: _next, targetVersion: _version, ...definition } = row;
+  return definition;
 }
 
 export function cronStub(env: Env, cronId: string) {
@@ -107,10 +131,19 @@ export type CronInput = {
   enabled: boolean;
 };
 
-/** Inserts the job and arms its Durable Object; if arming fails the row is removed again. */
+/** Inserts the job and hands it (with its app's target) to its object, which arms the alarm; if that fails the row goes again. */
 export async function createCron(db: Db, env: Env, accountId: string, input: CronInput): Promise<CronRow> {
   const now = Date.now();
-  const row: CronRow = { id: newId("cron"), accountId, ...input, lastRunAt: null, nextRunAt: null, createdAt: now, updatedAt: now };
+  const row: CronRow = {
+    id: newId("cron"),
+    accountId,
+    ...input,
+    lastRunAt: null,
+    nextRunAt: null,
+    targetVersion: null,
+    createdAt: now,
+    updatedAt: now,
+  };
   try {
     await db.insert(crons).values(row);
   } catch (err) {
@@ -118,8 +151,14 @@ export async function createCron(db: Db, env: Env, accountId: string, input: Cro
     throw err;
   }
   try {
-    row.nextRunAt = await cronStub(env, row.id).arm(row.id);
+    const target = await loadTarget(db, row.appId);
+    row.nextRunAt = await cronStub(env, row.id).configure(definitionOf(row), target);
+    row.targetVersion = target?.version ?? null;
+    await db.update(crons).set({ nextRunAt: row.nextRunAt, targetVersion: row.targetVersion }).where(eq(crons.id, row.id));
   } catch (err) {
+    await cronStub(env, row.id)
+      .destroy()
+      .catch(() => undefined);
     await db.delete(crons).where(eq(crons.id, row.id));
     throw err;
   }
@@ -128,7 +167,7 @@ export async function createCron(db: Db, env: Env, accountId: string, input: Cro
 
 export type CronPatch = Partial<Omit<CronInput, "appId" | "name">>;
 
-/** Changes only the supplied fields, then re-arms the alarm for the new schedule. */
+/** Changes only the supplied fields, then hands the new definition to the object, which re-arms the alarm. */
 export async function updateCron(db: Db, env: Env, cron: CronRow, patch: CronPatch): Promise<CronRow> {
   const [row] = await db
     .update(crons)
@@ -136,32 +175,23 @@ export async function updateCron(db: Db, env: Env, cron: CronRow, patch: CronPat
     .where(eq(crons.id, cron.id))
     .returning();
   if (!row) throw new ApiError("CRON_NOT_FOUND", `cron job ${cron.id} not found`);
-  row.nextRunAt = await cronStub(env, row.id).arm(row.id);
+  row.nextRunAt = await cronStub(env, row.id).configure(definitionOf(row), null);
+  await db.update(crons).set({ nextRunAt: row.nextRunAt }).where(eq(crons.id, row.id));
   return row;
 }
 
-/** Disarms the alarm first, then removes logs, runs and the job. */
+/** Disarms the alarm first, then removes logs, runs (in the object) and the job. */
 export async function deleteCron(db: Db, env: Env, cron: CronRow): Promise<void> {
   await cronStub(env, cron.id).destroy();
   await deletePrefix(env.BUCKET, `cron-logs/${cron.id}/`);
   await db.delete(crons).where(eq(crons.id, cron.id));
 }
 
-export async function listRuns(db: Db, cronId: string): Promise<CronRunRow[]> {
-  return db
-    .select()
-    .from(cronRuns)
-    .where(eq(cronRuns.cronId, cronId))
-    .orderBy(desc(cronRuns.startedAt), desc(cronRuns.jobName))
-    .limit(RUN_HISTORY);
-}
-
-export async function resolveRun(db: Db, cronId: string, jobName: string): Promise<CronRunRow> {
-  const row = await db
-    .select()
-    .from(cronRuns)
-    .where(and(eq(cronRuns.cronId, cronId), eq(cronRuns.jobName, jobName)))
-    .get();
-  if (!row) throw new ApiError("RUN_NOT_FOUND", `run ${jobName} not found`);
-  return row;
+/** Every cron job of the app goes with it: objects disarmed, logs deleted (the rows cascade with the app). */
+export async function deleteAppCrons(db: Db, env: Env, appId: string): Promise<void> {
+  const jobs = await db.select({ id: crons.id }).from(crons).where(eq(crons.appId, appId));
+  for (const job of jobs) {
+    await cronStub(env, job.id).destroy();
+    await deletePrefix(env.BUCKET, `cron-logs/${job.id}/`);
+  }
 }

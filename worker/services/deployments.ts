@@ -1,4 +1,4 @@
-import { and, desc, eq } from "drizzle-orm";
+import { and, desc, eq, isNull, or, sql } from "drizzle-orm";
 import { GENERATED_WEB_SERVER_CONFIG_PATH } from "../../builder/src/protocol";
 import type { Db } from "../db/client";
 import { type AppRow, apps, type DeploymentRow, deployments } from "../db/schema";
@@ -150,7 +150,36 @@ export async function startDeployment(db: Db, env: Env, row: DeploymentRow): Pro
   return (await db.select().from(deployments).where(eq(deployments.id, row.id)).get()) ?? row;
 }
 
-/** Points the app at a ready deployment: one UPDATE, so the switch is atomic. */
+/**
+ * Points the app at a ready deployment a new build just finished, but only
+ * forward: when a newer deployment (created later) is already active, the app
+ * keeps it and this one stays ready for an explicit activation. One
+ * conditional UPDATE, so two builds finishing together cannot both win.
+ * True when the app now serves this deployment.
+ */
+export async function activateIfNewer(db: Db, row: DeploymentRow): Promise<boolean> {
+  const activeCreatedAt = db
+    .select({ createdAt: deployments.createdAt })
+    .from(deployments)
+    .where(eq(deployments.id, apps.activeDeploymentId));
+  const switched = await db
+    .update(apps)
+    .set({ activeDeploymentId: row.id, updatedAt: sql`max(${apps.updatedAt} + 1, ${Date.now()})` })
+    .where(
+      and(
+        eq(apps.id, row.appId),
+        or(
+          isNull(apps.activeDeploymentId),
+          sql`coalesce((${activeCreatedAt}), 0) < ${row.createdAt}`,
+          and(sql`(${activeCreatedAt}) = ${row.createdAt}`, sql`${apps.activeDeploymentId} < ${row.id}`),
+        ),
+      ),
+    )
+    .returning({ id: apps.id });
+  return switched.length > 0;
+}
+
+/** Points the app at a ready deployment the user chose (a rollback, or forward again): one UPDATE, so the switch is atomic. */
 export async function activateDeployment(db: Db, app: AppRow, row: DeploymentRow): Promise<AppRow> {
   if (row.status !== "ready" || !row.manifestKey) {
     throw new ApiError("DEPLOYMENT_NOT_READY", `deployment ${row.id} is ${row.status}; only ready deployments can be activated`);

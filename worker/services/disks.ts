@@ -132,10 +132,11 @@ export async function attachDisk(db: Db, accountId: string, ref: string, app: Ap
   return diskView(db, accountId, disk.id);
 }
 
-export async function detachDisk(db: Db, accountId: string, ref: string): Promise<DiskView> {
+/** Detaches the disk; also says which app had it (its cron jobs must learn of it). */
+export async function detachDisk(db: Db, accountId: string, ref: string): Promise<{ disk: DiskView; formerAppId: string | null }> {
   const { disk } = await resolveDisk(db, accountId, ref);
   await db.update(disks).set({ appId: null, updatedAt: Date.now() }).where(eq(disks.id, disk.id));
-  return diskView(db, accountId, disk.id);
+  return { disk: await diskView(db, accountId, disk.id), formerAppId: disk.appId };
 }
 
 /**

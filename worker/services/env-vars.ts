@@ -35,6 +35,15 @@ export async function envOf(db: Db, config: Config, appId: string): Promise<Reco
   return Object.fromEntries(vars.map((v) => [v.name, v.value ?? ""]));
 }
 
+/** Decrypts the ciphertexts a cron object keeps (name → value as stored in D1), at dispatch only. */
+export async function decryptEnv(config: Config, appId: string, ciphertexts: Record<string, string>): Promise<Record<string, string>> {
+  const key = encryptionKey(config);
+  const entries = await Promise.all(
+    Object.entries(ciphertexts).map(async ([name, value]) => [name, await decrypt(key, value, context(appId, name))] as const),
+  );
+  return Object.fromEntries(entries);
+}
+
 /** Merges `vars` into the app's variables in one batch: all are written or none. */
 export async function setEnvVars(db: Db, config: Config, appId: string, vars: Record<string, string>): Promise<void> {
   const key = encryptionKey(config);

@@ -6,7 +6,7 @@
 import { createHash } from "node:crypto";
 import { readdir, realpath, stat } from "node:fs/promises";
 import { join } from "node:path";
-import { MAX_MANIFEST_FILES, type ManifestEntry } from "../protocol.js";
+import { MAX_MANIFEST_BYTES, MAX_MANIFEST_FILES, type ManifestEntry } from "../protocol.js";
 import { contentTypeFor } from "./content-types.js";
 import { isInside, openInside } from "./files.js";
 import { forEachLimited } from "./pool.js";
@@ -74,6 +74,13 @@ export async function buildManifest(root: string): Promise<{ ok: true; scan: Man
   });
   skipped.sort();
   entries.sort((a, b) => (a.path < b.path ? -1 : a.path > b.path ? 1 : 0));
+  const bytes = Buffer.byteLength(JSON.stringify(entries));
+  if (bytes > MAX_MANIFEST_BYTES) {
+    return {
+      ok: false,
+      error: `the output's file list takes ${Math.ceil(bytes / 1024 / 1024)} MiB, more than the ${MAX_MANIFEST_BYTES / 1024 / 1024} MiB one deployment may hold (shorter paths or fewer files)`,
+    };
+  }
   return { ok: true, scan: { entries, skipped } };
 }
 

@@ -1,0 +1,1 @@
+ALTER TABLE `crons` ADD `target_version` integer;
