@@ -77,11 +77,13 @@ export class BackupJob extends SingleBuilderJob {
     const result = "id" in ending ? ending.result : null;
     if (!error && result?.kind === "snapshot") {
       if (!kv.get("completed")) {
-        await upload.complete(result.parts.map((p) => ({ partNumber: p.partNumber, etag: p.etag.replace(/^"|"$/g, "") }))).catch(
-          (err: unknown) => {
-            error = `completing the upload failed: ${err instanceof Error ? err.message : String(err)}`;
-          },
-        );
+        try {
+          await upload.complete(result.parts.map((p) => ({ partNumber: p.partNumber, etag: p.etag.replace(/^"|"$/g, "") })));
+        } catch (err) {
+          // A first attempt that completed the upload and then died before recording it: the object is there.
+          const stored = await this.env.BUCKET.head(objectKey);
+          if (stored?.size !== result.sizeBytes) error = `completing the upload failed: ${err instanceof Error ? err.message : String(err)}`;
+        }
         if (!error) kv.put("completed", true);
       }
       if (!error) {

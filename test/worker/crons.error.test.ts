@@ -27,6 +27,9 @@ describe("/v1/crons validation", () => {
     "0 0 ? * *",
     "0 0 * * 1#2",
     "0 0 * foo *",
+    // Five valid fields that no date ever matches.
+    "0 0 30 2 *",
+    "0 0 31 4,6 *",
   ];
   for (const schedule of invalid) {
     it(`refuses ${JSON.stringify(schedule)} with 400 INVALID_CRON_EXPRESSION on create and update, storing nothing`, async () => {
@@ -47,6 +50,19 @@ describe("/v1/crons validation", () => {
       expect(detail.schedule).toBe("0 * * * *");
     });
   }
+
+  it("says why a schedule that can never fire is refused", async () => {
+    const { adminKey: key } = await newAccount();
+    const app = await newApp(key);
+    const res = await call("/v1/crons", { method: "POST", key, body: { appId: app.id, name: "never", schedule: "0 0 30 2 *", command: "true" } });
+    expect((await json<ErrorJson>(res)).error).toMatchObject({
+      code: "INVALID_CRON_EXPRESSION",
+      message: 'invalid cron expression: it never fires: no date has day of month "30" in month "2" (e.g. 30 2 is February 30th)',
+    });
+    // February 29th exists (in leap years): accepted.
+    const leap = await call("/v1/crons", { method: "POST", key, body: { appId: app.id, name: "leap", schedule: "0 0 29 2 *", command: "true" } });
+    expect(leap.status).toBe(201);
+  });
 
   it("accepts lists, ranges, steps, stepped ranges and month/day names", async () => {
     const { adminKey: key } = await newAccount();

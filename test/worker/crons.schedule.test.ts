@@ -48,6 +48,40 @@ describe("next-run math", () => {
     ]);
   });
 
+  it("a time skipped by spring-forward runs once that day, an hour later on the wall clock", () => {
+    // America/New_York, 2026-03-08: 02:00 EST jumps to 03:00 EDT, so 02:30 does not exist.
+    const runs = isoAll(nextRuns("30 2 * * *", "America/New_York", at("2026-03-07T00:00:00Z"), 3));
+    expect(runs).toEqual([
+      "2026-03-07T07:30:00.000Z", // 02:30 EST
+      "2026-03-08T07:30:00.000Z", // 03:30 EDT: once, not skipped
+      "2026-03-09T06:30:00.000Z", // 02:30 EDT
+    ]);
+  });
+
+  it("a time repeated by fall-back runs once, at its first occurrence; an every-hour job runs every real hour", () => {
+    // America/New_York, 2026-11-01: 02:00 EDT falls back to 01:00 EST, so 01:30 happens twice.
+    expect(isoAll(nextRuns("30 1 * * *", "America/New_York", at("2026-10-31T00:00:00Z"), 3))).toEqual([
+      "2026-10-31T05:30:00.000Z",
+      "2026-11-01T05:30:00.000Z", // 01:30 EDT; 01:30 EST (06:30Z) does not run again
+      "2026-11-02T06:30:00.000Z",
+    ]);
+    expect(isoAll(nextRuns("0 * * * *", "America/New_York", at("2026-11-01T04:30:00Z"), 3))).toEqual([
+      "2026-11-01T05:00:00.000Z", // 01:00 EDT
+      "2026-11-01T06:00:00.000Z", // 01:00 EST: an hour later in real time
+      "2026-11-01T07:00:00.000Z",
+    ]);
+  });
+
+  it("day of month and day of week both restricted: either one matching is enough (Vixie cron, Kubernetes)", () => {
+    const days = (schedule: string) =>
+      nextRuns(schedule, "UTC", at("2026-12-01T00:00:00Z"), 5).map((t) => new Date(t).toISOString().slice(0, 10));
+    // Fridays (4, 11, 18, 25) and the 13th (a Sunday).
+    expect(days("0 0 13 * 5")).toEqual(["2026-12-04", "2026-12-11", "2026-12-13", "2026-12-18", "2026-12-25"]);
+    // One of them `*`: the other alone decides.
+    expect(days("0 0 13 * *")).toEqual(["2026-12-13", "2027-01-13", "2027-02-13", "2027-03-13", "2027-04-13"]);
+    expect(days("0 0 * * 5")).toEqual(["2026-12-04", "2026-12-11", "2026-12-18", "2026-12-25", "2027-01-01"]);
+  });
+
   it("a job created in a non-UTC zone is armed at that zone's local time", async () => {
     const { adminKey: key } = await newAccount();
     const app = await newApp(key);

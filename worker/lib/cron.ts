@@ -6,6 +6,13 @@ import { CronExpressionParser } from "cron-parser";
  * sun-sat; 0 and 7 are Sunday), with `*`, lists, ranges, steps and stepped
  * ranges. cron-parser alone accepts more (seconds, `@daily`, `L`, `#`, `?`), so
  * the grammar is checked here first and cron-parser only computes times.
+ *
+ * What the times are (README "Cron schedules", with Kubernetes' behaviour):
+ * - day of month and day of week both restricted: a day matching either runs
+ *   (`0 0 13 * 5`: every 13th and every Friday); one of them `*`: the other alone;
+ * - in the job's time zone, a time skipped by spring-forward runs once, an hour
+ *   later on the wall clock (02:30 → 03:30); a time repeated by fall-back runs
+ *   once, at its first occurrence; a schedule with `*` hours runs every real hour.
  */
 
 type Field = { name: string; min: number; max: number; names?: readonly string[] };
@@ -53,7 +60,11 @@ function checkField(field: Field, text: string): string | null {
   return null;
 }
 
-/** Validates a schedule; the message completes "invalid cron expression: …". */
+/**
+ * Validates a schedule; the message completes "invalid cron expression: …".
+ * Besides the grammar, a schedule must fire at all: `0 0 30 2 *` (February
+ * 30th) is five valid fields that no date ever matches.
+ */
 export function checkSchedule(schedule: string): ScheduleCheck {
   const fields = schedule.trim().split(/\s+/).filter(Boolean);
   if (fields.length !== 5) {
@@ -62,6 +73,14 @@ export function checkSchedule(schedule: string): ScheduleCheck {
   for (const [i, field] of FIELDS.entries()) {
     const problem = checkField(field, fields[i]!);
     if (problem) return { ok: false, message: problem };
+  }
+  try {
+    nextRuns(schedule, "UTC", Date.now(), 1);
+  } catch {
+    return {
+      ok: false,
+      message: `it never fires: no date has day of month "${fields[2]}" in month "${fields[3]}" (e.g. 30 2 is February 30th)`,
+    };
   }
   return { ok: true };
 }
