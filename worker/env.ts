@@ -12,6 +12,8 @@ export interface Env {
   BACKUP_JOB: DurableObjectNamespace<BackupJob>;
   RESTORE_JOB: DurableObjectNamespace<RestoreJob>;
   DEPLOYMENT: DurableObjectNamespace<Deployment>;
+  /** The dashboard's static assets (`[assets]` in wrangler.toml). */
+  ASSETS: Fetcher;
   /** Where the builder can reach this Worker (completion callbacks). */
   PUBLIC_URL: string;
   APPS_DOMAIN: string;
