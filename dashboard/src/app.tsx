@@ -12,8 +12,11 @@ import { SignIn } from "./pages/sign-in";
 import { Link, match, navigate, usePath } from "./router";
 import { session } from "./session";
 
-/** The signed-in key's own list entry (found by its display prefix), for its name and scopes. */
-export type Me = Schemas["ApiKey"] | null;
+/**
+ * The signed-in key's own list entry (found by its display prefix), for its
+ * name and scopes: undefined while it loads, null if the list does not show it.
+ */
+export type Me = Schemas["ApiKey"] | null | undefined;
 
 const NAV = [
   ["/apps", "Apps"],
@@ -63,13 +66,13 @@ function Page({ path, me }: { path: string; me: Me }) {
 export function App() {
   const { key, reason } = useSession();
   const path = usePath();
-  const [me, setMe] = useState<Me>(null);
+  const [me, setMe] = useState<Me>(undefined);
 
   useEffect(() => {
     if (path === "/" || path === "") navigate("/apps");
   }, [path]);
   useEffect(() => {
-    setMe(null);
+    setMe(undefined);
     if (key !== null) void whoAmI(key).then(setMe, () => setMe(null));
   }, [key]);
 

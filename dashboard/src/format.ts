@@ -52,12 +52,21 @@ export function formatBytes(bytes: number | null | undefined): string {
   return unit === 0 ? `${bytes} B` : `${value.toFixed(value < 10 ? 1 : 0)} ${units[unit]}`;
 }
 
-/** 1234 → "1.2 s", 75000 → "1 min 15 s". */
+/** 1234 → "1.2 s", 75000 → "1 min 15 s", 3600000 → "1 h". */
 export function formatDuration(ms: number | null | undefined): string {
   if (ms === null || ms === undefined) return "-";
   if (ms < 10_000) return `${(ms / 1000).toFixed(1)} s`;
   const seconds = Math.round(ms / 1000);
-  return seconds < 60 ? `${seconds} s` : `${Math.floor(seconds / 60)} min ${seconds % 60} s`;
+  if (seconds < 60) return `${seconds} s`;
+  const parts: [number, string][] = [
+    [Math.floor(seconds / 3600), "h"],
+    [Math.floor((seconds % 3600) / 60), "min"],
+    [seconds % 60, "s"],
+  ];
+  return parts
+    .filter(([value]) => value > 0)
+    .map(([value, unit]) => `${value} ${unit}`)
+    .join(" ");
 }
 
 /** From start to end (or to now while it runs). */

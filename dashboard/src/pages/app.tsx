@@ -261,11 +261,11 @@ export function AppPage({ name, tab }: { name: string; tab: string }) {
       {!app ? (
         <Pending error={loaded.error} />
       ) : tab === "deployments" ? (
-        <Deployments app={app} onAppChange={setChanged} />
+        <Deployments key={app.id} app={app} onAppChange={setChanged} />
       ) : tab === "env" ? (
-        <EnvVars app={app} />
+        <EnvVars key={app.id} app={app} />
       ) : tab === "logs" ? (
-        <RequestLogTab app={app} />
+        <RequestLogTab key={app.id} app={app} />
       ) : (
         <Overview app={app} onChange={setChanged} />
       )}

@@ -26,8 +26,8 @@ function EditCron({ cron, onSaved }: { cron: CronDetail; onSaved: (cron: CronDet
   return (
     <form onSubmit={submit} class="card" aria-label="Edit the cron job">
       <h2>Edit</h2>
-      <ScheduleField id="edit-schedule" value={schedule} timezone={timezone} onInput={setSchedule} />
       <TimeZoneField value={timezone} onInput={setTimezone} />
+      <ScheduleField id="edit-schedule" value={schedule} timezone={timezone} onInput={setSchedule} />
       <label>
         Command
         <input name="command" value={command} onInput={(e) => setCommand(e.currentTarget.value)} spellcheck={false} required />
@@ -144,7 +144,7 @@ export function CronPage({ id }: { id: string }) {
             <dt>Concurrency</dt>
             <dd>{c.concurrencyPolicy}</dd>
             <dt>Timeout</dt>
-            <dd>{formatDuration(c.timeoutSeconds * 1000)}</dd>
+            <dd>{formatDuration(c.timeoutSeconds * 1000)} (then the run is killed)</dd>
           </dl>
           <div class="toolbar">
             <Action
@@ -152,7 +152,7 @@ export function CronPage({ id }: { id: string }) {
               run={async () => {
                 const { data } = await ok(api.POST("/v1/crons/{id}/run", path));
                 setShown(data.jobName);
-                await runs.reload();
+                await Promise.all([runs.reload(), cron.reload()]);
               }}
             />
             <Action

@@ -65,8 +65,8 @@ function CreateCron({ apps }: { apps: Schemas["App"][] }) {
         Name
         <input name="name" value={name} onInput={(e) => setName(e.currentTarget.value)} placeholder="nightly-report" required />
       </label>
-      <ScheduleField id="new-schedule" value={schedule} timezone={timezone} onInput={setSchedule} />
       <TimeZoneField value={timezone} onInput={setTimezone} />
+      <ScheduleField id="new-schedule" value={schedule} timezone={timezone} onInput={setSchedule} />
       <label>
         Command
         <input name="command" value={command} onInput={(e) => setCommand(e.currentTarget.value)} placeholder="npm run report" spellcheck={false} required />

@@ -115,7 +115,7 @@ const isArchive = (name: string) => /\.(tar\.gz|tgz)$/i.test(name);
  * .gitignore files, at most 100 MB compressed), or a ready .tar.gz is taken as
  * it is; then the source is uploaded with progress and the build log followed.
  */
-function DeployPanel({ app, onStarted }: { app: App; onStarted: (d: Deployment) => void }) {
+function DeployPanel({ app, onUploading, onStarted }: { app: App; onUploading: () => void; onStarted: (d: Deployment) => void }) {
   const [step, setStep] = useState<Step>({ kind: "idle" });
   const [error, setError] = useState<ApiError | null>(null);
   const busy = step.kind === "packing" || step.kind === "uploading";
@@ -146,7 +146,10 @@ function DeployPanel({ app, onStarted }: { app: App; onStarted: (d: Deployment) 
     setError(null);
     if (!isArchive(file.name)) return fail(new Error(`${file.name} is not a .tar.gz archive; choose a project folder instead`));
     if (file.size > MAX_UPLOAD_BYTES) {
-      return fail(new Error(`${file.name} is ${megabytes(file.size)}, over the build upload limit of ${megabytes(MAX_UPLOAD_BYTES)}; nothing was uploaded`));
+      const bytes = (n: number) => n.toLocaleString("en-US");
+      return fail(
+        new Error(`${file.name} is ${bytes(file.size)} bytes, over the build upload limit of ${megabytes(MAX_UPLOAD_BYTES)} (${bytes(MAX_UPLOAD_BYTES)} bytes); nothing was uploaded`),
+      );
     }
     setStep({ kind: "packed", packed: { archive: file, sizeBytes: file.size, fileCount: 0, totalBytes: 0, ignored: [] }, from: file.name });
   };
@@ -157,6 +160,7 @@ function DeployPanel({ app, onStarted }: { app: App; onStarted: (d: Deployment) 
       const path = { params: { path: { app: app.name } } };
       const created = await ok(api.POST("/v1/apps/{app}/deployments", { ...path, body: { sizeBytes: packed.sizeBytes } }));
       setStep({ kind: "uploading", sent: 0, total: packed.sizeBytes });
+      onUploading();
       await putObject(created.data.uploadUrl, packed.archive, (sent) => setStep({ kind: "uploading", sent, total: packed.sizeBytes }));
       const started = await ok(
         api.POST("/v1/apps/{app}/deployments/{id}/start", { params: { path: { app: app.name, id: created.data.deployment.id } } }),
@@ -240,6 +244,7 @@ export function Deployments({ app, onAppChange }: { app: App; onAppChange: (app:
     <>
       <DeployPanel
         app={app}
+        onUploading={() => setShown(null)}
         onStarted={(d) => {
           setShown(d);
           void list.reload();
@@ -247,6 +252,7 @@ export function Deployments({ app, onAppChange }: { app: App; onAppChange: (app:
       />
       {shown && (
         <BuildLog
+          key={shown.id}
           app={app}
           deployment={shown}
           onDone={() => {

@@ -18,9 +18,9 @@ const EXPIRIES = [
   ["365", "In 1 year"],
 ] as const;
 const GRACE = [
-  ["0", "at once"],
-  ["3600", "after 1 hour"],
-  ["86400", "after 24 hours"],
+  ["0", "old secret ends at once"],
+  ["3600", "old secret ends in 1 h"],
+  ["86400", "old secret ends in 24 h"],
 ] as const;
 
 /** A secret the API returns once: shown with a copy button and a warning, forgotten when dismissed. */
@@ -106,16 +106,13 @@ function RollKey({ apiKey, onRolled }: { apiKey: Schemas["ApiKey"]; onRolled: (k
   const [grace, setGrace] = useState<(typeof GRACE)[number][0]>("0");
   return (
     <span class="inline-form">
-      <label>
-        Old secret stops
-        <select value={grace} onChange={(e) => setGrace(e.currentTarget.value as typeof grace)} aria-label={`When the old secret of ${apiKey.name} stops working`}>
-          {GRACE.map(([value, label]) => (
-            <option key={value} value={value}>
-              {label}
-            </option>
-          ))}
-        </select>
-      </label>{" "}
+      <select value={grace} onChange={(e) => setGrace(e.currentTarget.value as typeof grace)} aria-label={`When the old secret of ${apiKey.name} stops working after a roll`}>
+        {GRACE.map(([value, label]) => (
+          <option key={value} value={value}>
+            {label}
+          </option>
+        ))}
+      </select>{" "}
       <Action
         label="Roll"
         confirm={`Issue a new secret for ${apiKey.name}?`}
@@ -133,7 +130,8 @@ function RollKey({ apiKey, onRolled }: { apiKey: Schemas["ApiKey"]; onRolled: (k
 export function KeysPage({ me }: { me: Me }) {
   const keys = useLoad(() => ok(api.GET("/v1/api-keys")), []);
   const [secret, setSecret] = useState<{ title: string; key: string } | null>(null);
-  const isAdmin = me?.scopes.includes("admin") ?? false;
+  // A key the list does not show (null) may still try: the API's answer then says what is missing.
+  const isAdmin = me === null || (me?.scopes.includes("admin") ?? false);
   const adminReason = me
     ? `This key (${me.name}) has the scopes ${me.scopes.join(", ")}. Creating, rolling and deleting keys needs a key with the admin scope, so a key cannot grant more than it holds.`
     : "";
@@ -204,9 +202,11 @@ export function KeysPage({ me }: { me: Me }) {
                       />
                     </>
                   ) : (
-                    <span class="muted" title={adminReason}>
-                      needs admin
-                    </span>
+                    me && (
+                      <span class="muted" title={adminReason}>
+                        needs admin
+                      </span>
+                    )
                   )}
                 </td>
               </tr>
