@@ -5,7 +5,7 @@ import { ago, dateTime, formatBytes } from "./format";
 
 /** What the pages share: loading, polling, actions with their errors, and the small pieces every table uses. */
 
-export type Loaded<T> = { data: T | undefined; error: ApiError | null; reload: () => Promise<void> };
+type Loaded<T> = { data: T | undefined; error: ApiError | null; reload: () => Promise<void> };
 
 /** Loads data when `deps` change; `reload()` loads again (after an action, or on a poll). */
 export function useLoad<T>(load: () => Promise<T>, deps: readonly unknown[]): Loaded<T> {
@@ -50,7 +50,7 @@ export function usePoll(tick: () => unknown, ms: number, active: boolean): void 
 }
 
 /** An action's state: running, and the error it ended with (shown next to what started it). */
-export function useAction(): { busy: boolean; error: ApiError | null; run: (action: () => Promise<unknown>) => Promise<boolean>; clear: () => void } {
+export function useAction(): { busy: boolean; error: ApiError | null; run: (action: () => Promise<unknown>) => Promise<void> } {
   const [busy, setBusy] = useState(false);
   const [error, setError] = useState<ApiError | null>(null);
   const run = useCallback(async (action: () => Promise<unknown>) => {
@@ -58,15 +58,13 @@ export function useAction(): { busy: boolean; error: ApiError | null; run: (acti
     setError(null);
     try {
       await action();
-      return true;
     } catch (err) {
       setError(asApiError(err));
-      return false;
     } finally {
       setBusy(false);
     }
   }, []);
-  return { busy, error, run, clear: () => setError(null) };
+  return { busy, error, run };
 }
 
 /** An API error with its code and message (and each invalid field), announced to screen readers. */

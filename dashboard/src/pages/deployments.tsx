@@ -26,11 +26,11 @@ async function followBuild(app: string, id: string, onLog: (text: string) => voi
     );
     let text = "";
     const decoder = new TextDecoder();
-    if (stream) {
-      for await (const chunk of stream as unknown as AsyncIterable<Uint8Array>) {
-        text += decoder.decode(chunk, { stream: true });
-        onLog(text);
-      }
+    // A reader loop rather than `for await`: Safari cannot iterate a ReadableStream.
+    const reader = stream?.getReader();
+    for (let chunk = await reader?.read(); chunk && !chunk.done; chunk = await reader?.read()) {
+      text += decoder.decode(chunk.value, { stream: true });
+      onLog(text);
     }
     onLog(text);
   };
