@@ -69,11 +69,14 @@ describe("the dashboard in headless Chromium", () => {
       if (message.type() === "error" && !message.text().startsWith("Failed to load resource")) problems.push(`console: ${message.text()}`);
     });
   };
+  /** Signs in and waits until the first page has loaded its data and the header names the key (no request is left in flight). */
   const signIn = async (p: Page, key: string) => {
     await p.goto(stack.apiUrl);
     await p.getByLabel("API key").fill(key);
     await p.getByRole("button", { name: "Sign in" }).click();
     await p.getByRole("heading", { name: "Apps", level: 1 }).waitFor();
+    await p.locator("main table, main .empty").first().waitFor();
+    await p.locator(".who strong").waitFor();
   };
   const row = (scope: Page | Locator, text: string | RegExp) => scope.getByRole("row").filter({ hasText: text });
   /** A link of the main navigation. */
@@ -265,13 +268,15 @@ describe("the dashboard in headless Chromium", () => {
     expect(await p.evaluate('sessionStorage.getItem("svc.apiKey")')).toBeNull();
     await p.screenshot({ path: join(SHOTS, "04-signed-out-deleted-key.png"), fullPage: true });
 
+    // Long enough to sign in on a busy machine; then wait until it has passed.
+    const expiresAt = Date.now() + 10_000;
     const expiring = await api<{ key: string }>("POST", "/v1/api-keys", {
       name: `dash-expiring-${suffix}`,
       scopes: ["deploy"],
-      expiresAt: new Date(Date.now() + 4000).toISOString(),
+      expiresAt: new Date(expiresAt).toISOString(),
     });
     await signIn(p, expiring.key);
-    await p.waitForTimeout(4500);
+    await p.waitForTimeout(Math.max(0, expiresAt - Date.now()) + 500);
     await nav(p, "Cron jobs").click();
     await expect(p.getByRole("alert").textContent()).resolves.toMatch(/UNAUTHORIZED.*API key has expired/);
     await other.close();
