@@ -493,7 +493,7 @@ describe("the dashboard in headless Chromium", () => {
     throw new Error(`run of ${command} did not finish`);
   };
 
-  it("creates and attaches a disk, backs it up, downloads it, explains DISK_IN_USE, and restores the download", async () => {
+  it("creates and attaches a disk, backs it up, downloads it, explains DISK_IN_USE, restores the download and the backup", async () => {
     await nav(page, "Disks").click();
     const form = page.getByRole("form", { name: "Create a disk" });
     await form.getByLabel("Name").fill(disk);
@@ -544,6 +544,21 @@ describe("the dashboard in headless Chromium", () => {
     await restore.getByText(/Restore succeeded/).waitFor({ timeout: 120_000 });
     await shot("15-disk-restored");
     expect((await api<{ data: { status: string } }>("GET", `/v1/apps/${app}`)).data.status).toBe("running");
+    expect(await onDisk(`cat "$SVC_DISK_PATH/data.txt"`)).toContain(original);
+
+    // Restore the backup itself from its row, taking the other way out of DISK_IN_USE: detach, restore, attach again.
+    await onDisk(`echo changed-again > "$SVC_DISK_PATH/data.txt"`);
+    await backupRow.getByRole("button", { name: "Restore", exact: true }).click();
+    const rowInUse = backupRow.getByRole("alert");
+    await expect(rowInUse.textContent()).resolves.toContain("DISK_IN_USE");
+    await rowInUse.getByRole("button", { name: "Detach disk" }).click();
+    await page.locator("dl.facts").getByText(/^no$/).waitFor();
+    await backupRow.getByRole("button", { name: "Restore", exact: true }).click();
+    await backupRow.getByRole("button", { name: "Restore", exact: true }).click();
+    await backupRow.getByText(/Restore succeeded/).waitFor({ timeout: 120_000 });
+    await page.locator("dl.facts").getByRole("combobox").selectOption(app);
+    await page.locator("dl.facts").getByRole("button", { name: "Attach" }).click();
+    await page.locator("dl.facts").getByRole("button", { name: "Detach" }).waitFor();
     expect(await onDisk(`cat "$SVC_DISK_PATH/data.txt"`)).toContain(original);
   }, 300_000);
 
