@@ -52,7 +52,7 @@ export default defineConfig({
         test: {
           name: "node",
           environment: "node",
-          include: ["test/builder/**/*.test.ts", "test/cli/**/*.test.ts", "test/e2e/**/*.test.ts"],
+          include: ["test/builder/**/*.test.ts", "test/cli/**/*.test.ts", "test/dashboard/**/*.test.ts", "test/e2e/**/*.test.ts"],
           testTimeout: 60_000,
           hookTimeout: 120_000,
         },

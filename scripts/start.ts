@@ -25,6 +25,7 @@ const stack = await startLocalStack({
 });
 
 console.log(`
+Dashboard  ${stack.apiUrl}/  (sign in with the admin key)
 API        ${stack.apiUrl}
 Admin key  ${stack.adminKey}
 Builder    ${stack.builderUrl}

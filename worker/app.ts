@@ -5,6 +5,7 @@ import { requestId } from "hono/request-id";
 import { CALLBACK_OVERHEAD_BYTES, MAX_MANIFEST_BYTES } from "../builder/src/protocol";
 import { requireKey } from "./auth/middleware";
 import type { AppEnv } from "./context";
+import { isDashboardRequest, serveDashboard } from "./dashboard";
 import { openDb } from "./db/client";
 import { configOf } from "./env";
 import { ApiError, type ErrorCode, errorBody } from "./lib/errors";
@@ -120,7 +121,11 @@ export function createApp() {
     servers: [{ url: new URL(c.req.url).origin }],
   }));
 
-  app.notFound((c) => errorResponse(c, new ApiError("NOT_FOUND", `no route for ${c.req.method} ${c.req.path}`)));
+  app.notFound((c) => {
+    // The API origin's other pages are the dashboard (app hosts were answered by the first middleware).
+    if (isDashboardRequest(c.req.method, c.req.path)) return serveDashboard(c.req.raw, c.env, c.get("config"));
+    return errorResponse(c, new ApiError("NOT_FOUND", `no route for ${c.req.method} ${c.req.path}`));
+  });
 
   app.onError((err, c) => {
     if (err instanceof ApiError) return errorResponse(c, err);

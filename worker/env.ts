@@ -14,6 +14,8 @@ export interface Env {
   DEPLOYMENT: DurableObjectNamespace<Deployment>;
   /** Requests per API key ([[ratelimits]] in wrangler.toml). */
   API_RATE_LIMITER: RateLimit;
+  /** The dashboard's static assets (`[assets]` in wrangler.toml). */
+  ASSETS: Fetcher;
   /** Where the builder can reach this Worker (completion callbacks). */
   PUBLIC_URL: string;
   APPS_DOMAIN: string;

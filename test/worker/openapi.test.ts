@@ -29,4 +29,10 @@ describe("GET /v1/openapi.json", () => {
       expect(op).toHaveProperty("responses");
     }
   });
+
+  it("is the document committed in openapi/v1.json, from which the CLI's and dashboard's types are generated", async () => {
+    const { servers: _origin, ...doc } = await json<OpenApiDoc & { servers: unknown }>(await call("/v1/openapi.json"));
+    // `npm run api:types` rewrites the file (and openapi/v1.d.ts) after a route or schema changes.
+    await expect(`${JSON.stringify(doc, null, 2)}\n`).toMatchFileSnapshot("../../openapi/v1.json");
+  });
 });

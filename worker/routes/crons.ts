@@ -1,8 +1,9 @@
 import { createRoute, z } from "@hono/zod-openapi";
 import { requireScope } from "../auth/middleware";
 import { CONCURRENCY_POLICIES, CRON_RUN_STATUSES } from "../db/schema";
-import { checkSchedule, isTimeZone } from "../lib/cron";
+import { checkSchedule, isTimeZone, nextRuns } from "../lib/cron";
 import { ApiError } from "../lib/errors";
+import { iso } from "../lib/time";
 import { authErrors, codedIssue, errorResponse, jsonBody, newRouter } from "../lib/router";
 import { DnsLabel, Deleted, dataOf, Ref } from "../lib/schemas";
 import { resolveApp } from "../services/apps";
@@ -84,6 +85,19 @@ const RunSchema = z
   })
   .openapi("CronRun");
 
+const PreviewQuery = z.object({
+  schedule: Schedule,
+  timezone: TimeZone.default("UTC").openapi({ description: "IANA time zone the schedule is read in", example: "Europe/Berlin" }),
+});
+
+const PreviewSchema = z
+  .object({
+    schedule: z.string(),
+    timezone: z.string(),
+    nextRuns: z.array(z.string()).openapi({ description: "The next five run times (UTC)", example: ["2026-11-22T03:00:00.000Z"] }),
+  })
+  .openapi("CronSchedulePreview");
+
 const IdParam = z.object({ id: z.string().regex(/^cron_[0-9A-Za-z]{24}$/, "must be a cron job id (cron_…)") });
 const RunParam = IdParam.extend({ jobName: z.string().min(1).max(128) });
 const security = [{ bearerAuth: [] }];
@@ -130,6 +144,28 @@ cronRoutes.openapi(
     responses: { 200: json("Cron jobs, newest first", dataOf(z.array(CronSchema))), ...authErrors },
   }),
   async (c) => c.json({ data: (await listCrons(c.get("db"), c.get("principal").accountId)).map(cronView) }, 200),
+);
+
+// Registered before /{id}, which would otherwise take the path.
+cronRoutes.openapi(
+  createRoute({
+    method: "get",
+    path: "/schedule-preview",
+    summary: "Check a schedule and list its next five runs, without creating a job",
+    description: "The same grammar and time-zone rules as create and update; the dashboard previews a schedule as it is typed.",
+    tags: ["Cron jobs"],
+    security,
+    request: { query: PreviewQuery },
+    responses: {
+      200: json("The next runs", dataOf(PreviewSchema)),
+      ...authErrors,
+      400: errorResponse("Not five valid fields (INVALID_CRON_EXPRESSION) or an unknown time zone (VALIDATION_ERROR)"),
+    },
+  }),
+  (c) => {
+    const { schedule, timezone } = c.req.valid("query");
+    return c.json({ data: { schedule, timezone, nextRuns: nextRuns(schedule, timezone, Date.now(), 5).map(iso) } }, 200);
+  },
 );
 
 cronRoutes.openapi(

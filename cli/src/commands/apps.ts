@@ -1,3 +1,4 @@
+import type { ResponseData, Schemas } from "../../../openapi/types.js";
 import { type Call, path } from "../api.js";
 import { defineCommand, type Group } from "../command.js";
 import { ago, CliError, fields, table, when } from "../output.js";
@@ -6,18 +7,8 @@ import { confirm } from "../prompt.js";
 import { buildLogs } from "./logs.js";
 
 /** An application as the API returns it. */
-export type App = {
-  id: string;
-  name: string;
-  runtime: string;
-  status: "running" | "stopped";
-  url: string;
-  memoryMb: number;
-  activeDeploymentId: string | null;
-  disks: { id: string; name: string; mountPath: string; sizeGb: number }[];
-  createdAt: string;
-  updatedAt: string;
-};
+export type App = Schemas["App"];
+type Deleted = ResponseData<"/v1/apps/{app}", "delete", 200>;
 
 const RUNTIMES = "static, node, python, ruby, go, rust, php, elixir, docker";
 
@@ -146,7 +137,7 @@ const remove = defineCommand({
       }
       if (!(await confirm(`Delete app ${args.app}? This cannot be undone.`))) throw new CliError(`app ${args.app} not deleted`, ["the question was not answered with y"]);
     }
-    const deleted = await (await api()).data<{ id: string; deleted: true }>(
+    const deleted = await (await api()).data<Deleted>(
       "DELETE",
       path`/v1/apps/${args.app}`,
       undefined,

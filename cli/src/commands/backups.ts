@@ -6,6 +6,7 @@ import { request as httpsRequest } from "node:https";
 import { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import { setTimeout as sleep } from "node:timers/promises";
+import type { ResponseData, Schemas } from "../../../openapi/types.js";
 import { type ApiClient, type Call, path } from "../api.js";
 import { defineCommand, type Group } from "../command.js";
 import { ago, CliError, fields, type Output, table, when } from "../output.js";
@@ -13,32 +14,16 @@ import { formatBytes, Progress } from "../progress.js";
 import { VERSION } from "../version.js";
 
 /** A disk backup as the API returns it; the optional fields appear as the backup moves on. */
-type Backup = {
-  id: string;
-  diskId: string;
-  sizeBytes: number;
-  status: "creating" | "ready" | "failed";
-  description: string | null;
-  createdAt: string;
-  completedAt?: string | null;
-  sha256?: string | null;
-  failureReason?: string | null;
-  expiresAt?: string | null;
-};
+type Backup = Schemas["Backup"];
 
 /** What restore needs to know about the disk: whether a running app holds it. */
-type Disk = { id: string; name: string; appId: string | null; appName: string | null; inUse: boolean };
+type Disk = Schemas["Disk"];
 
-type UploadPart = { partNumber: number; url: string; sizeBytes: number };
-type Presigned = { uploadUrl: string; uploadId: string; expiresAt: string; parts?: UploadPart[] };
-type RestoreJob = {
-  jobId: string;
-  diskId: string;
-  status: "running" | "succeeded" | "failed";
-  error: string | null;
-  createdAt: string;
-  finishedAt: string | null;
-};
+type DownloadLink = ResponseData<"/v1/disks/{diskId}/backups/{backupId}/download", "get", 200>;
+type Presigned = ResponseData<"/v1/disks/{diskId}/backups/restore/presign", "post", 200>;
+/** The restore's answer is the job's id and status; polling the job adds the rest. */
+type RestoreJob = Pick<Schemas["RestoreJob"], "jobId" | "status"> & Partial<Schemas["RestoreJob"]>;
+type Deleted = ResponseData<"/v1/disks/{diskId}/backups/{backupId}", "delete", 200>;
 
 /** How often a backup or restore in progress is looked at. */
 const POLL_INTERVAL_MS = 2000;
@@ -220,7 +205,7 @@ against the one recorded for the backup. The file is written as <file>.part and 
   async run({ args, opts, out, api }) {
     const client = await api();
     const call = aboutDisk(`download backup ${args.backup} of disk ${args.disk}`, args.disk);
-    const link = await client.data<{ url: string; expiresAt: string }>("GET", path`/v1/disks/${args.disk}/backups/${args.backup}/download`, undefined, call);
+    const link = await client.data<DownloadLink>("GET", path`/v1/disks/${args.disk}/backups/${args.backup}/download`, undefined, call);
     const backup = (await listBackups(client, args.disk)).find((b) => b.id === args.backup);
     const file = opts.output ?? `${args.disk}-${args.backup}.tar.gz`;
     const partial = `${file}.part`;
@@ -435,7 +420,7 @@ const remove = defineCommand({
   args: BACKUP_ARGS,
   options: {},
   async run({ args, out, api }) {
-    const deleted = await (await api()).data<{ id: string; deleted: true }>(
+    const deleted = await (await api()).data<Deleted>(
       "DELETE",
       path`/v1/disks/${args.disk}/backups/${args.backup}`,
       undefined,

@@ -1,40 +1,25 @@
 import { setTimeout as sleep } from "node:timers/promises";
+import type { ResponseData, Schemas } from "../../../openapi/types.js";
 import { type ApiClient, type Call, path } from "../api.js";
 import { defineCommand, type Group } from "../command.js";
 import { ago, CliError, fields, type Output, table, when } from "../output.js";
 import { durationSeconds } from "../parse.js";
 
-/** A cron job as created, listed and patched. */
-type CronJob = {
-  id: string;
-  appId: string;
-  name: string;
-  schedule: string;
-  command: string;
-  enabled: boolean;
-  timezone: string;
-  concurrencyPolicy: ConcurrencyPolicy;
-  timeoutSeconds: number;
-  createdAt: string;
-  updatedAt: string;
-};
+/** A cron job as created and listed. */
+type CronJob = Schemas["Cron"];
 
 /** `GET /v1/crons/:id` and PATCH add the run times. */
-type CronDetail = CronJob & { lastRun: string | null; nextRun: string | null; nextRuns: string[] };
+type CronDetail = Schemas["CronDetail"];
 
 /** One run of a job, newest first in `GET /v1/crons/:id/runs`. */
-type CronRun = {
-  jobName: string;
-  status: "running" | "success" | "failed";
-  trigger: "schedule" | "manual";
-  startedAt: string;
-  finishedAt: string | null;
-  exitCode: number | null;
-  error: string | null;
-};
+type CronRun = Schemas["CronRun"];
 
-const POLICIES = ["forbid", "allow", "replace"] as const;
-type ConcurrencyPolicy = (typeof POLICIES)[number];
+type ConcurrencyPolicy = CronJob["concurrencyPolicy"];
+const POLICIES = ["forbid", "allow", "replace"] as const satisfies readonly ConcurrencyPolicy[];
+
+type RunStarted = ResponseData<"/v1/crons/{id}/run", "post", 202>;
+type RunLog = ResponseData<"/v1/crons/{id}/runs/{jobName}/logs", "get", 200>;
+type Deleted = ResponseData<"/v1/crons/{id}", "delete", 200>;
 
 /** How often a followed run's status and log are read. */
 const FOLLOW_INTERVAL_MS = 1000;
@@ -81,7 +66,7 @@ async function cronId(client: ApiClient, ref: string): Promise<string> {
 
 /** App names by id, so tables and details can say which app a job runs in. */
 async function appNames(client: ApiClient): Promise<Map<string, string>> {
-  const apps = await client.data<{ id: string; name: string }[]>("GET", "/v1/apps", undefined, { what: "list apps" });
+  const apps = await client.data<Schemas["App"][]>("GET", "/v1/apps", undefined, { what: "list apps" });
   return new Map(apps.map((a) => [a.id, a.name]));
 }
 
@@ -169,7 +154,7 @@ async function follow(client: ApiClient, target: RunTarget, print: ((line: strin
   for (;;) {
     const runs = await client.data<CronRun[]>("GET", path`/v1/crons/${id}/runs`, undefined, aboutCron(`list runs of cron job ${ref}`, ref));
     const run = runs.find((r) => r.jobName === jobName);
-    const { logs } = await client.data<{ logs: string }>(
+    const { logs } = await client.data<RunLog>(
       "GET",
       path`/v1/crons/${id}/runs/${jobName}/logs`,
       undefined,
@@ -320,7 +305,7 @@ const run = defineCommand({
   async run({ args, opts, out, api }) {
     const client = await api();
     const id = await cronId(client, args.id);
-    const started = await client.data<{ jobName: string; status: CronRun["status"] }>(
+    const started = await client.data<RunStarted>(
       "POST",
       path`/v1/crons/${id}/run`,
       undefined,
@@ -386,7 +371,7 @@ const logs = defineCommand({
 });
 
 async function printLog(client: ApiClient, out: Output, { id, ref, jobName }: RunTarget): Promise<void> {
-  const log = await client.data<{ logs: string }>(
+  const log = await client.data<RunLog>(
     "GET",
     path`/v1/crons/${id}/runs/${jobName}/logs`,
     undefined,
@@ -424,7 +409,7 @@ const remove = defineCommand({
   async run({ args, out, api }) {
     const client = await api();
     const id = await cronId(client, args.id);
-    const deleted = await client.data<{ id: string; deleted: true }>("DELETE", path`/v1/crons/${id}`, undefined, aboutCron(`delete cron job ${args.id}`, args.id));
+    const deleted = await client.data<Deleted>("DELETE", path`/v1/crons/${id}`, undefined, aboutCron(`delete cron job ${args.id}`, args.id));
     out.result(deleted, `Deleted cron job ${args.id}${args.id === deleted.id ? "" : ` (${deleted.id})`}`);
   },
 });

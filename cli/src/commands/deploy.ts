@@ -2,6 +2,7 @@ import { createReadStream } from "node:fs";
 import { readFile, stat } from "node:fs/promises";
 import { join, resolve } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
+import type { ResponseData, Schemas } from "../../../openapi/types.js";
 import { type ApiClient, type Call, path, RequestFailed } from "../api.js";
 import { defineCommand, type Group } from "../command.js";
 import { ago, CliError, fields, type Output, table, when } from "../output.js";
@@ -10,26 +11,9 @@ import { formatBytes, Progress } from "../progress.js";
 import type { App } from "./apps.js";
 
 /** A static-site deployment as the API returns it. */
-export type Deployment = {
-  id: string;
-  appId: string;
-  status: "queued" | "building" | "deploying" | "ready" | "failed" | "cancelled";
-  active: boolean;
-  error: string | null;
-  framework: string | null;
-  outputDir: string | null;
-  spa: boolean | null;
-  fileCount: number | null;
-  totalBytes: number | null;
-  uploadedBlobs: number | null;
-  peakMemoryBytes: number | null;
-  url: string;
-  createdAt: string;
-  startedAt: string | null;
-  builtAt: string | null;
-  finishedAt: string | null;
-  buildMs: number | null;
-};
+export type Deployment = Schemas["Deployment"];
+/** A created deployment with the presigned URL its source goes to. */
+type Created = ResponseData<"/v1/apps/{app}/deployments", "post", 201>;
 
 /** Statuses a deployment does not leave. */
 const FINAL = new Set<Deployment["status"]>(["ready", "failed", "cancelled"]);
@@ -267,7 +251,7 @@ build's error (exit 1). With --no-follow it prints the deployment and returns at
       if (target.runtime !== "static") {
         throw new CliError(`could not deploy to app ${app}`, [`its runtime is ${target.runtime}; svc deploy builds static sites`], `create a static app: svc apps create --name <name> --runtime static`);
       }
-      const created = await client.data<{ deployment: Deployment; uploadUrl: string; expiresAt: string }>(
+      const created = await client.data<Created>(
         "POST",
         path`/v1/apps/${app}/deployments`,
         { sizeBytes: packed.sizeBytes },

@@ -1,19 +1,12 @@
+import type { ResponseData, Schemas } from "../../../openapi/types.js";
 import { type Call, path } from "../api.js";
 import { defineCommand, type Group } from "../command.js";
 import { ago, fields, table, when } from "../output.js";
 import { positiveInteger } from "../parse.js";
 
 /** A persistent disk as the API returns it. */
-type Disk = {
-  id: string;
-  name: string;
-  sizeGb: number;
-  mountPath: string;
-  appId: string | null;
-  appName: string | null;
-  inUse: boolean;
-  createdAt: string;
-};
+type Disk = Schemas["Disk"];
+type Deleted = ResponseData<"/v1/disks/{disk}", "delete", 200>;
 
 /** Error context for a call about one disk, so "not found" and "attached" name the disk. */
 function aboutDisk(what: string, disk: string, extra: Call["hints"] = {}): Call {
@@ -142,7 +135,7 @@ const remove = defineCommand({
   args: DISK_ARG,
   options: {},
   async run({ args, out, api }) {
-    const deleted = await (await api()).data<{ id: string; deleted: true }>(
+    const deleted = await (await api()).data<Deleted>(
       "DELETE",
       path`/v1/disks/${args.disk}`,
       undefined,

@@ -1,9 +1,11 @@
+import type { ResponseData, Schemas } from "../../../openapi/types.js";
 import { type Call, path } from "../api.js";
 import { defineCommand, type Group } from "../command.js";
 import { ago, table } from "../output.js";
 
 /** An env var as listed; `value` only with `?reveal=true`. */
-type EnvVar = { name: string; updatedAt: string; value?: string };
+type EnvVar = Schemas["EnvVar"];
+type Unset = ResponseData<"/v1/apps/{app}/env/{name}", "delete", 200>;
 
 /** Shell-style variable names, the ones a process can actually read from its environment. */
 const NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
@@ -58,10 +60,10 @@ const unset = defineCommand({
     const bad = names.find((n) => !NAME.test(n));
     if (bad !== undefined) throw fail(`"${bad}" is not a variable name${bad.includes("=") ? " (unset takes names only, not KEY=VALUE)" : ""}`);
     const client = await api();
-    const results: { name: string; deleted: true }[] = [];
+    const results: Unset[] = [];
     for (const name of names) {
       results.push(
-        await client.data<{ name: string; deleted: true }>(
+        await client.data<Unset>(
           "DELETE",
           path`/v1/apps/${opts.app}/env/${name}`,
           undefined,

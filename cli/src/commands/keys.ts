@@ -1,22 +1,15 @@
+import type { Schemas } from "../../../openapi/types.js";
 import { path } from "../api.js";
 import { defineCommand, type Group } from "../command.js";
 import { ago, fields, type Output, table, when } from "../output.js";
 import { durationSeconds, isoTime } from "../parse.js";
 
 /** An API key as listed by `GET /v1/api-keys` (never carries the secret). */
-export type ApiKey = {
-  id: string;
-  name: string;
-  start: string;
-  scopes: string[];
-  createdAt: string;
-  lastUsedAt: string | null;
-  expiresAt: string | null;
-};
+export type ApiKey = Schemas["ApiKey"];
 
 /** The creation (and roll) response: the only time the secret `key` is returned. */
-type CreatedKey = Omit<ApiKey, "lastUsedAt"> & { key: string };
-type RolledKey = CreatedKey & { previousKey: { id: string; expiresAt: string } };
+type CreatedKey = Schemas["CreatedApiKey"];
+type RolledKey = Schemas["RolledApiKey"];
 
 const KEY_FLAGS = { name: "--name", scopes: "--scopes", expiresAt: "--expires-at / --expires-in" };
 

@@ -1,4 +1,5 @@
 import { setTimeout as sleep } from "node:timers/promises";
+import type { Schemas } from "../../../openapi/types.js";
 import { path } from "../api.js";
 import { defineCommand } from "../command.js";
 import { CliError } from "../output.js";
@@ -6,7 +7,7 @@ import { positiveInteger } from "../parse.js";
 import { aboutDeployments, type Deployment, followBuild } from "./deploy.js";
 
 /** One request the app's web server answered. */
-type RequestLog = { id: number; time: string; method: string; path: string; status: number; bytes: number; durationMs: number };
+type RequestLog = Schemas["RequestLog"];
 
 /** How often `svc logs --follow` asks for new requests. */
 const FOLLOW_INTERVAL_MS = 1000;

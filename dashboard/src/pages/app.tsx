@@ -1,0 +1,274 @@
+import { useState } from "preact/hooks";
+import { api, ok, type Schemas } from "../api";
+import { Link, navigate } from "../router";
+import { Action, Badge, Empty, ErrorNote, Pending, Time, useAction, useLoad, usePoll } from "../ui";
+import { Deployments } from "./deployments";
+
+type App = Schemas["App"];
+
+const TABS = [
+  ["overview", "Overview"],
+  ["deployments", "Deployments"],
+  ["env", "Environment"],
+  ["logs", "Request log"],
+] as const;
+
+function Overview({ app, onChange }: { app: App; onChange: (app: App) => void }) {
+  const path = { params: { path: { app: app.name } } };
+  return (
+    <>
+      <dl class="facts">
+        <dt>URL</dt>
+        <dd>
+          <a href={app.url} target="_blank" rel="noopener noreferrer">
+            {app.url}
+          </a>
+        </dd>
+        <dt>Status</dt>
+        <dd>
+          <Badge status={app.status} />
+        </dd>
+        <dt>Runtime</dt>
+        <dd>{app.runtime}</dd>
+        <dt>Memory</dt>
+        <dd>{app.memoryMb} MB (builds and cron runs above it are OOMKilled)</dd>
+        <dt>Serving</dt>
+        <dd>{app.activeDeploymentId ? <code>{app.activeDeploymentId}</code> : "nothing deployed yet"}</dd>
+        <dt>Disks</dt>
+        <dd>
+          {app.disks.length === 0
+            ? "none"
+            : app.disks.map((d) => (
+                <span key={d.id} class="pill">
+                  <Link href={`/disks/${encodeURIComponent(d.name)}`}>{d.name}</Link> at <code>{d.mountPath}</code> ({d.sizeGb} GB)
+                </span>
+              ))}
+        </dd>
+        <dt>Created</dt>
+        <dd>
+          <Time iso={app.createdAt} />
+        </dd>
+        <dt>Restarted</dt>
+        <dd>
+          <Time iso={app.restartedAt} empty="never" />
+        </dd>
+      </dl>
+      <div class="toolbar">
+        {app.status === "running" && (
+          <Action
+            label="Stop"
+            confirm={`Stop ${app.name}? Its site answers 503 and its cron jobs do not run until it is restarted.`}
+            run={async () => onChange((await ok(api.POST("/v1/apps/{app}/stop", path))).data)}
+          />
+        )}
+        <Action
+          label={app.status === "running" ? "Restart" : "Start"}
+          run={async () => onChange((await ok(api.POST("/v1/apps/{app}/restart", path))).data)}
+        />
+        <Action
+          label="Delete app"
+          danger
+          confirm={`Delete ${app.name} and its env vars? Attached disks are detached, not deleted. This cannot be undone.`}
+          run={async () => {
+            await ok(api.DELETE("/v1/apps/{app}", path));
+            navigate("/apps");
+          }}
+        />
+      </div>
+    </>
+  );
+}
+
+function EnvVars({ app }: { app: App }) {
+  const [reveal, setReveal] = useState(false);
+  const vars = useLoad(
+    async () => (await ok(api.GET("/v1/apps/{app}/env", { params: { path: { app: app.name }, query: reveal ? { reveal: "true" } : {} } }))).data,
+    [app.name, reveal],
+  );
+  const [name, setName] = useState("");
+  const [value, setValue] = useState("");
+  const { busy, error, run } = useAction();
+  const submit = (event: Event) => {
+    event.preventDefault();
+    void run(async () => {
+      await ok(api.PATCH("/v1/apps/{app}/env", { params: { path: { app: app.name } }, body: { vars: { [name]: value } } }));
+      setName("");
+      setValue("");
+      await vars.reload();
+    });
+  };
+  return (
+    <>
+      <p class="hint">Values are encrypted at rest and injected into builds and cron runs. Names are shown; values only on request.</p>
+      <button type="button" aria-pressed={reveal} onClick={() => setReveal(!reveal)}>
+        {reveal ? "Hide values" : "Reveal values"}
+      </button>
+      {!vars.data ? (
+        <Pending error={vars.error} />
+      ) : vars.data.length === 0 ? (
+        <Empty>No env vars set.</Empty>
+      ) : (
+        <table>
+          <thead>
+            <tr>
+              <th scope="col">Name</th>
+              {reveal && <th scope="col">Value</th>}
+              <th scope="col">Updated</th>
+              <th scope="col">Actions</th>
+            </tr>
+          </thead>
+          <tbody>
+            {vars.data.map((v) => (
+              <tr key={v.name}>
+                <td>
+                  <code>{v.name}</code>
+                </td>
+                {reveal && (
+                  <td>
+                    <code class="value">{v.value}</code>
+                  </td>
+                )}
+                <td>
+                  <Time iso={v.updatedAt} />
+                </td>
+                <td>
+                  <Action
+                    label="Unset"
+                    danger
+                    confirm={`Unset ${v.name}?`}
+                    run={async () => {
+                      await ok(api.DELETE("/v1/apps/{app}/env/{name}", { params: { path: { app: app.name, name: v.name } } }));
+                      await vars.reload();
+                    }}
+                  />
+                </td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      )}
+      <form onSubmit={submit} class="card" aria-label="Set an env var">
+        <h2>Set a variable</h2>
+        <label>
+          Name
+          <input name="envName" value={name} onInput={(e) => setName(e.currentTarget.value)} placeholder="DATABASE_URL" required spellcheck={false} />
+        </label>
+        <label>
+          Value
+          <input name="envValue" value={value} onInput={(e) => setValue(e.currentTarget.value)} spellcheck={false} autoComplete="off" />
+        </label>
+        <button type="submit" class="primary" disabled={busy}>
+          {busy ? "Saving…" : "Set"}
+        </button>
+        <ErrorNote error={error} />
+      </form>
+    </>
+  );
+}
+
+type RequestLog = Schemas["RequestLog"];
+const KEEP_ROWS = 1000;
+
+/** The colour class of an HTTP status: 2xx, 3xx, 4xx, 5xx. */
+const statusClass = (status: number) => `http-${Math.floor(status / 100)}xx`;
+
+function RequestLogTab({ app }: { app: App }) {
+  const [rows, setRows] = useState<RequestLog[] | null>(null);
+  const [tail, setTail] = useState(true);
+  const first = useLoad(async () => {
+    const { data } = await ok(api.GET("/v1/apps/{app}/logs", { params: { path: { app: app.name }, query: { limit: 100 } } }));
+    setRows(data);
+    return data;
+  }, [app.name]);
+  const { error, run } = useAction();
+  usePoll(
+    () =>
+      run(async () => {
+        const after = rows?.at(-1)?.id ?? 0;
+        const { data } = await ok(api.GET("/v1/apps/{app}/logs", { params: { path: { app: app.name }, query: { after, limit: 1000 } } }));
+        if (data.length > 0) setRows((current) => [...(current ?? []), ...data].slice(-KEEP_ROWS));
+      }),
+    1000,
+    tail && rows !== null,
+  );
+  return (
+    <>
+      <label class="check">
+        <input type="checkbox" checked={tail} onChange={(e) => setTail(e.currentTarget.checked)} /> Live tail (new requests appear as they are served)
+      </label>
+      <ErrorNote error={error ?? first.error} />
+      {rows === null ? (
+        <Pending error={first.error} />
+      ) : rows.length === 0 ? (
+        <Empty>No requests to {app.url} logged yet.</Empty>
+      ) : (
+        <table class="requests" aria-live="polite">
+          <thead>
+            <tr>
+              <th scope="col">Time</th>
+              <th scope="col">Method</th>
+              <th scope="col">Path</th>
+              <th scope="col">Status</th>
+              <th scope="col">Bytes</th>
+              <th scope="col">Duration</th>
+            </tr>
+          </thead>
+          <tbody>
+            {rows.map((r) => (
+              <tr key={r.id}>
+                <td>
+                  <Time iso={r.time} />
+                </td>
+                <td>{r.method}</td>
+                <td>
+                  <code>{r.path}</code>
+                </td>
+                <td>
+                  <span class={`status ${statusClass(r.status)}`}>{r.status}</span>
+                </td>
+                <td>{r.bytes}</td>
+                <td>{r.durationMs} ms</td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      )}
+    </>
+  );
+}
+
+/** One app: its facts and lifecycle, deployments, env vars and request log, a tab each. */
+export function AppPage({ name, tab }: { name: string; tab: string }) {
+  const loaded = useLoad(async () => (await ok(api.GET("/v1/apps/{app}", { params: { path: { app: name } } }))).data, [name]);
+  const [changed, setChanged] = useState<App | null>(null);
+  const app = changed?.name === name ? changed : loaded.data;
+  const base = `/apps/${encodeURIComponent(name)}`;
+  return (
+    <section>
+      <p class="crumbs">
+        <Link href="/apps">Apps</Link> /
+      </p>
+      <h1>
+        {name} {app && <Badge status={app.status} />}
+      </h1>
+      <nav class="tabs" aria-label="App sections">
+        {TABS.map(([id, label]) => (
+          <Link key={id} href={id === "overview" ? base : `${base}/${id}`} aria-current={tab === id ? "page" : undefined}>
+            {label}
+          </Link>
+        ))}
+      </nav>
+      {!app ? (
+        <Pending error={loaded.error} />
+      ) : tab === "deployments" ? (
+        <Deployments key={app.id} app={app} onAppChange={setChanged} />
+      ) : tab === "env" ? (
+        <EnvVars key={app.id} app={app} />
+      ) : tab === "logs" ? (
+        <RequestLogTab key={app.id} app={app} />
+      ) : (
+        <Overview app={app} onChange={setChanged} />
+      )}
+    </section>
+  );
+}

@@ -1,0 +1,234 @@
+import { useEffect, useState } from "preact/hooks";
+import { api, ok, type Schemas } from "../api";
+import { elapsed, formatDuration, inZone } from "../format";
+import { Link, navigate } from "../router";
+import { Action, Badge, Empty, ErrorNote, LogView, Pending, Time, useAction, useLoad, usePoll } from "../ui";
+import { POLICIES, type Policy, TimeZoneField } from "./crons";
+import { ScheduleField } from "./schedule-field";
+
+type CronDetail = Schemas["CronDetail"];
+type CronRun = Schemas["CronRun"];
+
+function EditCron({ cron, onSaved }: { cron: CronDetail; onSaved: (cron: CronDetail) => void }) {
+  const [schedule, setSchedule] = useState(cron.schedule);
+  const [timezone, setTimezone] = useState(cron.timezone);
+  const [command, setCommand] = useState(cron.command);
+  const [policy, setPolicy] = useState<Policy>(cron.concurrencyPolicy);
+  const [timeout, setTimeoutMinutes] = useState(String(cron.timeoutSeconds / 60));
+  const { busy, error, run } = useAction();
+  const submit = (event: Event) => {
+    event.preventDefault();
+    void run(async () => {
+      const body = { schedule, timezone, command, concurrencyPolicy: policy, timeoutSeconds: Math.round(Number(timeout) * 60) };
+      onSaved((await ok(api.PATCH("/v1/crons/{id}", { params: { path: { id: cron.id } }, body }))).data);
+    });
+  };
+  return (
+    <form onSubmit={submit} class="card" aria-label="Edit the cron job">
+      <h2>Edit</h2>
+      <TimeZoneField value={timezone} onInput={setTimezone} />
+      <ScheduleField id="edit-schedule" value={schedule} timezone={timezone} onInput={setSchedule} />
+      <label>
+        Command
+        <input name="command" value={command} onInput={(e) => setCommand(e.currentTarget.value)} spellcheck={false} required />
+      </label>
+      <label>
+        When a run is due while one still runs
+        <select name="concurrencyPolicy" value={policy} onChange={(e) => setPolicy(e.currentTarget.value as Policy)}>
+          {POLICIES.map((p) => (
+            <option key={p.value} value={p.value}>
+              {p.label}
+            </option>
+          ))}
+        </select>
+      </label>
+      <label>
+        Timeout (minutes)
+        <input name="timeout" type="number" min={1} max={720} step="any" value={timeout} onInput={(e) => setTimeoutMinutes(e.currentTarget.value)} required />
+      </label>
+      <button type="submit" class="primary" disabled={busy}>
+        {busy ? "Saving…" : "Save changes"}
+      </button>
+      <ErrorNote error={error} />
+    </form>
+  );
+}
+
+/** A run's log, read again every second while the run is running. */
+function RunLog({ cronId, run }: { cronId: string; run: CronRun }) {
+  const log = useLoad(
+    async () => (await ok(api.GET("/v1/crons/{id}/runs/{jobName}/logs", { params: { path: { id: cronId, jobName: run.jobName } } }))).data.logs,
+    [cronId, run.jobName],
+  );
+  usePoll(log.reload, 1000, run.status === "running");
+  // Once the run has finished, read the stored log one last time.
+  const { reload } = log;
+  useEffect(() => {
+    if (run.status !== "running") void reload();
+  }, [run.status, reload]);
+  return (
+    <section class="card" aria-label={`Log of ${run.jobName}`}>
+      <h3>
+        Log of <code>{run.jobName}</code> <Badge status={run.status} />
+      </h3>
+      {log.data === undefined ? <Pending error={log.error} /> : <LogView text={log.data} label={`Log of ${run.jobName}`} empty="(the run printed nothing)" />}
+      <ErrorNote error={log.data === undefined ? null : log.error} />
+    </section>
+  );
+}
+
+function outcome(run: CronRun): string {
+  if (run.status === "running") return "";
+  return run.error ?? (run.exitCode === null ? "" : `exit code ${run.exitCode}`);
+}
+
+/** One cron job: its schedule and next runs, edit, enable/disable, run now, its runs (live), their logs, cancel, delete. */
+export function CronPage({ id }: { id: string }) {
+  const cron = useLoad(async () => (await ok(api.GET("/v1/crons/{id}", { params: { path: { id } } }))).data, [id]);
+  const runs = useLoad(async () => (await ok(api.GET("/v1/crons/{id}/runs", { params: { path: { id } } }))).data, [id]);
+  const apps = useLoad(async () => (await ok(api.GET("/v1/apps"))).data, []);
+  const [shown, setShown] = useState<string | null>(null);
+  const running = runs.data?.some((r) => r.status === "running") ?? false;
+  // Runs appear on schedule too: look every 5 s, every second while one runs.
+  usePoll(runs.reload, running ? 1000 : 5000, runs.data !== undefined);
+
+  const c = cron.data;
+  const path = { params: { path: { id } } };
+  const shownRun = runs.data?.find((r) => r.jobName === shown) ?? null;
+  const appName = c ? (apps.data?.find((a) => a.id === c.appId)?.name ?? c.appId) : "";
+  const saved = () => void cron.reload();
+
+  return (
+    <section>
+      <p class="crumbs">
+        <Link href="/crons">Cron jobs</Link> /
+      </p>
+      <h1>
+        {c?.name ?? id} {c && <Badge status={c.enabled ? "enabled" : "disabled"} />}
+      </h1>
+      {!c ? (
+        <Pending error={cron.error} />
+      ) : (
+        <>
+          <dl class="facts">
+            <dt>App</dt>
+            <dd>
+              <Link href={`/apps/${encodeURIComponent(appName)}`}>{appName}</Link>
+            </dd>
+            <dt>Schedule</dt>
+            <dd>
+              <code>{c.schedule}</code> in {c.timezone}
+            </dd>
+            <dt>Command</dt>
+            <dd>
+              <code>{c.command}</code>
+            </dd>
+            <dt>Next runs</dt>
+            <dd>
+              {c.nextRuns.length === 0 ? (
+                "none (disabled)"
+              ) : (
+                <ol class="next-runs">
+                  {c.nextRuns.map((r) => (
+                    <li key={r}>
+                      <time dateTime={r}>{inZone(r, c.timezone)}</time>
+                    </li>
+                  ))}
+                </ol>
+              )}
+            </dd>
+            <dt>Last run</dt>
+            <dd>
+              <Time iso={c.lastRun} empty="never" />
+            </dd>
+            <dt>Concurrency</dt>
+            <dd>{c.concurrencyPolicy}</dd>
+            <dt>Timeout</dt>
+            <dd>{formatDuration(c.timeoutSeconds * 1000)} (then the run is killed)</dd>
+          </dl>
+          <div class="toolbar">
+            <Action
+              label="Run now"
+              run={async () => {
+                const { data } = await ok(api.POST("/v1/crons/{id}/run", path));
+                setShown(data.jobName);
+                await Promise.all([runs.reload(), cron.reload()]);
+              }}
+            />
+            <Action
+              label={c.enabled ? "Disable" : "Enable"}
+              run={async () => {
+                await ok(api.PATCH("/v1/crons/{id}", { ...path, body: { enabled: !c.enabled } }));
+                saved();
+              }}
+            />
+            <Action
+              label="Delete job"
+              danger
+              confirm={`Delete ${c.name} with its schedule, runs and logs?`}
+              run={async () => {
+                await ok(api.DELETE("/v1/crons/{id}", path));
+                navigate("/crons");
+              }}
+            />
+          </div>
+          <h2>Runs</h2>
+          {!runs.data ? (
+            <Pending error={runs.error} />
+          ) : runs.data.length === 0 ? (
+            <Empty>No runs yet.</Empty>
+          ) : (
+            <table aria-live="polite">
+              <thead>
+                <tr>
+                  <th scope="col">Run</th>
+                  <th scope="col">Status</th>
+                  <th scope="col">Trigger</th>
+                  <th scope="col">Started</th>
+                  <th scope="col">Duration</th>
+                  <th scope="col">Outcome</th>
+                  <th scope="col">Actions</th>
+                </tr>
+              </thead>
+              <tbody>
+                {runs.data.map((r) => (
+                  <tr key={r.jobName} class={r.jobName === shown ? "current" : undefined}>
+                    <td>
+                      <code>{r.jobName}</code>
+                    </td>
+                    <td>
+                      <Badge status={r.status} />
+                    </td>
+                    <td>{r.trigger}</td>
+                    <td>
+                      <Time iso={r.startedAt} />
+                    </td>
+                    <td>{formatDuration(elapsed(r.startedAt, r.finishedAt))}</td>
+                    <td>{outcome(r)}</td>
+                    <td class="actions">
+                      <button type="button" onClick={() => setShown(r.jobName)} aria-pressed={r.jobName === shown}>
+                        Log
+                      </button>
+                      {r.status === "running" && (
+                        <Action
+                          label="Cancel"
+                          danger
+                          run={async () => {
+                            await ok(api.POST("/v1/crons/{id}/runs/{jobName}/cancel", { params: { path: { id, jobName: r.jobName } } }));
+                            await runs.reload();
+                          }}
+                        />
+                      )}
+                    </td>
+                  </tr>
+                ))}
+              </tbody>
+            </table>
+          )}
+          {shownRun && <RunLog cronId={id} run={shownRun} />}
+          <EditCron key={c.updatedAt} cron={c} onSaved={saved} />
+        </>
+      )}
+    </section>
+  );
+}
