@@ -177,7 +177,7 @@ export class Deployment extends SingleBuilderJob {
   private async publish(): Promise<void> {
     const deploymentId = this.ctx.storage.kv.get<string>("deploymentId");
     const row = deploymentId ? await this.db.select().from(deployments).where(eq(deployments.id, deploymentId)).get() : null;
-    if (!row || row.status !== "deploying") {
+    if (row?.status !== "deploying") {
       this.ctx.storage.kv.delete("publishing");
       return;
     }
@@ -189,7 +189,10 @@ export class Deployment extends SingleBuilderJob {
     for (let i = 0; i < batch.length; i += HEAD_CONCURRENCY) {
       const slice = batch.slice(i, i + HEAD_CONCURRENCY);
       const heads = await Promise.all(slice.map((b) => this.env.BUCKET.head(blobKey(prefix, b.sha256))));
-      slice.forEach((b, j) => (heads[j] ? this.ctx.storage.sql.exec("UPDATE issued SET verified = 1 WHERE sha256 = ?", b.sha256) : absent.push(b.sha256)));
+      for (const [j, blob] of slice.entries()) {
+        if (heads[j]) this.ctx.storage.sql.exec("UPDATE issued SET verified = 1 WHERE sha256 = ?", blob.sha256);
+        else absent.push(blob.sha256);
+      }
     }
     if (absent.length > 0) {
       const error = `${absent.length} file(s) never reached storage (blobs ${absent.slice(0, 3).join(", ")})`;

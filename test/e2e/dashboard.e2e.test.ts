@@ -264,7 +264,7 @@ describe("the dashboard in headless Chromium", () => {
     await api("DELETE", `/v1/api-keys/${doomed.id}`);
     await nav(p, "Disks").click();
     const reason = p.getByRole("alert");
-    await expect(reason.textContent()).resolves.toMatch(/signed out: the API refused the key.*UNAUTHORIZED.*invalid API key/);
+    await expect(reason.textContent()).resolves.toMatch(/signed out: the API refused the key.*UNAUTHORIZED.*this API key was deleted/);
     expect(await p.evaluate('sessionStorage.getItem("svc.apiKey")')).toBeNull();
     await p.screenshot({ path: join(SHOTS, "04-signed-out-deleted-key.png"), fullPage: true });
 
@@ -278,7 +278,7 @@ describe("the dashboard in headless Chromium", () => {
     await signIn(p, expiring.key);
     await p.waitForTimeout(Math.max(0, expiresAt - Date.now()) + 500);
     await nav(p, "Cron jobs").click();
-    await expect(p.getByRole("alert").textContent()).resolves.toMatch(/UNAUTHORIZED.*API key has expired/);
+    await expect(p.getByRole("alert").textContent()).resolves.toMatch(/UNAUTHORIZED.*this API key expired at /);
     await other.close();
   }, 60_000);
 

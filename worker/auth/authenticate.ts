@@ -34,8 +34,12 @@ export async function authenticate(db: Db, header: string | undefined, now: numb
     .from(apiKeys)
     .where(eq(apiKeys.hash, await hashSecret(secret)))
     .get();
-  if (!row || row.deletedAt !== null) return { ok: false, message: "invalid API key" };
-  if (row.expiresAt !== null && row.expiresAt <= now) return { ok: false, message: "API key has expired" };
+  if (!row) return { ok: false, message: "invalid API key" };
+  // Only the holder of the exact secret learns what became of it.
+  if (row.deletedAt !== null) return { ok: false, message: "this API key was deleted; sign in with another key" };
+  if (row.expiresAt !== null && row.expiresAt <= now) {
+    return { ok: false, message: `this API key expired at ${new Date(row.expiresAt).toISOString()}; create a new one` };
+  }
   return {
     ok: true,
     principal: { keyId: row.id, accountId: row.accountId, scopes: row.scopes },

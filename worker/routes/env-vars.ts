@@ -7,11 +7,18 @@ import { resolveApp } from "../services/apps";
 import { appChanged } from "../services/cron-targets";
 import { listEnvVars, setEnvVars, unsetEnvVars } from "../services/env-vars";
 
-const EnvName = z
-  .string()
-  .max(255)
-  .regex(/^[A-Za-z_][A-Za-z0-9_]*$/, "must be a shell variable name (letters, digits, underscores)")
-  .refine((n) => !n.toUpperCase().startsWith("SVC_"), "the SVC_ prefix is reserved for the platform");
+/** Why a variable name cannot be set, or null when it can. */
+function envNameProblem(name: string): string | null {
+  if (name.length > 255) return "must be at most 255 characters";
+  if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) return "must be a shell variable name (letters, digits, underscores)";
+  if (name.toUpperCase().startsWith("SVC_")) return "the SVC_ prefix is reserved for the platform";
+  return null;
+}
+
+const EnvName = z.string().superRefine((name, context) => {
+  const problem = envNameProblem(name);
+  if (problem) context.addIssue({ code: "custom", message: problem });
+});
 
 const EnvVarSchema = z
   .object({
@@ -23,8 +30,15 @@ const EnvVarSchema = z
 
 const SetEnvBody = z
   .strictObject({
+    // Names are checked one by one, so an error names the variable and says what is wrong with it.
     vars: z
-      .record(EnvName, z.string().max(32_768, "must be at most 32 KiB").refine((v) => !v.includes("\0"), "must not contain NUL"))
+      .record(z.string(), z.string().max(32_768, "must be at most 32 KiB").refine((v) => !v.includes("\0"), "must not contain NUL"))
+      .superRefine((vars, context) => {
+        for (const name of Object.keys(vars)) {
+          const problem = envNameProblem(name);
+          if (problem) context.addIssue({ code: "custom", path: [name], message: `${name}: ${problem}` });
+        }
+      })
       .refine((v) => Object.keys(v).length > 0, "must set at least one variable")
       .refine((v) => Object.keys(v).length <= 200, "at most 200 variables per request"),
   })
