@@ -22,8 +22,7 @@ import type { DiskStore } from "../disks.js";
 import type { JobContext, JobOutcome } from "../job-manager.js";
 import type { RestoreSpec } from "../protocol.js";
 import { type JobUser, formatBytes } from "../sandbox.js";
-import { ArchiveRejected, type ExtractSummary, extractTar } from "../tar/extract.js";
-import { TarFormatError } from "../tar/format.js";
+import { ArchiveRejected, type ExtractSummary, TarFormatError, extractTar } from "../tar/extract.js";
 import { failed, messageOf, succeeded } from "./outcome.js";
 
 /** Progress lines: one per tenth of the download, but no closer than this. */
