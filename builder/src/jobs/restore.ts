@@ -28,6 +28,9 @@ import { failed, messageOf, succeeded } from "./outcome.js";
 /** Progress lines: one per tenth of the download, but no closer than this. */
 const PROGRESS_MIN_BYTES = 16 * 1024 * 1024;
 
+/** gunzip output per threadpool round trip: larger chunks mean fewer of them (a member's data is a slice of one). */
+const GUNZIP_CHUNK_BYTES = 256 * 1024;
+
 /** The archive could not be fetched (as opposed to being refused). */
 class DownloadFailed extends Error {}
 
@@ -113,7 +116,7 @@ async function downloadAndExtract(input: RestoreJobInput, staging: string, quota
     await pipeline(
       Readable.fromWeb(response.body as NodeWebReadableStream<Uint8Array>),
       meter,
-      createGunzip({ chunkSize: 64 * 1024 }),
+      createGunzip({ chunkSize: GUNZIP_CHUNK_BYTES }),
       async (source: AsyncIterable<Buffer>) => {
         try {
           summary = await extractTar({

@@ -52,8 +52,9 @@ const GZIP_BLOCK_BYTES = 1024 * 1024;
  * threads unless UV_THREADPOOL_SIZE says otherwise), which file reads need too.
  */
 const GZIP_CONCURRENCY = Math.max(1, Math.min(availableParallelism() + 1, (Number(process.env.UV_THREADPOOL_SIZE) || 4) - 1));
-/** Every spool write costs a threadpool round trip: gathered writes keep them few. */
+/** Every spool write and read costs a threadpool round trip: gathered writes and large reads keep them few. */
 const SPOOL_WRITE_BYTES = 1024 * 1024;
+const PUT_READ_BYTES = 1024 * 1024;
 
 /** Inputs of {@link snapshotJob}. */
 export interface SnapshotJobInput extends JobContext {
@@ -175,11 +176,15 @@ class PartSpooler {
   }
 
   async #flush(current: OpenPart): Promise<void> {
-    const data = Buffer.concat(current.pending, current.pendingBytes);
+    let pending = current.pending;
     current.pending = [];
     current.pendingBytes = 0;
-    let written = 0;
-    while (written < data.length) written += (await current.file.write(data, written)).bytesWritten;
+    while (pending.length > 0) {
+      let { bytesWritten } = await current.file.writev(pending);
+      // A short write: drop what was written and write the rest again.
+      while (pending.length > 0 && bytesWritten >= pending[0]!.length) bytesWritten -= pending.shift()!.length;
+      if (bytesWritten > 0) pending = [pending[0]!.subarray(bytesWritten), ...pending.slice(1)];
+    }
   }
 
   async #seal(): Promise<void> {
@@ -315,7 +320,7 @@ function putFile(url: URL, path: string, size: number, signal: AbortSignal): Pro
     });
     request.setTimeout(REQUEST_IDLE_MS, () => request.destroy(new Error(`no progress for ${REQUEST_IDLE_MS / 1000} s`)));
     request.on("error", reject);
-    const file = createReadStream(path);
+    const file = createReadStream(path, { highWaterMark: PUT_READ_BYTES });
     file.on("error", (error) => request.destroy(error));
     file.pipe(request);
   });

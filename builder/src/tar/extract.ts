@@ -30,7 +30,7 @@
  * directories can still be filled) and one per symlink, both bounded by the
  * member limit.
  */
-import { chmod, chown, lchown, link, lstat, lutimes, mkdir, open, symlink, utimes } from "node:fs/promises";
+import { chmod, chown, lchown, link, lstat, lutimes, mkdir, open, readFile, symlink, utimes } from "node:fs/promises";
 import { join } from "node:path";
 import { type Header, extract as tarExtract } from "tar-stream";
 import type { JobUser } from "../sandbox.js";
@@ -73,9 +73,9 @@ const BLOCK = 512;
 const END_MARKER_BYTES = 2 * BLOCK;
 /** Files up to this size are gathered and written in the background; larger ones stream in place. */
 const GATHER_BYTES = 1024 * 1024;
-/** Background file writes at once, and the content bytes they may hold. */
-const MAX_PENDING_FILES = 16;
-const MAX_PENDING_BYTES = 16 * 1024 * 1024;
+/** Background file writes at once (more only contend for the directory's lock in the kernel), and the content bytes they may hold. */
+const MAX_PENDING_FILES = 4;
+const MAX_PENDING_BYTES = 8 * 1024 * 1024;
 
 interface DirMeta {
   mode: number;
@@ -139,6 +139,13 @@ function resolveLink(from: string[], target: string, links: Map<string, string>,
 
 const code = (error: unknown) => (error as NodeJS.ErrnoException).code;
 const padded = (bytes: number) => Math.ceil(bytes / BLOCK) * BLOCK;
+
+/** The process's umask, from /proc (asking process.umask() would briefly set it to 0 for every thread). */
+async function processUmask(): Promise<number> {
+  const status = await readFile("/proc/self/status", "latin1");
+  const match = /^Umask:\s*([0-7]+)$/m.exec(status);
+  return match ? Number.parseInt(match[1]!, 8) : 0o777;
+}
 
 /** A pax record of the member's extended header, if it has one. */
 function paxValue(header: Header, key: string): string | undefined {
@@ -251,6 +258,7 @@ class FedParser {
  */
 export async function extractTar(options: ExtractOptions): Promise<ExtractSummary> {
   const { root, owner } = options;
+  const umask = await processUmask();
   const fed = new FedParser(options.source, options.maxExpandedBytes);
   const members = fed.parser[Symbol.asyncIterator]();
   const writes = new BackgroundWrites();
@@ -298,11 +306,15 @@ export async function extractTar(options: ExtractOptions): Promise<ExtractSummar
       throw fed.failure(error);
     }
   }
-  /** Creates a file with all its content, then its owner, mode and mtime. */
+  /**
+   * Creates a file with all its content, then its owner, mode and mtime. It is
+   * created with its mode (the staging directory is the builder's alone), so
+   * a chmod is needed only for bits the umask took away.
+   */
   const writeFile = async (at: string, name: string, chunks: AsyncIterable<Buffer> | Buffer, mode: number, mtime: number) => {
     let file: Awaited<ReturnType<typeof open>>;
     try {
-      file = await open(at, "wx", 0o600);
+      file = await open(at, "wx", mode);
     } catch (error) {
       if (code(error) === "EEXIST") throw duplicate(name);
       throw error;
@@ -313,7 +325,7 @@ export async function extractTar(options: ExtractOptions): Promise<ExtractSummar
         while (offset < chunk.length) offset += (await file.write(chunk, offset)).bytesWritten;
       }
       if (owner) await file.chown(owner.uid, owner.gid);
-      await file.chmod(mode);
+      if ((mode & umask) !== 0) await file.chmod(mode);
       await file.utimes(mtime, mtime);
     } finally {
       await file.close();
