@@ -180,6 +180,16 @@ describe("packing the source", () => {
     expect(before).toBe(5);
   });
 
+  it("refuses a large file cut off in the middle of its member, every time, without leaving an error behind", async () => {
+    const root = await tree({ "index.html": "<h1>hi</h1>" });
+    await writeFile(join(root, "video.bin"), randomBytes(3_000_000));
+    for (let attempt = 0; attempt < 5; attempt++) {
+      await expect(packSource(root, { maxBytes: 1_000_000 })).rejects.toBeInstanceOf(SourceTooLarge);
+    }
+    // A torn-down member must not surface later as an "error" event nobody listens to (that crashes the CLI).
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  });
+
   it("svc deploy refuses a source over 100 MB before it sends any request", async () => {
     const root = await tree({ "svc.json": JSON.stringify({ name: "big-site", runtime: "static", outputDir: "static" }), "static/index.html": "hi" });
     // 101 MB that gzip cannot shrink, written in pieces.

@@ -99,6 +99,17 @@ export async function* tarArchive(produce: (pack: Pack) => Promise<void>): Async
 }
 
 /**
+ * A member's stream emits "error" when the archive is torn down under it (the
+ * consumer stopped, a read failed); the failure already reaches the caller
+ * through the member's callback, and an "error" nobody listens to would crash
+ * the process.
+ */
+function quiet<T extends { on(event: "error", listener: () => void): unknown }>(entry: T): T {
+  entry.on("error", () => undefined);
+  return entry;
+}
+
+/**
  * The header with what tar-stream's ustar fields would get wrong moved to pax
  * records: it writes mtime as a signed 32-bit number of seconds and owner ids
  * in 6 octal digits.
@@ -134,12 +145,12 @@ export async function addMember(pack: Pack, input: TarHeader, content?: Buffer |
   });
   if (content === undefined || Buffer.isBuffer(content)) {
     // A member without content still gets an (empty) body, or tar-stream would wait for one.
-    pack.entry(header, content ?? NO_CONTENT, settle);
+    quiet(pack.entry(header, content ?? NO_CONTENT, settle));
     return added;
   }
   // Awaited below; a reader that fails first must not leave it to reject unhandled.
   added.catch(() => undefined);
-  const entry = pack.entry(header, settle);
+  const entry = quiet(pack.entry(header, settle));
   for await (const chunk of content) {
     if (!entry.write(chunk)) await whenWritable(entry);
     if (entry.destroying) break;
