@@ -1,36 +1,44 @@
 /**
- * Disk snapshot throughput and memory: the real builder snapshots a generated
- * disk to a local sink (part-URL endpoint plus a PUT receiver that counts and
- * discards the bytes), against `tar czf` of the same directory in the same run,
- * for a 128 MiB and a 512 MiB disk. Each side runs twice, alternating, and the
- * faster run counts (the development VM is shared, so load comes and goes).
- * CPU seconds are reported too (the builder process's, from /proc; tar's and
- * its gzip child's, as this process's reaped-children time), which load does
- * not distort.
- * A fresh builder per size, so its peak RSS (sampled VmRSS every 25 ms, and
- * the kernel's VmHWM) belongs to that size.
+ * Disk snapshot and restore throughput and memory, against the standard tools
+ * in the same run, for a 128 MiB and a 512 MiB disk:
+ *
+ * - snapshot: the real builder packs, compresses, hashes and uploads the disk
+ *   in parts to a local sink (part-URL endpoint plus a PUT receiver that keeps
+ *   the bytes in memory), against `tar czf` (one gzip) and `tar -I "pigz -p2"`
+ *   (pigz on two threads) of the same directory;
+ * - restore: the builder downloads that archive from the sink, checks it and
+ *   extracts it into a staging directory and swaps it in, against `tar xzf` of
+ *   the same archive into an empty directory.
+ *
+ * Each side runs ROUNDS times (default 2), alternating, and the fastest run
+ * counts (the development VM is shared, so load comes and goes; the load
+ * average is printed with every round). CPU seconds are reported too: the
+ * builder process's, from /proc, and the tools' as this process's
+ * reaped-children time. A fresh builder per size, so its peak RSS (VmRSS
+ * sampled every 25 ms, and the kernel's VmHWM) belongs to that size.
  *
  * The data is deterministic (seeded): 40 % compressible JSON lines in 8 MiB
  * files, 40 % incompressible bytes in 16 MiB files, 20 % small files
  * (1-16 KiB, half JSON, half random) spread over nested directories.
+ * pigz is installed with apt-get when missing (as root, or through sudo).
  *
  *     npx tsx bench/backup.ts [sizes in MiB, default "128,512"]
  */
-import { spawn } from "node:child_process";
+import { execFileSync, spawn } from "node:child_process";
 import { createCipheriv, createHash } from "node:crypto";
-import { readFileSync } from "node:fs";
-import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { readFileSync, statSync } from "node:fs";
+import { mkdir, mkdtemp, readdir, rm, writeFile } from "node:fs/promises";
 import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
-import { SnapshotResult } from "../builder/src/protocol.js";
-import { followLog, jobStatus, signedFetch, startBuilder } from "../test/builder/builder-process.js";
+import { RestoreResult, SnapshotResult } from "../builder/src/protocol.js";
+import { diskDataPath, diskFolderAtRest, followLog, jobStatus, putDisk, signedFetch, startBuilder } from "../test/builder/builder-process.js";
 
 const MiB = 1024 * 1024;
 const sizes = (process.argv[2] ?? "128,512").split(",").map(Number);
 const PART_BYTES = 16 * MiB;
-const ROUNDS = 2;
+const ROUNDS = Number(process.env.ROUNDS ?? 2);
 
 /** Deterministic bytes: AES-256-CTR keystream under a key derived from the seed (fast, and incompressible). */
 function randomStream(seed: string): (bytes: number) => Buffer {
@@ -94,30 +102,44 @@ async function generate(root: string, total: number): Promise<number> {
   return files;
 }
 
-/** Receives parts like object storage would, counting and discarding the bytes. */
-async function startSink(): Promise<{ endpoint: string; received: () => number; close: () => Promise<void> }> {
+/** Receives parts like object storage would, keeping the last snapshot's parts to serve it back for restores. */
+async function startSink(): Promise<{ endpoint: string; received: () => number; archive: () => Buffer; archiveUrl: string; close: () => Promise<void> }> {
   let received = 0;
   let base = "";
+  let parts = new Map<number, Buffer>();
+  let served = Buffer.alloc(0);
   const server = createServer((request, response) => {
-    if (request.method === "POST") {
-      const chunks: Buffer[] = [];
-      request.on("data", (chunk: Buffer) => chunks.push(chunk));
-      request.on("end", () => {
-        const { partNumber } = JSON.parse(Buffer.concat(chunks).toString()) as { partNumber: number };
-        response.writeHead(200, { "Content-Type": "application/json" }).end(JSON.stringify({ url: `${base}/put/${partNumber}` }));
-      });
+    if (request.method === "GET") {
+      response.writeHead(200, { "Content-Length": served.length, "Content-Type": "application/gzip" }).end(served);
       return;
     }
+    const chunks: Buffer[] = [];
     request.on("data", (chunk: Buffer) => {
+      chunks.push(chunk);
       received += chunk.length;
     });
-    request.on("end", () => response.writeHead(200, { ETag: `"${request.url}"` }).end());
+    request.on("end", () => {
+      if (request.method === "POST") {
+        const { partNumber } = JSON.parse(Buffer.concat(chunks).toString()) as { partNumber: number };
+        if (partNumber === 1) parts = new Map();
+        response.writeHead(200, { "Content-Type": "application/json" }).end(JSON.stringify({ url: `${base}/put/${partNumber}` }));
+        return;
+      }
+      parts.set(Number(request.url?.split("/").pop()), Buffer.concat(chunks));
+      response.writeHead(200, { ETag: `"${request.url}"` }).end();
+    });
   });
   await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
   base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
   return {
     endpoint: `${base}/parts`,
     received: () => received,
+    /** The last snapshot, whole; also what GET `archiveUrl` serves from now on. */
+    archive: () => {
+      served = Buffer.concat([...parts.keys()].sort((a, b) => a - b).map((n) => parts.get(n)!));
+      return served;
+    },
+    archiveUrl: `${base}/archive.tar.gz`,
     close: () => new Promise((resolve) => server.close(() => resolve())),
   };
 }
@@ -128,7 +150,7 @@ function memoryOf(pid: number): { rss: number; hwm: number } {
   return { rss: kib("VmRSS"), hwm: kib("VmHWM") };
 }
 
-/** utime + stime in seconds: of `pid`, or with `children` this process's reaped children (tar and its gzip). */
+/** utime + stime in seconds: of `pid`, or with `children` this process's reaped children (the tools). */
 function cpuSeconds(pid: number | "self", children = false): number {
   const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
   const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ").map(Number);
@@ -137,26 +159,72 @@ function cpuSeconds(pid: number | "self", children = false): number {
   return ((a ?? 0) + (b ?? 0)) / 100;
 }
 
-function timeTarCzf(dir: string, out: string): Promise<number> {
+/** Runs a tool to its end: wall milliseconds and the CPU seconds it (and its children) used. */
+function timeTool(command: string, args: string[]): Promise<{ ms: number; cpu: number }> {
   return new Promise((resolve, reject) => {
+    const cpuBefore = cpuSeconds("self", true);
     const started = performance.now();
-    const tar = spawn("tar", ["czf", out, "-C", dir, "."], { stdio: "inherit" });
-    tar.once("error", reject);
-    tar.once("exit", (code) => (code === 0 ? resolve(performance.now() - started) : reject(new Error(`tar exited ${code}`))));
+    const child = spawn(command, args, { stdio: "inherit" });
+    child.once("error", reject);
+    child.once("exit", (code) => {
+      if (code !== 0) return reject(new Error(`${command} ${args.join(" ")} exited ${code}`));
+      resolve({ ms: performance.now() - started, cpu: cpuSeconds("self", true) - cpuBefore });
+    });
   });
 }
 
+/** pigz on the PATH, installed with apt-get (as root, else through sudo) when missing. */
+function ensurePigz(): void {
+  const has = () => {
+    try {
+      execFileSync("pigz", ["--version"], { stdio: "ignore" });
+      return true;
+    } catch {
+      return false;
+    }
+  };
+  if (has()) return;
+  const sudo = process.getuid?.() === 0 ? [] : ["sudo"];
+  const env = { ...process.env, DEBIAN_FRONTEND: "noninteractive" };
+  const run = (args: string[]) => execFileSync(sudo[0] ?? args[0]!, sudo.length ? args : args.slice(1), { stdio: "inherit", env });
+  run(["apt-get", "update", "-qq"]);
+  run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "pigz"]);
+  if (!has()) throw new Error("pigz is still missing after apt-get install");
+}
+
+/** Runs a builder job to its end: wall milliseconds, builder CPU seconds, final status. */
+async function timeJob(builder: Awaited<ReturnType<typeof startBuilder>>, path: string, body: object) {
+  const cpuBefore = cpuSeconds(builder.pid);
+  const started = performance.now();
+  const submitted = await signedFetch(builder, path, { method: "POST", body });
+  const { id } = (await submitted.json()) as { id: string };
+  await followLog(builder, id);
+  const ms = performance.now() - started;
+  const cpu = cpuSeconds(builder.pid) - cpuBefore;
+  const status = await jobStatus(builder, id);
+  if (status.status !== "succeeded") throw new Error(`${path} failed: ${status.error}`);
+  return { ms, cpu, result: status.result };
+}
+
+const load = () => loadavg().map((value) => value.toFixed(2)).join(" ");
 const mib = (bytes: number) => `${(bytes / MiB).toFixed(1)} MiB`;
+const seconds = (runs: { ms: number }[]) => runs.map((run) => (run.ms / 1000).toFixed(2)).join("/");
+const cpus = (runs: { cpu: number }[]) => runs.map((run) => run.cpu.toFixed(2)).join("/");
+const best = (runs: { ms: number }[]) => Math.min(...runs.map((run) => run.ms));
+/** Speed of `ours` relative to `theirs` (higher is better for ours): their time over ours. */
+const speed = (ours: { ms: number }[], theirs: { ms: number }[]) => `${(best(theirs) / best(ours)).toFixed(2)}x`;
+
+ensurePigz();
 const rows: string[] = [];
-console.log(`load average at start: ${loadavg().map((value) => value.toFixed(2)).join(" ")}`);
+console.log(`load average at start: ${load()}`);
 
 for (const size of sizes) {
   const dataDir = await mkdtemp(join(tmpdir(), "svc-bench-backup-"));
   const builder = await startBuilder({ dataDir });
   const sink = await startSink();
   try {
-    await signedFetch(builder, "/v1/disks/bench", { method: "PUT", body: { sizeBytes: 4 * size * MiB } });
-    const data = join(dataDir, "disks/bench/data");
+    for (const disk of ["bench", "restored"]) await putDisk(builder, disk, 4 * size * MiB);
+    const data = diskDataPath(dataDir, "bench");
     const generating = performance.now();
     const files = await generate(data, size * MiB);
     process.stderr.write(`${size} MiB: generated ${files} files in ${((performance.now() - generating) / 1000).toFixed(1)} s\n`);
@@ -166,45 +234,60 @@ for (const size of sizes) {
     const sampler = setInterval(() => {
       peakRss = Math.max(peakRss, memoryOf(builder.pid).rss);
     }, 25);
-    const snapshotRuns: number[] = [];
-    const tarRuns: number[] = [];
-    const snapshotCpu: number[] = [];
-    const tarCpu: number[] = [];
-    let result: SnapshotResult | undefined;
+    const runs = { snapshot: [] as { ms: number; cpu: number }[], tar: [] as { ms: number; cpu: number }[], pigz: [] as { ms: number; cpu: number }[] };
+    const restoreRuns = { restore: [] as { ms: number; cpu: number }[], untar: [] as { ms: number; cpu: number }[] };
+    const loads: string[] = [];
+    let snapshot: SnapshotResult | undefined;
+    let tarBytes = 0;
+    const tarOut = join(dataDir, "tool.tgz");
     for (let round = 0; round < ROUNDS; round++) {
+      loads.push(load());
       const before = sink.received();
-      const cpuBefore = cpuSeconds(builder.pid);
-      const started = performance.now();
-      const submitted = await signedFetch(builder, "/v1/snapshots", {
-        method: "POST",
-        body: { diskId: "bench", partSizeBytes: PART_BYTES, partUrlEndpoint: sink.endpoint },
-      });
-      const { id } = (await submitted.json()) as { id: string };
-      await followLog(builder, id);
-      snapshotRuns.push(performance.now() - started);
-      snapshotCpu.push(cpuSeconds(builder.pid) - cpuBefore);
-      const status = await jobStatus(builder, id);
-      if (status.status !== "succeeded") throw new Error(`snapshot failed: ${status.error}`);
-      result = SnapshotResult.parse(status.result);
-      const got = sink.received() - before;
-      if (got !== result.sizeBytes) throw new Error(`sink got ${got} bytes, the result says ${result.sizeBytes}`);
-      const tarCpuBefore = cpuSeconds("self", true);
-      tarRuns.push(await timeTarCzf(data, join(dataDir, "tar-czf.tgz")));
-      tarCpu.push(cpuSeconds("self", true) - tarCpuBefore);
+      const job = await timeJob(builder, "/v1/snapshots", { diskId: "bench", partSizeBytes: PART_BYTES, partUrlEndpoint: sink.endpoint });
+      runs.snapshot.push(job);
+      snapshot = SnapshotResult.parse(job.result);
+      if (sink.received() - before < snapshot.sizeBytes) throw new Error("the sink got less than the snapshot says");
+      runs.tar.push(await timeTool("tar", ["czf", tarOut, "-C", data, "."]));
+      tarBytes = statSync(tarOut).size;
+      runs.pigz.push(await timeTool("tar", ["-I", "pigz -p2 -6", "-cf", tarOut, "-C", data, "."]));
+    }
+    if (!snapshot) throw new Error("no snapshot ran");
+    const archive = sink.archive();
+    if (createHash("sha256").update(archive).digest("hex") !== snapshot.sha256) throw new Error("the sink's archive does not match the snapshot's SHA-256");
+    const archiveFile = join(dataDir, "snapshot.tar.gz");
+    await writeFile(archiveFile, archive);
+    const restoreSpec = {
+      diskId: "restored",
+      archiveUrl: sink.archiveUrl,
+      expectedSizeBytes: snapshot.sizeBytes,
+      expectedSha256: snapshot.sha256,
+      maxEntries: snapshot.entries,
+      maxExpandedBytes: snapshot.expandedBytes,
+    };
+    for (let round = 0; round < ROUNDS; round++) {
+      loads.push(load());
+      const job = await timeJob(builder, "/v1/restores", restoreSpec);
+      restoreRuns.restore.push(job);
+      const restored = RestoreResult.parse(job.result);
+      if (restored.entries !== snapshot.entries) throw new Error(`restored ${restored.entries} entries of ${snapshot.entries}`);
+      // The old data is deleted in the background after the swap: let it finish before tar runs.
+      const atRest = diskFolderAtRest(dataDir, "restored").join();
+      while ((await readdir(join(dataDir, "disks/restored"))).join() !== atRest) await new Promise((resolve) => setTimeout(resolve, 50));
+      const target = join(dataDir, `untar-${round}`);
+      await mkdir(target);
+      restoreRuns.untar.push(await timeTool("tar", ["xzf", archiveFile, "-C", target]));
+      await rm(target, { recursive: true, force: true });
     }
     clearInterval(sampler);
     const { hwm } = memoryOf(builder.pid);
-    const snapshotMs = Math.min(...snapshotRuns);
-    const tarMs = Math.min(...tarRuns);
-    const seconds = (runs: number[]) => runs.map((ms) => (ms / 1000).toFixed(2)).join("/");
-    const cpu = (runs: number[]) => runs.map((value) => value.toFixed(2)).join("/");
-    if (!result) throw new Error("no snapshot ran");
     rows.push(
-      `${`${size} MiB`.padEnd(8)} ${String(files).padStart(6)} files  builder ${seconds(snapshotRuns)} s  ` +
-        `tar czf ${seconds(tarRuns)} s  ratio (best/best) ${(snapshotMs / tarMs).toFixed(2)}x  ` +
-        `CPU builder ${cpu(snapshotCpu)} s, tar+gzip ${cpu(tarCpu)} s  ` +
-        `archive ${mib(result.sizeBytes)} in ${result.parts.length} parts  ` +
-        `builder RSS idle ${mib(idle.rss)}, peak during snapshot ${mib(peakRss)}, VmHWM ${mib(hwm)}`,
+      `${`${size} MiB`.padEnd(8)} ${String(files).padStart(6)} files, archive ${mib(snapshot.sizeBytes)} (tar czf: ${mib(tarBytes)}) in ${snapshot.parts.length} parts\n` +
+        `  snapshot ${seconds(runs.snapshot)} s (CPU ${cpus(runs.snapshot)})  tar czf ${seconds(runs.tar)} s (CPU ${cpus(runs.tar)})  ` +
+        `tar -I "pigz -p2" ${seconds(runs.pigz)} s (CPU ${cpus(runs.pigz)})\n` +
+        `  snapshot speed: ${speed(runs.snapshot, runs.tar)} tar czf, ${speed(runs.snapshot, runs.pigz)} pigz -p2 (best/best)\n` +
+        `  restore ${seconds(restoreRuns.restore)} s (CPU ${cpus(restoreRuns.restore)})  tar xzf ${seconds(restoreRuns.untar)} s (CPU ${cpus(restoreRuns.untar)})  ` +
+        `restore speed: ${speed(restoreRuns.restore, restoreRuns.untar)} tar xzf\n` +
+        `  builder RSS idle ${mib(idle.rss)}, peak ${mib(peakRss)} (sampled), VmHWM ${mib(hwm)}; load average per round: ${loads.join(" | ")}`,
     );
     process.stderr.write(`${rows.at(-1)}\n`);
   } finally {
@@ -214,6 +297,6 @@ for (const size of sizes) {
   }
 }
 
-console.log(`snapshot (gzip -6, parts of ${PART_BYTES / MiB} MiB, to a local sink) vs tar czf of the same directory:`);
+console.log("snapshot (gzip -6 on every core, parts of 16 MiB, to a local sink) and restore (download, check, extract, swap), vs the tools on the same data:");
 for (const row of rows) console.log(row);
-console.log(`load average at end: ${loadavg().map((value) => value.toFixed(2)).join(" ")}`);
+console.log(`load average at end: ${load()}`);

@@ -50,16 +50,18 @@ export async function load(
   };
 }
 
-/** A throwaway local system (own state, free ports) for one benchmark run. */
-export async function benchStack(): Promise<LocalStack> {
+/** A throwaway local system (own state, free ports) for one benchmark run; `persistDir` holds its D1/R2/DO state. */
+export async function benchStack(): Promise<LocalStack & { persistDir: string }> {
   const dir = await mkdtemp(join(tmpdir(), "svc-bench-"));
-  return startLocalStack({
+  const persistDir = join(dir, "state");
+  const stack = await startLocalStack({
     port: 0,
-    persistDir: join(dir, "state"),
+    persistDir,
     stateDir: join(dir, "svc"),
     secretsFile: join(dir, "dev.vars"),
     output: "files",
   });
+  return { ...stack, persistDir };
 }
 
 export const fmt = (n: number, digits = 1) => n.toFixed(digits);

@@ -10,6 +10,8 @@
  * For each case (the 50 KB asset, an SPA fallback path, a 304 for the ETag that
  * server returned) the runs alternate ours/theirs for ROUNDS rounds; the table
  * shows the mean requests/s and p99 of the rounds, and the ratios ours/theirs.
+ * Each round also measures the bare `/healthz` of our own process, the ceiling
+ * for anything it serves, and our cases are shown as a fraction of it.
  *
  *     npx tsx bench/static-serve.ts        (ROUNDS=3 DURATION_MS=4000 CONCURRENCY=16)
  */
@@ -17,7 +19,7 @@ import { type ChildProcess, spawn } from "node:child_process";
 import { createHash } from "node:crypto";
 import dns from "node:dns";
 import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
-import { tmpdir } from "node:os";
+import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { freePort, ROOT } from "../scripts/local-stack";
 import { svc } from "../test/cli/svc";
@@ -164,8 +166,13 @@ try {
   for (const c of cases) {
     for (const side of ["ours", "theirs"] as const) await load(`${servers[side]}${c.path}`, c.init[side], { ...opts, durationMs: 1000, expectStatus: c.status });
   }
+  await load(`${stack.apiUrl}/healthz`, {}, { ...opts, durationMs: 1000 });
   const results = cases.map(() => ({ ours: [] as LoadResult[], theirs: [] as LoadResult[] }));
+  const health: LoadResult[] = [];
+  const loads: string[] = [];
   for (let round = 0; round < ROUNDS; round++) {
+    loads.push(loadavg().map((value) => value.toFixed(2)).join(" "));
+    health.push(await load(`${stack.apiUrl}/healthz`, {}, opts));
     // Alternate which side goes first, so drift and warm caches hit both alike.
     const order = round % 2 === 0 ? (["ours", "theirs"] as const) : (["theirs", "ours"] as const);
     for (const [i, c] of cases.entries()) {
@@ -195,6 +202,10 @@ try {
   const widths = header.map((h, i) => Math.max(h.length, ...rows.map((row) => row[i]!.length)));
   for (const row of [header, ...rows]) console.log(`  ${row.map((cell, i) => (i === 0 ? cell.padEnd(widths[i]!) : cell.padStart(widths[i]!))).join("  ")}`);
   console.log("  ratio = ours / theirs (throughput: higher is better for ours; p99: lower is better for ours)");
+  const healthRps = mean(health, "rps");
+  console.log(`  our process's bare /healthz: ${fmt(healthRps, 0)} req/s, p99 ${fmt(mean(health, "p99"))} ms; each case of ours as a fraction of it:`);
+  for (const [i, c] of cases.entries()) console.log(`    ${c.name}: ${fmt(mean(results[i]!.ours, "rps") / healthRps, 2)}x`);
+  console.log(`  load average per round: ${loads.join(" | ")}`);
 } finally {
   await theirs?.stop();
   await stack.stop();

@@ -21,6 +21,7 @@ import { serveSite, siteName } from "./sites/serve";
 import { storageRoutes } from "./storage/gateway";
 import { envVarRoutes } from "./routes/env-vars";
 import { internalRoutes } from "./routes/internal";
+import { whoamiRoutes } from "./routes/whoami";
 
 /** Routes under /v1 reachable without an API key (the operator route checks its own token). */
 const PUBLIC_PATHS = new Set(["/v1/openapi.json", "/v1/accounts"]);
@@ -98,6 +99,7 @@ export function createApp() {
   app.route("/v1/disks", diskRoutes);
   app.route("/v1/disks", backupRoutes);
   app.route("/v1/crons", cronRoutes);
+  app.route("/v1/whoami", whoamiRoutes);
   app.route("/internal", internalRoutes);
   app.route("/storage", storageRoutes);
 

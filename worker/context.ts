@@ -3,7 +3,7 @@ import type { Db } from "./db/client";
 import type { Config, Env } from "./env";
 
 /** Who is calling: resolved from the API key by the auth middleware. */
-export type Principal = { keyId: string; accountId: string; scopes: Scope[] };
+export type Principal = { keyId: string; keyName: string; accountId: string; scopes: Scope[] };
 
 /** Hono's typed context for every route (STYLE 5). */
 export type AppEnv = {

@@ -7,7 +7,7 @@
  *
  * Members are plain relative paths (`static/index.html`, folders with a trailing
  * `/`), sorted, owned by uid/gid 0; symlinks are archived as links, not
- * followed. The tar headers come from the builder's own tar writer.
+ * followed. The tar format is tar-stream's, through the builder's packer helpers.
  */
 import type { Stats } from "node:fs";
 import { createWriteStream } from "node:fs";
@@ -17,7 +17,7 @@ import { join } from "node:path";
 import { Readable, Transform } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import { createGzip } from "node:zlib";
-import { END_OF_ARCHIVE, encodeHeader, paddingAfter } from "../../builder/src/tar/format.js";
+import { addMember, tarArchive } from "../../builder/src/tar/pack.js";
 import { isIgnored, parseIgnoreFile, type RuleSet } from "./ignore.js";
 import { CliError } from "./output.js";
 import { formatBytes } from "./progress.js";
@@ -105,42 +105,44 @@ export async function listSource(root: string): Promise<SourceListing> {
   return { entries, ignored };
 }
 
-/** The archive bytes: header, content and padding of each member, then the end marker. */
-async function* tarStream(entries: readonly SourceEntry[]): AsyncGenerator<Buffer> {
-  for (const entry of entries) {
-    const archivePath = entry.type === "directory" ? `${entry.path}/` : entry.path;
-    yield encodeHeader({
-      path: archivePath,
-      type: entry.type,
-      mode: entry.mode,
-      mtime: entry.mtime,
-      size: entry.size,
-      linkpath: entry.linkpath,
-      uid: 0,
-      gid: 0,
-    });
-    if (entry.type !== "file" || entry.size === 0) continue;
-    const handle = await open(entry.absolute, "r");
-    try {
-      let position = 0;
-      while (position < entry.size) {
-        const buffer = Buffer.allocUnsafe(Math.min(CHUNK_BYTES, entry.size - position));
-        const { bytesRead } = await handle.read(buffer, 0, buffer.length, position);
-        if (bytesRead === 0) {
-          // The file shrank after it was listed; the header promised entry.size bytes.
-          yield Buffer.alloc(entry.size - position);
-          break;
-        }
-        position += bytesRead;
-        yield buffer.subarray(0, bytesRead);
+/** A file's bytes as listed: `size` of them, zero-filled if it shrank since. */
+async function* fileContent(entry: SourceEntry): AsyncGenerator<Buffer> {
+  const handle = await open(entry.absolute, "r");
+  try {
+    let position = 0;
+    while (position < entry.size) {
+      const buffer = Buffer.allocUnsafe(Math.min(CHUNK_BYTES, entry.size - position));
+      const { bytesRead } = await handle.read(buffer, 0, buffer.length, position);
+      if (bytesRead === 0) {
+        // The file shrank after it was listed; the header promised entry.size bytes.
+        yield Buffer.alloc(entry.size - position);
+        break;
       }
-    } finally {
-      await handle.close();
+      position += bytesRead;
+      yield buffer.subarray(0, bytesRead);
     }
-    const padding = paddingAfter(entry.size);
-    if (padding > 0) yield Buffer.alloc(padding);
+  } finally {
+    await handle.close();
   }
-  yield END_OF_ARCHIVE;
+}
+
+/** The archive bytes: each member, then the end marker. */
+function tarStream(entries: readonly SourceEntry[]): AsyncGenerator<Buffer> {
+  return tarArchive(async (pack) => {
+    for (const entry of entries) {
+      const header = {
+        name: entry.type === "directory" ? `${entry.path}/` : entry.path,
+        type: entry.type,
+        mode: entry.mode,
+        mtime: new Date(entry.mtime * 1000),
+        size: entry.size,
+        linkname: entry.linkpath,
+        uid: 0,
+        gid: 0,
+      };
+      await addMember(pack, header, entry.type === "file" && entry.size > 0 ? fileContent(entry) : undefined);
+    }
+  });
 }
 
 /** The largest top-level entries (folders summed) and the largest files, for the "too large" message. */

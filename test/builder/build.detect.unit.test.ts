@@ -136,7 +136,7 @@ describe("findLockfile", () => {
 });
 
 describe("contentTypeFor", () => {
-  it("maps extensions case-insensitively, text types in UTF-8, unknown ones to octet-stream", () => {
+  it("maps extensions case-insensitively through mime-types, text types in UTF-8, unknown ones to octet-stream", () => {
     expect(contentTypeFor("/index.html")).toBe("text/html; charset=utf-8");
     expect(contentTypeFor("/assets/app-1a2b3c4d.JS")).toBe("text/javascript; charset=utf-8");
     expect(contentTypeFor("/a.mjs")).toBe("text/javascript; charset=utf-8");
@@ -148,7 +148,10 @@ describe("contentTypeFor", () => {
     expect(contentTypeFor("/font.woff2")).toBe("font/woff2");
     expect(contentTypeFor("/app.wasm")).toBe("application/wasm");
     expect(contentTypeFor("/clip.mp4")).toBe("video/mp4");
-    expect(contentTypeFor("/favicon.ico")).toBe("image/x-icon");
+    expect(contentTypeFor("/favicon.ico")).toBe("image/vnd.microsoft.icon");
+    expect(contentTypeFor("/feed.rss")).toBe("application/rss+xml; charset=utf-8");
+    expect(contentTypeFor("/data.jsonld")).toBe("application/ld+json; charset=utf-8");
+    expect(contentTypeFor("/photo.JPEG")).toBe("image/jpeg");
     expect(contentTypeFor("/_headers")).toBe("application/octet-stream");
     expect(contentTypeFor("/.nojekyll")).toBe("application/octet-stream");
     expect(contentTypeFor("/x.constructor")).toBe("application/octet-stream");

@@ -49,6 +49,13 @@ function member(name: string, content: string | Buffer = "", options: MemberOpti
 const dir = (name: string) => member(name, "", { type: "5", mode: 0o755 });
 const symlinkMember = (name: string, target: string) => member(name, "", { type: "2", linkname: target });
 const hardlinkMember = (name: string, target: string) => member(name, "", { type: "1", linkname: target });
+/** A pax extended header carrying one record, for the member that follows it. */
+function pax(key: string, value: string): Buffer {
+  const body = ` ${key}=${value}\n`;
+  let length = Buffer.byteLength(body) + 1;
+  while (String(length).length + Buffer.byteLength(body) !== length) length++;
+  return member("PaxHeader", `${length}${body}`, { type: "x" });
+}
 const tar = (...members: Buffer[]) => Buffer.concat([...members, Buffer.alloc(1024)]);
 const tgz = (...members: Buffer[]) => gzipSync(tar(...members));
 
@@ -149,6 +156,14 @@ const cases: Case[] = [
   ["a corrupt tar header", () => tgz(member("f", "x", { corrupt: true })), /not a valid tar stream: header checksum mismatch/],
   ["a tar stream cut inside a member", () => gzipSync(member("f", randomBytes(4096)).subarray(0, 2048)), /truncated archive/],
   ["the same member twice", () => tgz(member("twice", "1"), member("twice", "2")), /member "twice" appears twice/],
+  [
+    "an archive cut at a gzip member boundary (no end-of-archive marker)",
+    // Each member its own gzip member, as snapshots are written: the first alone is valid gzip.
+    () => Buffer.concat([gzipSync(member("first", randomBytes(2000))), gzipSync(member("second", "x"))]),
+    /tar stream ends without the end-of-archive marker \(truncated archive\)/,
+  ],
+  ["a NUL byte in a pax path", () => tgz(pax("path", "evil\0/../x"), member("ordinary", "x")), /member "evil\\u0000\/\.\.\/x" contains a NUL byte/],
+  ["a member type restore does not know", () => tgz(member("volume", "", { type: "V" })), /member "volume" has a tar type that is not supported/],
 ];
 
 describe("POST /v1/restores refuses hostile archives whole", () => {

@@ -6,7 +6,7 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { dnsLabel } from "../../cli/src/commands/init.js";
-import { compileRule, isIgnored, parseIgnoreFile } from "../../cli/src/ignore.js";
+import { isIgnored, parseIgnoreFile } from "../../cli/src/ignore.js";
 import { listSource, packSource, SourceTooLarge } from "../../cli/src/pack.js";
 import { freePort, ROOT } from "../../scripts/local-stack.js";
 import { svc, tempHome } from "./svc.js";
@@ -83,10 +83,12 @@ describe(".gitignore rules", () => {
     expect(isIgnored(path, isDir, [{ base: "", rules: parseIgnoreFile(pattern) }])).toBe(expected);
   });
 
-  it("blank lines and comments compile to nothing", () => {
-    expect(compileRule("")).toBeNull();
-    expect(compileRule("   ")).toBeNull();
-    expect(compileRule("# a comment")).toBeNull();
+  it("blank lines and comments ignore nothing, and names match case-sensitively as git does on Linux", () => {
+    const sets = [{ base: "", rules: parseIgnoreFile("\n   \n# a comment\nBuild/\n") }];
+    expect(isIgnored("a", false, sets)).toBe(false);
+    expect(isIgnored("# a comment", false, sets)).toBe(false);
+    expect(isIgnored("Build", true, sets)).toBe(true);
+    expect(isIgnored("build", true, sets)).toBe(false);
   });
 
   it("negation re-includes, and the last matching line wins", () => {
@@ -176,6 +178,16 @@ describe("packing the source", () => {
     expect((error as SourceTooLarge).detail).toContain("biggest entries: media/ (293 KiB), blob.bin (195 KiB)");
     expect((error as SourceTooLarge).detail).toContain("biggest files: media/video.bin (293 KiB), blob.bin (195 KiB)");
     expect(before).toBe(5);
+  });
+
+  it("refuses a large file cut off in the middle of its member, every time, without leaving an error behind", async () => {
+    const root = await tree({ "index.html": "<h1>hi</h1>" });
+    await writeFile(join(root, "video.bin"), randomBytes(3_000_000));
+    for (let attempt = 0; attempt < 5; attempt++) {
+      await expect(packSource(root, { maxBytes: 1_000_000 })).rejects.toBeInstanceOf(SourceTooLarge);
+    }
+    // A torn-down member must not surface later as an "error" event nobody listens to (that crashes the CLI).
+    await new Promise((resolve) => setTimeout(resolve, 100));
   });
 
   it("svc deploy refuses a source over 100 MB before it sends any request", async () => {

@@ -137,6 +137,52 @@ describe("edge serving on <app>.<APPS_DOMAIN>", () => {
     expect(after.map((l) => l.path)).toEqual(["/missing"]);
   });
 
+  it("serves small files from isolate memory once read, checked against their hash", async () => {
+    const { name, appId, accountId } = await newSite(false, files());
+    const css = await get(name, "/style.css");
+    expect(await css.text()).toBe("body{color:red}");
+    // R2 loses the blob: the edge still has it, keyed by its hash, and serves it whole, every time.
+    await env.BUCKET.delete(blobKey(blobPrefix(accountId), await sha256("body{color:red}")));
+    for (let i = 0; i < 2; i++) {
+      const again = await get(name, "/style.css");
+      expect([again.status, again.headers.get("Content-Length"), await again.text()]).toEqual([200, "15", "body{color:red}"]);
+    }
+    // Bytes whose hash is not their key are served but never kept.
+    const forged = await sha256("what the manifest promised");
+    await env.BUCKET.put(blobKey(blobPrefix(accountId), forged), "something else!");
+    const id = newId("deployment");
+    const manifest: Manifest = {
+      spa: false,
+      blobs: blobPrefix(accountId),
+      files: { "/forged.txt": { sha256: forged, size: 15, contentType: "text/plain; charset=utf-8" } },
+    };
+    await env.BUCKET.put(manifestKey(id), JSON.stringify(manifest));
+    await env.DB.batch([
+      env.DB.prepare(
+        "INSERT INTO deployments (id, account_id, app_id, status, source_key, source_size_bytes, upload_expires_at, manifest_key, created_at) VALUES (?, ?, ?, 'ready', ?, 1, ?, ?, ?)",
+      ).bind(id, accountId, appId, `sources/${appId}/${id}.tar.gz`, Date.now(), manifestKey(id), Date.now()),
+      env.DB.prepare("UPDATE apps SET active_deployment_id = ? WHERE id = ?").bind(id, appId),
+    ]);
+    await new Promise((r) => setTimeout(r, 2100));
+    expect(await (await get(name, "/forged.txt")).text()).toBe("something else!");
+    await env.BUCKET.delete(blobKey(blobPrefix(accountId), forged));
+    expect((await get(name, "/forged.txt")).status).toBe(500);
+  });
+
+  it("serves mid-size files through the Cache API once cached, and ranges of them from R2", async () => {
+    const big = "x".repeat(300 * 1024);
+    const { name, accountId } = await newSite(false, { ...files(), "/big.txt": ["text/plain; charset=utf-8", big] });
+    const first = await get(name, "/big.txt");
+    expect([first.status, first.headers.get("Content-Length"), (await first.text()).length]).toEqual([200, String(big.length), big.length]);
+    const key = new Request(`http://${name}.${env.APPS_DOMAIN}/.svc-blobs/${await sha256(big)}`);
+    await expect.poll(async () => (await caches.default.match(key))?.status ?? 0).toBe(200);
+    const range = await get(name, "/big.txt", { headers: { Range: "bytes=10-19" } });
+    expect([range.status, await range.text()]).toEqual([206, "xxxxxxxxxx"]);
+    await env.BUCKET.delete(blobKey(blobPrefix(accountId), await sha256(big)));
+    const cached = await get(name, "/big.txt");
+    expect([cached.status, await cached.text()]).toEqual([200, big]);
+  });
+
   it("adds the headers of the site's _headers rules, on files and on 404s", async () => {
     const { name } = await newSite(false, files(), [
       { pattern: "/*", headers: [["X-Frame-Options", "DENY"]] },

@@ -1,4 +1,5 @@
 import { describe, expect, it } from "vitest";
+import { BlobCache } from "../../worker/sites/blob-cache";
 import { headersFor, parseHeadersFile } from "../../worker/sites/headers";
 import { cacheControl, decide, type ManifestEntry, matchesEtag, normalisePath } from "../../worker/sites/resolve";
 
@@ -82,5 +83,31 @@ not-a-pattern
     expect(headersFor(rules, "/blog/hello")).toMatchObject({ "X-Robots-Tag": "noindex" });
     expect(headersFor(rules, "/blog/hello/comments")).not.toHaveProperty("X-Robots-Tag");
     expect(headersFor(undefined, "/")).toEqual({});
+  });
+});
+
+describe("BlobCache (hot files in isolate memory)", () => {
+  const bytes = (n: number) => new Uint8Array(n);
+
+  it("keeps blobs up to the entry limit and evicts the least recently used to stay under the total", () => {
+    const cache = new BlobCache({ maxBytes: 300, maxEntryBytes: 120 });
+    cache.set("a", bytes(100));
+    cache.set("b", bytes(100));
+    cache.set("c", bytes(100));
+    expect(cache.bytes).toBe(300);
+    expect(cache.get("a")).toBeDefined(); // a is now the most recent: b goes first
+    cache.set("d", bytes(100));
+    expect([cache.get("a"), cache.get("b"), cache.get("c"), cache.get("d")].map((entry) => entry !== undefined)).toEqual([true, false, true, true]);
+    expect(cache.bytes).toBe(300);
+  });
+
+  it("refuses blobs over the entry limit and counts a replaced entry once", () => {
+    const cache = new BlobCache({ maxBytes: 1000, maxEntryBytes: 120 });
+    expect(cache.admits(121)).toBe(false);
+    cache.set("big", bytes(121));
+    expect(cache.get("big")).toBeUndefined();
+    cache.set("a", bytes(50));
+    cache.set("a", bytes(70));
+    expect(cache.bytes).toBe(70);
   });
 });

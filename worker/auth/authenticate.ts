@@ -13,8 +13,10 @@ export type AuthResult =
 
 /**
  * Resolves a `Authorization: Bearer svc_…` header to a principal: structural
- * check, SHA-256, one indexed lookup, then deleted/expired checks. Nothing is
- * cached, so a deleted key fails on its very next request.
+ * check, SHA-256, one indexed lookup (the unique index on the hash; the row
+ * carries everything a route needs about the caller, so nothing else is read),
+ * then deleted/expired checks. Nothing is cached, so a deleted key fails on
+ * its very next request.
  */
 export async function authenticate(db: Db, header: string | undefined, now: number): Promise<AuthResult> {
   if (!header) return { ok: false, message: "missing Authorization header; send `Authorization: Bearer <API key>`" };
@@ -25,6 +27,7 @@ export async function authenticate(db: Db, header: string | undefined, now: numb
   const row = await db
     .select({
       id: apiKeys.id,
+      name: apiKeys.name,
       accountId: apiKeys.accountId,
       scopes: apiKeys.scopes,
       expiresAt: apiKeys.expiresAt,
@@ -42,7 +45,7 @@ export async function authenticate(db: Db, header: string | undefined, now: numb
   }
   return {
     ok: true,
-    principal: { keyId: row.id, accountId: row.accountId, scopes: row.scopes },
+    principal: { keyId: row.id, keyName: row.name, accountId: row.accountId, scopes: row.scopes },
     lastUsedAt: row.lastUsedAt,
   };
 }

@@ -1,10 +1,20 @@
 import { drizzle } from "drizzle-orm/d1";
 import * as schema from "./schema";
 
-export type Db = ReturnType<typeof openDb>;
+const connect = (d1: D1Database) => drizzle(d1, { schema });
 
-export function openDb(d1: D1Database) {
-  return drizzle(d1, { schema });
+export type Db = ReturnType<typeof connect>;
+
+/** One drizzle instance per binding: building one reads the whole schema (tens of µs), and it holds no per-request state. */
+const instances = new WeakMap<D1Database, Db>();
+
+export function openDb(d1: D1Database): Db {
+  let db = instances.get(d1);
+  if (!db) {
+    db = connect(d1);
+    instances.set(d1, db);
+  }
+  return db;
 }
 
 /**

@@ -2,6 +2,7 @@ import { eq } from "drizzle-orm";
 import { openDb } from "../db/client";
 import { apps } from "../db/schema";
 import type { Env } from "../env";
+import { BlobCache } from "./blob-cache";
 import { type HeaderRule, headersFor } from "./headers";
 import { cacheControl, type Decision, decide, type ManifestEntry, matchesEtag } from "./resolve";
 import { logRequest } from "./request-log";
@@ -28,6 +29,15 @@ const MAX_MANIFESTS = 64;
 
 const appCache = new Map<string, { app: SiteApp | null; at: number }>();
 const manifestCache = new Map<string, Manifest>();
+
+/**
+ * Hot files from memory: blobs up to 256 KiB, 16 MiB in all per isolate (a
+ * Workers isolate has 128 MB), least recently used evicted. Content-addressed,
+ * so never stale.
+ */
+const hotBlobs = new BlobCache({ maxBytes: 16 * 1024 * 1024, maxEntryBytes: 256 * 1024 });
+/** Blobs above the memory cache's limit, up to this size, go through the Cache API (the colo's cache) in front of R2. */
+const MAX_EDGE_CACHED_BYTES = 8 * 1024 * 1024;
 
 /** `<name>.<APPS_DOMAIN>` → name; null for any other host (the API). */
 export function siteName(host: string | undefined, appsDomain: string): string | null {
@@ -63,6 +73,48 @@ async function manifestOf(env: Env, deploymentId: string): Promise<Manifest | nu
   return manifest;
 }
 
+async function sha256Hex(bytes: Uint8Array): Promise<string> {
+  const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", bytes));
+  return Array.from(digest, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+/**
+ * A small blob's bytes: from memory, else read from R2 and kept once its
+ * SHA-256 checks out. Null when R2 lacks it.
+ */
+async function smallBlob(env: Env, blobs: string, sha256: string): Promise<Uint8Array | null> {
+  const cached = hotBlobs.get(sha256);
+  if (cached) return cached;
+  const object = await env.BUCKET.get(blobKey(blobs, sha256));
+  if (!object) return null;
+  const bytes = new Uint8Array(await object.arrayBuffer());
+  if ((await sha256Hex(bytes)) === sha256) hotBlobs.set(sha256, bytes);
+  return bytes;
+}
+
+/**
+ * A mid-size blob's body through the Cache API: the colo's copy when it has
+ * one, else R2's, stored in the cache after the response (waitUntil).
+ * Keyed by hash under the site's own origin, so never stale. Null when R2 lacks it.
+ */
+async function edgeCachedBlob(
+  request: Request,
+  env: Env,
+  blobs: string,
+  entry: ManifestEntry,
+  waitUntil: (promise: Promise<unknown>) => void,
+): Promise<ReadableStream | null> {
+  const key = new Request(new URL(`/.svc-blobs/${entry.sha256}`, request.url));
+  const hit = await caches.default.match(key);
+  if (hit?.body) return hit.body;
+  const object = await env.BUCKET.get(blobKey(blobs, entry.sha256));
+  if (!object) return null;
+  const [body, copy] = object.body.tee();
+  const headers = { "Content-Length": String(entry.size), "Cache-Control": "public, max-age=31536000, immutable" };
+  waitUntil(caches.default.put(key, new Response(copy, { headers })).catch((err: unknown) => console.error("blob cache put failed", err)));
+  return body;
+}
+
 function page(status: number, title: string, extra: Record<string, string> = {}): Response {
   const body = `<!doctype html><meta charset="utf-8"><title>${title}</title><h1>${title}</h1>\n`;
   return new Response(body, { status, headers: { "Content-Type": "text/html; charset=utf-8", "Cache-Control": "no-cache", ...extra } });
@@ -74,6 +126,7 @@ async function respond(
   blobs: string,
   decision: Exclude<Decision, { kind: "not-found" }>,
   extra: Record<string, string>,
+  waitUntil: (promise: Promise<unknown>) => void,
 ): Promise<Response> {
   const { entry } = decision;
   const etag = `"${entry.sha256}"`;
@@ -91,6 +144,16 @@ async function respond(
     return new Response(null, { status: decision.status, headers: { ...headers, "Content-Length": String(entry.size) } });
   }
   const ranged = decision.status === 200 && request.headers.has("Range");
+  const whole = { status: decision.status, headers: { ...headers, "Content-Length": String(entry.size) } };
+  // Ranges keep going to R2, which answers them; whole bodies come from memory or the edge cache when they can.
+  if (!ranged && hotBlobs.admits(entry.size)) {
+    const bytes = await smallBlob(env, blobs, entry.sha256);
+    return bytes ? new Response(bytes, whole) : page(500, "Site file missing");
+  }
+  if (!ranged && entry.size <= MAX_EDGE_CACHED_BYTES) {
+    const body = await edgeCachedBlob(request, env, blobs, entry, waitUntil);
+    return body ? new Response(body, whole) : page(500, "Site file missing");
+  }
   const object = await env.BUCKET.get(blobKey(blobs, entry.sha256), ranged ? { range: request.headers } : undefined);
   if (!object) return page(500, "Site file missing");
   if (ranged && object.range && "offset" in object.range) {
@@ -101,7 +164,7 @@ async function respond(
       headers: { ...headers, "Content-Length": String(length), "Content-Range": `bytes ${offset}-${offset + length - 1}/${entry.size}` },
     });
   }
-  return new Response(object.body, { status: decision.status, headers: { ...headers, "Content-Length": String(entry.size) } });
+  return new Response(object.body, whole);
 }
 
 /**
@@ -131,7 +194,7 @@ export async function serveSite(
       response =
         decision.kind === "not-found"
           ? page(404, "Not found", extra)
-          : await respond(request, env, manifest.blobs ?? LEGACY_BLOB_PREFIX, decision, extra);
+          : await respond(request, env, manifest.blobs ?? LEGACY_BLOB_PREFIX, decision, extra, waitUntil);
     }
   }
   if (app) {

@@ -22,12 +22,14 @@ import type { DiskStore } from "../disks.js";
 import type { JobContext, JobOutcome } from "../job-manager.js";
 import type { RestoreSpec } from "../protocol.js";
 import { type JobUser, formatBytes } from "../sandbox.js";
-import { ArchiveRejected, type ExtractSummary, extractTar } from "../tar/extract.js";
-import { TarFormatError } from "../tar/format.js";
+import { ArchiveRejected, type ExtractSummary, TarFormatError, extractTar } from "../tar/extract.js";
 import { failed, messageOf, succeeded } from "./outcome.js";
 
 /** Progress lines: one per tenth of the download, but no closer than this. */
 const PROGRESS_MIN_BYTES = 16 * 1024 * 1024;
+
+/** gunzip output per threadpool round trip: larger chunks mean fewer of them (a member's data is a slice of one). */
+const GUNZIP_CHUNK_BYTES = 256 * 1024;
 
 /** The archive could not be fetched (as opposed to being refused). */
 class DownloadFailed extends Error {}
@@ -114,7 +116,7 @@ async function downloadAndExtract(input: RestoreJobInput, staging: string, quota
     await pipeline(
       Readable.fromWeb(response.body as NodeWebReadableStream<Uint8Array>),
       meter,
-      createGunzip({ chunkSize: 64 * 1024 }),
+      createGunzip({ chunkSize: GUNZIP_CHUNK_BYTES }),
       async (source: AsyncIterable<Buffer>) => {
         try {
           summary = await extractTar({

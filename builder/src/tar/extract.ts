@@ -1,9 +1,11 @@
 /**
  * Extracts an untrusted tar stream into a fresh, empty directory, refusing the
  * whole archive at the first member that could reach outside it or exceed a
- * limit. Nothing is written outside `root`:
+ * limit. The tar format is parsed by tar-stream (ustar, pax, GNU long names,
+ * base-256 numbers); this file is the policy. Nothing is written outside
+ * `root`:
  *
- * - member paths must be relative and free of `..`;
+ * - member paths must be relative and free of `..` (and of NUL bytes);
  * - no member may pass through a symlink the archive created (every symlink is
  *   remembered), and files are created O_EXCL, so nothing is written through a
  *   link, not even a dangling one;
@@ -12,24 +14,34 @@
  *   since a later link can change where an earlier one leads) and must stay
  *   inside; absolute targets never do;
  * - hardlinks must name an earlier regular file of the archive;
- * - devices and fifos are refused;
+ * - devices, fifos and types tar-stream does not know are refused;
  * - members, uncompressed bytes and restored bytes are counted against their
- *   limits before anything is written.
+ *   limits before anything is written;
+ * - the stream must end with the end-of-archive marker, so an archive cut at a
+ *   member boundary (a gzip of several members can be) is not taken as whole.
+ *
+ * Speed: small files (the many) are gathered in memory and written with
+ * synchronous calls, which cost a fraction of the threadpool round trips;
+ * large ones stream through asynchronous writes.
  *
  * Memory: chunks stream through; what grows with the archive is one record per
  * directory (mode and mtime, applied at the end, deepest first, so read-only
  * directories can still be filled) and one per symlink, both bounded by the
  * member limit.
  */
-import { chmod, chown, lchown, link, lstat, lutimes, mkdir, open, symlink, utimes } from "node:fs/promises";
+import { closeSync, constants, fchmodSync, fchownSync, futimesSync, openSync, writeSync } from "node:fs";
+import { chmod, chown, lchown, link, lstat, lutimes, mkdir, open, readFile, symlink, utimes } from "node:fs/promises";
 import { join } from "node:path";
+import { type Header, extract as tarExtract } from "tar-stream";
 import type { JobUser } from "../sandbox.js";
 import { formatBytes } from "../sandbox.js";
-import { TarFormatError } from "./format.js";
-import { type TarEntry, TarReader } from "./reader.js";
+import { whenWritable } from "./pack.js";
 
 /** A member (or the archive as a whole) that restore refuses; the message names it. */
 export class ArchiveRejected extends Error {}
+
+/** A stream that is not a well-formed tar archive (corrupt, truncated, or not tar at all). */
+export class TarFormatError extends Error {}
 
 /** Limits and ownership of one extraction. */
 export interface ExtractOptions {
@@ -56,6 +68,17 @@ export interface ExtractSummary {
 
 /** Following links, more hops than this is a loop (the kernel's MAXSYMLINKS): it fails, it cannot escape. */
 const MAX_LINK_HOPS = 40;
+const BLOCK = 512;
+/** Two zero blocks end an archive. */
+const END_MARKER_BYTES = 2 * BLOCK;
+/**
+ * Files up to this size are gathered and written with synchronous calls: from
+ * memory to the page cache that is a few µs, where each of the four threadpool
+ * round trips (open, write, utimes, close) costs several times more, and the
+ * event loop waits at most as long as one small write. Larger files stream
+ * through asynchronous writes.
+ */
+const SYNC_WRITE_BYTES = 256 * 1024;
 
 interface DirMeta {
   mode: number;
@@ -63,9 +86,28 @@ interface DirMeta {
   mtime: number | null;
 }
 
-/** `a/b/c` → ["a", "b", "c"]; "" (or "./") is the root. Absolute paths and `..` are refused. */
+/** Member types that are never restored, as messages name them. */
+const REFUSED_TYPES = { "character-device": "char device", "block-device": "block device", fifo: "fifo" } as const;
+
+/** tar-stream's own words for what is wrong with a stream, as restore reports them. */
+const FORMAT_MESSAGES: [RegExp, string][] = [
+  [/^Invalid tar header\. Maybe/, "header checksum mismatch"],
+  [/^Invalid tar header: unknown format/, "a header is neither ustar, pax nor GNU tar"],
+  [/^Unexpected end of data/, "tar stream ends in the middle of a member (truncated archive)"],
+  [/^Header exceeds max size/, "an extended header is larger than 4 MiB"],
+  [/^Invalid header/, "a header declares an invalid size"],
+];
+
+function formatError(error: unknown): TarFormatError {
+  const message = error instanceof Error ? error.message : String(error);
+  const known = FORMAT_MESSAGES.find(([pattern]) => pattern.test(message));
+  return new TarFormatError(known ? known[1] : message);
+}
+
+/** `a/b/c` → ["a", "b", "c"]; "" (or "./") is the root. Absolute paths, `..` and NUL bytes are refused. */
 function memberPath(raw: string, what: string): string[] {
   if (raw.startsWith("/")) throw new ArchiveRejected(`${what} ${JSON.stringify(raw)} is an absolute path`);
+  if (raw.includes("\0")) throw new ArchiveRejected(`${what} ${JSON.stringify(raw)} contains a NUL byte`);
   const parts = raw.split("/").filter((part) => part !== "" && part !== ".");
   if (parts.includes("..")) throw new ArchiveRejected(`${what} ${JSON.stringify(raw)} contains a ".." component`);
   return parts;
@@ -99,6 +141,78 @@ function resolveLink(from: string[], target: string, links: Map<string, string>,
 }
 
 const code = (error: unknown) => (error as NodeJS.ErrnoException).code;
+const padded = (bytes: number) => Math.ceil(bytes / BLOCK) * BLOCK;
+
+/** The process's umask, from /proc (asking process.umask() would briefly set it to 0 for every thread). */
+async function processUmask(): Promise<number> {
+  const status = await readFile("/proc/self/status", "latin1");
+  const match = /^Umask:\s*([0-7]+)$/m.exec(status);
+  return match ? Number.parseInt(match[1]!, 8) : 0o777;
+}
+
+/** A pax record of the member's extended header, if it has one. */
+function paxValue(header: Header, key: string): string | undefined {
+  const pax: unknown = header.pax;
+  if (typeof pax !== "object" || pax === null) return undefined;
+  const value: unknown = (pax as Record<string, unknown>)[key];
+  return typeof value === "string" ? value : undefined;
+}
+
+/** Unix seconds: pax `mtime` (which may have a fraction) when present, else the header's. */
+function mtimeOf(header: Header): number {
+  const pax = Number(paxValue(header, "mtime"));
+  return Number.isFinite(pax) ? pax : header.mtime.getTime() / 1000;
+}
+
+/**
+ * The parser, fed from the source. The feeder runs at most one chunk ahead of
+ * the parser, so limits are judged where the parser is: the stream is cut at
+ * `maxExpandedBytes`, and the limit is reported only if the parser needs what
+ * lies beyond; a member whose declared size crosses it is refused by name first.
+ */
+class FedParser {
+  readonly parser = tarExtract();
+  /** A failure of the source (gunzip, the download) is reported as it is, not as a format error. */
+  sourceError: unknown = null;
+  /** Set once the stream went past `maxExpandedBytes` (and was cut there). */
+  limitError: ArchiveRejected | null = null;
+  expandedBytes = 0;
+  /** The stream's last bytes, to check the end-of-archive marker. */
+  tail: Buffer = Buffer.alloc(0);
+
+  constructor(source: AsyncIterable<Buffer>, maxExpandedBytes: number) {
+    // Never rejects: a failure of the source is kept and destroys the parser, which the reader of members sees.
+    void this.#feed(source, maxExpandedBytes);
+  }
+
+  async #feed(source: AsyncIterable<Buffer>, maxExpandedBytes: number): Promise<void> {
+    const { parser } = this;
+    try {
+      for await (const whole of source) {
+        // The extraction stopped (it refused a member): leave the rest unread.
+        if (parser.destroying) return;
+        let chunk = whole;
+        if (this.expandedBytes + chunk.length > maxExpandedBytes) {
+          this.limitError = new ArchiveRejected(`archive expands to more than ${formatBytes(maxExpandedBytes)} (maxExpandedBytes)`);
+          chunk = chunk.subarray(0, maxExpandedBytes - this.expandedBytes);
+        }
+        this.expandedBytes += chunk.length;
+        this.tail = chunk.length >= END_MARKER_BYTES ? chunk.subarray(-END_MARKER_BYTES) : Buffer.concat([this.tail, chunk]).subarray(-END_MARKER_BYTES);
+        if (!parser.write(chunk)) await whenWritable(parser);
+        if (this.limitError) break;
+      }
+      parser.end(undefined);
+    } catch (error) {
+      this.sourceError = error;
+      parser.destroy(error instanceof Error ? error : new Error(String(error)));
+    }
+  }
+
+  /** What a failed read of the stream means: the source's own failure, the cut at the limit, or a malformed archive. */
+  failure(error: unknown): unknown {
+    return this.sourceError ?? this.limitError ?? formatError(error);
+  }
+}
 
 /**
  * Extracts the archive into `root` and answers what it restored; throws
@@ -107,22 +221,16 @@ const code = (error: unknown) => (error as NodeJS.ErrnoException).code;
  */
 export async function extractTar(options: ExtractOptions): Promise<ExtractSummary> {
   const { root, owner } = options;
-  let expandedBytes = 0;
-  async function* counted(): AsyncGenerator<Buffer> {
-    for await (const chunk of options.source) {
-      expandedBytes += chunk.length;
-      if (expandedBytes > options.maxExpandedBytes) {
-        throw new ArchiveRejected(`archive expands to more than ${formatBytes(options.maxExpandedBytes)} (maxExpandedBytes)`);
-      }
-      yield chunk;
-    }
-  }
-  const reader = new TarReader(counted());
+  const umask = await processUmask();
+  const fed = new FedParser(options.source, options.maxExpandedBytes);
+  const members = fed.parser[Symbol.asyncIterator]();
   const dirs = new Map<string, DirMeta>();
   const links = new Map<string, string>();
   let rootMtime: number | null = null;
   let entries = 0;
   let restoredBytes = 0;
+  /** Where the last member's data (padded) ends in the stream. */
+  let lastEnd = 0;
 
   const where = (parts: string[]) => join(root, ...parts);
   const addRestored = (bytes: number, name: string) => {
@@ -151,77 +259,169 @@ export async function extractTar(options: ExtractOptions): Promise<ExtractSummar
     }
   };
   const duplicate = (name: string) => new ArchiveRejected(`member ${JSON.stringify(name)} appears twice in the archive`);
-
-  for (let entry = await reader.next(); entry !== null; entry = await reader.next()) {
-    const name = entry.path;
-    if (++entries > options.maxEntries) {
-      throw new ArchiveRejected(`archive has more than ${options.maxEntries} entries (maxEntries; reached at ${JSON.stringify(name)})`);
-    }
-    const parts = memberPath(name, "member");
-    if (entry.dataOffset + entry.size > options.maxExpandedBytes) {
-      throw new ArchiveRejected(
-        `member ${JSON.stringify(name)} (${formatBytes(entry.size)}) takes the archive past ${formatBytes(options.maxExpandedBytes)} expanded (maxExpandedBytes)`,
-      );
-    }
-    if (parts.length === 0 && entry.type !== "directory") throw new ArchiveRejected(`member ${JSON.stringify(name)} names the root but is not a directory`);
-    switch (entry.type) {
-      case "directory":
-        if (parts.length === 0) {
-          rootMtime = entry.mtime; // its mode stays the builder's: a disk's data directory is 0700
-          break;
-        }
-        await prepareParents(parts, name);
-        await extractDirectory(entry, parts, where(parts), dirs, links, duplicate);
-        break;
-      case "file":
-        await prepareParents(parts, name);
-        addRestored(entry.size, name);
-        await extractFile(entry, where(parts), reader, owner, duplicate);
-        break;
-      case "symlink": {
-        await prepareParents(parts, name);
-        if (entry.linkpath === "") throw new ArchiveRejected(`symlink ${JSON.stringify(name)} has an empty target`);
-        if (resolveLink(parts.slice(0, -1), entry.linkpath, links) === "outside") {
-          throw new ArchiveRejected(`symlink ${JSON.stringify(name)} -> ${JSON.stringify(entry.linkpath)} points outside the disk`);
-        }
-        addRestored(Buffer.byteLength(entry.linkpath), name);
-        try {
-          await symlink(entry.linkpath, where(parts));
-        } catch (error) {
-          if (code(error) === "EEXIST") throw duplicate(name);
-          throw error;
-        }
-        links.set(parts.join("/"), entry.linkpath);
-        await lutimes(where(parts), entry.mtime, entry.mtime);
-        if (owner) await lchown(where(parts), owner.uid, owner.gid);
-        break;
-      }
-      case "hardlink": {
-        await prepareParents(parts, name);
-        const target = memberPath(entry.linkpath, `hardlink ${JSON.stringify(name)} target`);
-        const targetKey = target.join("/");
-        const throughLink = target.some((_, depth) => links.has(target.slice(0, depth + 1).join("/")));
-        const stats = throughLink || target.length === 0 ? null : await lstat(where(target)).catch(() => null);
-        if (!stats?.isFile()) {
-          throw new ArchiveRejected(`hardlink ${JSON.stringify(name)} -> ${JSON.stringify(targetKey)} does not name an earlier file of the archive`);
-        }
-        try {
-          await link(where(target), where(parts));
-        } catch (error) {
-          if (code(error) === "EEXIST") throw duplicate(name);
-          throw error;
-        }
-        break;
-      }
-      case "char-device":
-      case "block-device":
-      case "fifo":
-        throw new ArchiveRejected(`member ${JSON.stringify(name)} is a ${entry.type.replace("-", " ")}; only files, directories and links are restored`);
-      case "unsupported":
-        throw new ArchiveRejected(`member ${JSON.stringify(name)} has the unsupported tar type ${JSON.stringify(entry.typeflag)}`);
+  /** The member's content, chunk by chunk; a failure of the stream is the archive's. */
+  async function* body(entry: AsyncIterable<unknown>): AsyncGenerator<Buffer> {
+    try {
+      // tar-stream passes on slices of what it was fed: Buffers.
+      for await (const chunk of entry) yield chunk as Buffer;
+    } catch (error) {
+      throw fed.failure(error);
     }
   }
-  await reader.drain();
+  /**
+   * Creates a file with all its content, then its owner, mode and mtime. It is
+   * created with its mode (the staging directory is the builder's alone), so
+   * a chmod is needed only for bits the umask took away.
+   */
+  const writeFile = async (at: string, name: string, chunks: AsyncIterable<Buffer> | Buffer, mode: number, mtime: number) => {
+    let file: Awaited<ReturnType<typeof open>>;
+    try {
+      file = await open(at, "wx", mode);
+    } catch (error) {
+      if (code(error) === "EEXIST") throw duplicate(name);
+      throw error;
+    }
+    try {
+      for await (const chunk of Buffer.isBuffer(chunks) ? [chunks] : chunks) {
+        let offset = 0;
+        while (offset < chunk.length) offset += (await file.write(chunk, offset)).bytesWritten;
+      }
+      if (owner) await file.chown(owner.uid, owner.gid);
+      if ((mode & umask) !== 0) await file.chmod(mode);
+      await file.utimes(mtime, mtime);
+    } finally {
+      await file.close();
+    }
+  };
+
+  /** The same, for a small file already in memory, with synchronous calls (see SYNC_WRITE_BYTES). */
+  const writeSmallFile = (at: string, name: string, chunks: Buffer[], mode: number, mtime: number) => {
+    let fd: number;
+    try {
+      fd = openSync(at, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL, mode);
+    } catch (error) {
+      if (code(error) === "EEXIST") throw duplicate(name);
+      throw error;
+    }
+    try {
+      for (const chunk of chunks) {
+        let offset = 0;
+        while (offset < chunk.length) offset += writeSync(fd, chunk, offset);
+      }
+      if (owner) fchownSync(fd, owner.uid, owner.gid);
+      if ((mode & umask) !== 0) fchmodSync(fd, mode);
+      futimesSync(fd, mtime, mtime);
+    } finally {
+      closeSync(fd);
+    }
+  };
+
+  try {
+    for (;;) {
+      let next: Awaited<ReturnType<typeof members.next>>;
+      try {
+        next = await members.next();
+      } catch (error) {
+        throw fed.failure(error);
+      }
+      if (next.done) break;
+      const entry = next.value;
+      const { header } = entry;
+      const name = header.name;
+      if (++entries > options.maxEntries) {
+        throw new ArchiveRejected(`archive has more than ${options.maxEntries} entries (maxEntries; reached at ${JSON.stringify(name)})`);
+      }
+      const parts = memberPath(name, "member");
+      // tar-stream reads no content for directories, whatever their size field says.
+      const dataBytes = header.type === "directory" ? 0 : header.size;
+      const dataOffset = entry.offset + BLOCK;
+      if (dataOffset + dataBytes > options.maxExpandedBytes) {
+        throw new ArchiveRejected(
+          `member ${JSON.stringify(name)} (${formatBytes(dataBytes)}) takes the archive past ${formatBytes(options.maxExpandedBytes)} expanded (maxExpandedBytes)`,
+        );
+      }
+      lastEnd = dataOffset + padded(dataBytes);
+      const mode = header.mode & 0o777;
+      const mtime = mtimeOf(header);
+      const linkname = header.linkname ?? "";
+      if (parts.length === 0 && header.type !== "directory") throw new ArchiveRejected(`member ${JSON.stringify(name)} names the root but is not a directory`);
+      switch (header.type) {
+        case "directory":
+          if (parts.length === 0) {
+            rootMtime = mtime; // its mode stays the builder's: a disk's data directory is 0700
+            break;
+          }
+          await prepareParents(parts, name);
+          await extractDirectory(name, parts, where(parts), mode, mtime, dirs, links, duplicate);
+          break;
+        case "file":
+        case "contiguous-file": {
+          await prepareParents(parts, name);
+          addRestored(dataBytes, name);
+          if (dataBytes > SYNC_WRITE_BYTES) {
+            await writeFile(where(parts), name, body(entry), mode, mtime);
+            break;
+          }
+          const chunks: Buffer[] = [];
+          for await (const chunk of body(entry)) chunks.push(chunk);
+          writeSmallFile(where(parts), name, chunks, mode, mtime);
+          break;
+        }
+        case "symlink": {
+          await prepareParents(parts, name);
+          if (linkname === "") throw new ArchiveRejected(`symlink ${JSON.stringify(name)} has an empty target`);
+          if (linkname.includes("\0")) throw new ArchiveRejected(`symlink ${JSON.stringify(name)} has a target with a NUL byte`);
+          if (resolveLink(parts.slice(0, -1), linkname, links) === "outside") {
+            throw new ArchiveRejected(`symlink ${JSON.stringify(name)} -> ${JSON.stringify(linkname)} points outside the disk`);
+          }
+          addRestored(Buffer.byteLength(linkname), name);
+          try {
+            await symlink(linkname, where(parts));
+          } catch (error) {
+            if (code(error) === "EEXIST") throw duplicate(name);
+            throw error;
+          }
+          links.set(parts.join("/"), linkname);
+          await lutimes(where(parts), mtime, mtime);
+          if (owner) await lchown(where(parts), owner.uid, owner.gid);
+          break;
+        }
+        case "link": {
+          await prepareParents(parts, name);
+          const target = memberPath(linkname, `hardlink ${JSON.stringify(name)} target`);
+          const targetKey = target.join("/");
+          const throughLink = target.some((_, depth) => links.has(target.slice(0, depth + 1).join("/")));
+          const stats = throughLink || target.length === 0 ? null : await lstat(where(target)).catch(() => null);
+          if (!stats?.isFile()) {
+            throw new ArchiveRejected(`hardlink ${JSON.stringify(name)} -> ${JSON.stringify(targetKey)} does not name an earlier file of the archive`);
+          }
+          try {
+            await link(where(target), where(parts));
+          } catch (error) {
+            if (code(error) === "EEXIST") throw duplicate(name);
+            throw error;
+          }
+          break;
+        }
+        case "character-device":
+        case "block-device":
+        case "fifo":
+          throw new ArchiveRejected(`member ${JSON.stringify(name)} is a ${REFUSED_TYPES[header.type]}; only files, directories and links are restored`);
+        default:
+          throw new ArchiveRejected(`member ${JSON.stringify(name)} has a tar type that is not supported`);
+      }
+      // Content a link should not have is read past, so the parser moves on (it reads none for directories).
+      if (header.type !== "directory") for await (const _ of body(entry));
+    }
+    if (fed.limitError) throw fed.limitError;
+    if (fed.expandedBytes - lastEnd < END_MARKER_BYTES || fed.tail.some((byte) => byte !== 0)) {
+      throw new TarFormatError("tar stream ends without the end-of-archive marker (truncated archive)");
+    }
+  } catch (error) {
+    // Stops the parser; its feeder then leaves the source unread.
+    await members.return?.(undefined);
+    throw fed.sourceError ?? error;
+  }
 
   // A link may lead elsewhere once later links exist (`a -> b/..` and then `b -> x/y`): judge each against them all.
   for (const [path, target] of links) {
@@ -239,54 +439,29 @@ export async function extractTar(options: ExtractOptions): Promise<ExtractSummar
   }
   if (owner) await chown(root, owner.uid, owner.gid);
   if (rootMtime !== null) await utimes(root, rootMtime, rootMtime);
-  return { entries, expandedBytes, restoredBytes };
+  return { entries, expandedBytes: fed.expandedBytes, restoredBytes };
 }
 
 async function extractDirectory(
-  entry: TarEntry,
+  name: string,
   parts: string[],
   at: string,
+  mode: number,
+  mtime: number,
   dirs: Map<string, DirMeta>,
   links: Map<string, string>,
   duplicate: (name: string) => ArchiveRejected,
 ): Promise<void> {
   const key = parts.join("/");
-  if (links.has(key)) throw duplicate(entry.path);
+  if (links.has(key)) throw duplicate(name);
   if (!dirs.has(key)) {
     try {
       await mkdir(at, { mode: 0o700 });
     } catch (error) {
       // A file of that name exists; a directory would be in `dirs`.
-      if (code(error) === "EEXIST") throw duplicate(entry.path);
+      if (code(error) === "EEXIST") throw duplicate(name);
       throw error;
     }
   }
-  dirs.set(key, { mode: entry.mode & 0o777, mtime: entry.mtime });
-}
-
-async function extractFile(
-  entry: TarEntry,
-  at: string,
-  reader: TarReader,
-  owner: JobUser | null,
-  duplicate: (name: string) => ArchiveRejected,
-): Promise<void> {
-  let file: Awaited<ReturnType<typeof open>>;
-  try {
-    file = await open(at, "wx", 0o600);
-  } catch (error) {
-    if (code(error) === "EEXIST") throw duplicate(entry.path);
-    throw error;
-  }
-  try {
-    for await (const chunk of reader.body()) {
-      let offset = 0;
-      while (offset < chunk.length) offset += (await file.write(chunk, offset)).bytesWritten;
-    }
-    if (owner) await file.chown(owner.uid, owner.gid);
-    await file.chmod(entry.mode & 0o777);
-    await file.utimes(entry.mtime, entry.mtime);
-  } finally {
-    await file.close();
-  }
+  dirs.set(key, { mode, mtime });
 }
