@@ -21,6 +21,8 @@ export type LaunchOptions = {
 export type BuilderProcess = {
   url: string;
   pid: number;
+  /** Resolves when the process has exited, for whatever reason. */
+  exited: Promise<void>;
   /** What the builder printed so far (stdout and stderr, last MiB). */
   output(): string;
   /** SIGTERM (the builder lets jobs finish within its grace period, then ends them), SIGKILL if it is still there a while after. */
@@ -78,6 +80,7 @@ export async function launchBuilder(options: LaunchOptions): Promise<BuilderProc
   return {
     url,
     pid: child.pid ?? 0,
+    exited,
     output: () => output,
     async stop() {
       if (child.exitCode === null && child.signalCode === null) {
@@ -89,6 +92,64 @@ export async function launchBuilder(options: LaunchOptions): Promise<BuilderProc
         clearTimeout(killer);
       }
       sink?.end();
+    },
+  };
+}
+
+/** A builder that is started again when it dies, the way an orchestrator restarts a container. */
+export type SupervisedBuilder = {
+  url: string;
+  /** The running builder's pid (a new one after each restart). */
+  pid(): number;
+  /** How many times it was started again. */
+  restarts(): number;
+  /** Stops supervising, then stops the builder. */
+  stop(): Promise<void>;
+};
+
+const RESTART_DELAY_MS = 1_000;
+
+/**
+ * Starts the builder and keeps it running: when it exits without being asked
+ * to, it is started again within about a second, on the same port and data
+ * directory, so its disks and job records carry over and the Worker (which
+ * knows it by URL) carries on. What `npm start` runs, like a production
+ * orchestrator would.
+ */
+export async function superviseBuilder(options: LaunchOptions): Promise<SupervisedBuilder> {
+  let current = await launchBuilder(options);
+  const port = Number(new URL(current.url).port);
+  let stopping = false;
+  let restarts = 0;
+  const say = (line: string) => {
+    if (options.log === "inherit") console.error(line);
+    else if (typeof options.log === "object") createWriteStream(options.log.file, { flags: "a" }).end(`${line}\n`);
+  };
+  const keepAlive = (running: BuilderProcess): void => {
+    void running.exited.then(async () => {
+      while (!stopping) {
+        say(`builder (pid ${running.pid}) exited; starting it again on port ${port}`);
+        await new Promise((resolve) => setTimeout(resolve, RESTART_DELAY_MS));
+        if (stopping) return;
+        try {
+          current = await launchBuilder({ ...options, port });
+          restarts++;
+          keepAlive(current);
+          return;
+        } catch (error) {
+          say(`builder did not start again: ${error instanceof Error ? error.message.split("\n")[0] : String(error)}`);
+        }
+      }
+    });
+  };
+  keepAlive(current);
+  return {
+    url: current.url,
+    pid: () => current.pid,
+    restarts: () => restarts,
+    async stop() {
+      stopping = true;
+      await current.stop();
     },
   };
 }

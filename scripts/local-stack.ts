@@ -5,7 +5,7 @@ import { chmod, mkdir, readFile, writeFile } from "node:fs/promises";
 import { createServer } from "node:net";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
-import { launchBuilder } from "./builder-process";
+import { superviseBuilder } from "./builder-process";
 
 /**
  * Starts the whole system locally: D1 migrations, the builder, `wrangler dev`,
@@ -35,11 +35,17 @@ export type LocalStackOptions = {
   secretsFile: string;
   /** Child process output: inherited (npm start) or kept in `<stateDir>/*.log` (tests). */
   output: "inherit" | "files";
+  /** Where the builder reaches the Worker (callbacks, part and blob URLs); the API's own URL by default. */
+  publicUrl?: string;
 };
 
 export type LocalStack = {
   apiUrl: string;
   builderUrl: string;
+  /** The builder running now (its pid changes when the supervisor starts it again). */
+  builderPid(): number;
+  /** Stops `wrangler dev` and starts it again (same port, same state). */
+  restartApi(): Promise<void>;
   adminKey: string;
   secrets: LocalSecrets;
   stop(): Promise<void>;
@@ -164,7 +170,8 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
 
   await run(join(BIN, "wrangler"), ["d1", "migrations", "apply", "DB", "--local", "--persist-to", opts.persistDir], env);
 
-  const builder = await launchBuilder({
+  // Supervised, as an orchestrator would: if the builder dies it is started again within seconds.
+  const builder = await superviseBuilder({
     secret: secrets.BUILDER_SECRET,
     dataDir: join(opts.stateDir, "builder"),
     log: opts.output === "files" ? { file: join(opts.stateDir, "builder.log") } : "inherit",
@@ -173,8 +180,8 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
   // Chosen after the builder has bound its own port 0, so the two can never collide.
   const port = opts.port || (await freePort());
   const apiUrl = `http://127.0.0.1:${port}`;
-  const vars = { ...secrets, PUBLIC_URL: apiUrl, BUILDER_URL: builderUrl, S3_ENDPOINT: `${apiUrl}/storage`, APPS_DOMAIN: `localhost:${port}`, APPS_URL_SCHEME: "http" };
-  const wrangler = startProcess(
+  const vars = { ...secrets, PUBLIC_URL: opts.publicUrl ?? apiUrl, BUILDER_URL: builderUrl, S3_ENDPOINT: `${apiUrl}/storage`, APPS_DOMAIN: `localhost:${port}`, APPS_URL_SCHEME: "http" };
+  const startWrangler = () => startProcess(
     join(BIN, "wrangler"),
     [
       "dev",
@@ -192,13 +199,20 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
     env,
     opts.output === "files" ? join(opts.stateDir, "wrangler.log") : "inherit",
   );
+  let wrangler = startWrangler();
   const stop = async () => {
     await Promise.all([stopProcess(wrangler), builder.stop()]);
+  };
+  /** Stops `wrangler dev` and starts it again on the same port and state, as a Worker deploy or an outage would. */
+  const restartApi = async () => {
+    await stopProcess(wrangler);
+    wrangler = startWrangler();
+    await waitFor(`${apiUrl}/healthz`, wrangler, "wrangler dev", 90_000);
   };
   try {
     await waitFor(`${apiUrl}/healthz`, wrangler, "wrangler dev", 90_000);
     const adminKey = await adminKeyFor(apiUrl, secrets, opts.stateDir);
-    return { apiUrl, builderUrl, adminKey, secrets, stop };
+    return { apiUrl, builderUrl, builderPid: builder.pid, restartApi, adminKey, secrets, stop };
   } catch (err) {
     await stop();
     throw err;
