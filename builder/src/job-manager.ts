@@ -104,6 +104,8 @@ interface JobEntry {
   /** Resolves once the final status is recorded on disk. */
   finished: Promise<void>;
   markFinished: () => void;
+  /** The last status.json write; writes follow one another so an older one never lands after a newer one. */
+  persisted: Promise<void>;
 }
 
 /** What the manager needs from the server. */
@@ -270,6 +272,7 @@ export class JobManager {
       changes: new Changes(),
       finished,
       markFinished,
+      persisted: Promise.resolve(),
     };
     this.#jobs.set(id, entry);
     if (work.key !== undefined) this.#byKey.set(work.key, entry);
@@ -441,15 +444,23 @@ export class JobManager {
     if (exclusive) this.#exclusiveDisks.delete(id);
   }
 
-  /** Writes status.json atomically, so a crash leaves the old or the new record, never half. */
-  async #persist(entry: JobEntry): Promise<void> {
-    try {
-      const temporary = join(entry.dir, "status.json.tmp");
-      await writeFile(temporary, JSON.stringify(this.#snapshot(entry)), { mode: 0o600 });
-      await rename(temporary, join(entry.dir, "status.json"));
-    } catch (error) {
-      console.error(`builder: could not record job ${entry.status.id}: ${String(error)}`);
-    }
+  /**
+   * Writes status.json atomically, so a crash leaves the old or the new record,
+   * never half. Writes of one job are queued behind each other (they share the
+   * temporary file), and each records the status as it is when its turn comes.
+   */
+  #persist(entry: JobEntry): Promise<void> {
+    const write = async () => {
+      try {
+        const temporary = join(entry.dir, "status.json.tmp");
+        await writeFile(temporary, JSON.stringify(this.#snapshot(entry)), { mode: 0o600 });
+        await rename(temporary, join(entry.dir, "status.json"));
+      } catch (error) {
+        console.error(`builder: could not record job ${entry.status.id}: ${String(error)}`);
+      }
+    };
+    entry.persisted = entry.persisted.then(write);
+    return entry.persisted;
   }
 
   async #recover(): Promise<void> {
@@ -481,6 +492,7 @@ export class JobManager {
         changes: new Changes(),
         finished: Promise.resolve(),
         markFinished: () => {},
+        persisted: Promise.resolve(),
       };
       this.#jobs.set(name, entry);
       if (status.key !== null) this.#byKey.set(status.key, entry);
