@@ -35,8 +35,11 @@ export interface JobLimits {
 
 /** One job's cgroup(s): membership, peak memory, OOM kills. */
 export interface JobCgroup {
-  /** Moves a process (and so everything it will start) into the job's cgroups. */
-  add(pid: number): Promise<void>;
+  /**
+   * The `cgroup.procs` files a process writes its own pid to, before it starts
+   * the job, to enter the job's cgroups with everything it will start.
+   */
+  readonly procsFiles: string[];
   /** Peak bytes so far and whether the kernel's OOM killer struck. */
   sample(): Promise<{ peakBytes: number; oomKilled: boolean }>;
   /** Kills whatever is left and removes the cgroup(s). */
@@ -204,8 +207,8 @@ class V2JobCgroup implements JobCgroup {
     this.#dir = dir;
   }
 
-  async add(pid: number): Promise<void> {
-    writeFileSync(join(this.#dir, "cgroup.procs"), String(pid));
+  get procsFiles(): string[] {
+    return [join(this.#dir, "cgroup.procs")];
   }
 
   async sample(): Promise<{ peakBytes: number; oomKilled: boolean }> {
@@ -301,8 +304,8 @@ class V1JobCgroup implements JobCgroup {
     this.#memory = dirs.get("memory")!;
   }
 
-  async add(pid: number): Promise<void> {
-    for (const dir of this.#dirs.values()) writeFileSync(join(dir, "cgroup.procs"), String(pid));
+  get procsFiles(): string[] {
+    return [...this.#dirs.values()].map((dir) => join(dir, "cgroup.procs"));
   }
 
   async sample(): Promise<{ peakBytes: number; oomKilled: boolean }> {

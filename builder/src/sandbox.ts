@@ -362,8 +362,12 @@ const PRELUDE = [
   'exec /bin/sh -c "$1"',
 ].join("\n");
 
-/** Waits (fd 3) until the builder has put this process into the job's cgroups, then becomes the sandbox. */
-const CGROUP_GATE = 'read -r svc_gate <&3 || exit 125; exec 3<&-; exec "$@"';
+/**
+ * Enters the job's cgroups (`$1` files to write its pid to follow), then
+ * becomes the sandbox: everything the job starts is counted from its first
+ * instruction, at the cost of no process but this shell (builtins only).
+ */
+const CGROUP_GATE = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ >"$1" || exit 125; shift; n=$((n - 1)); done; exec "$@"';
 
 /**
  * The bubblewrap options of one job, passed through a pipe (NUL-separated) so
@@ -533,19 +537,17 @@ export async function runInSandbox(options: SandboxOptions): Promise<SandboxOutc
   const env = jobEnvironment(options);
   const bwrap = [host.bwrap, "--args", "4", ...commandArguments(options)];
   const root = process.getuid?.() === 0;
-  // Root joins the run's network namespace and drops to the tenant's user in one step (nsenter);
-  // otherwise the process starts as the tenant (or as the builder's own user, when that is all there is).
-  const sandbox = slot
-    ? ["/usr/bin/nsenter", `--net=${slot.path}`, "-S", String(options.user.uid), "-G", String(options.user.gid), "--", ...bwrap]
-    : bwrap;
-  const argv = cgroup ? ["/bin/sh", "-c", CGROUP_GATE, "svc-gate", ...sandbox] : sandbox;
+  // Root enters the job's cgroups (the gate), joins the run's network namespace and drops to the
+  // tenant's user (nsenter) in one process; otherwise it starts as the builder's own user.
+  const user = ["-S", String(options.user.uid), "-G", String(options.user.gid)];
+  const sandbox = root ? ["/usr/bin/nsenter", ...(slot ? [`--net=${slot.path}`] : []), ...user, "--", ...bwrap] : bwrap;
+  const argv = cgroup ? ["/bin/sh", "-c", CGROUP_GATE, "svc-gate", String(cgroup.procsFiles.length), ...cgroup.procsFiles, ...sandbox] : sandbox;
   let child: ChildProcess;
   try {
     child = spawn(argv[0]!, argv.slice(1), {
       cwd: "/",
       env: { PATH: "/usr/bin:/bin" },
-      stdio: ["ignore", "pipe", "pipe", cgroup ? "pipe" : "ignore", "pipe", "pipe"],
-      ...(root && !slot ? { uid: options.user.uid, gid: options.user.gid } : {}),
+      stdio: ["ignore", "pipe", "pipe", "ignore", "pipe", "pipe"],
     });
   } catch (error) {
     slot?.release();
@@ -573,18 +575,6 @@ export async function runInSandbox(options: SandboxOptions): Promise<SandboxOutc
   const outputClosed = Promise.all([stdout, stderr].map((stream) => (stream ? streamClosed(stream) : Promise.resolve())));
   if (stdout) log.capture("out", stdout);
   if (stderr) log.capture("err", stderr);
-
-  if (cgroup) {
-    const gate = pipes[3] as Writable;
-    gate.on("error", () => undefined);
-    try {
-      await cgroup.add(rootPid);
-      gate.end("go\n");
-    } catch (error) {
-      gate.destroy(); // the gate exits without running anything
-      log.note(`could not enter the job's cgroup: ${String(error)}`);
-    }
-  }
 
   let cause: KillCause | null = null;
   let peakMemory = 0;
