@@ -7,9 +7,10 @@
  * loopback and link-local ranges (cloud metadata, the host's LAN), except DNS to
  * the host's resolvers. Loopback inside the namespace is the job's own.
  *
- * Namespaces are created once and reused (a job's processes are all dead when
- * its namespace returns to the pool, and a job has no privilege over the
- * namespace's addresses or routes), so a run costs no `ip` call. Each builder
+ * Namespaces are created ahead of need (as many as jobs may run at once) and
+ * reused (a job's processes are all dead when its namespace returns to the
+ * pool, and a job has no privilege over the namespace's addresses or routes),
+ * so a run costs no `ip` call. Each builder
  * claims its own /24 (10.213.N.0/24, a bridge `svcbrN`, an nftables table
  * `svc_N`), recorded in /run/svc-builder so several builders can share a host.
  *
@@ -83,6 +84,7 @@ export class RunNetwork {
   readonly #free: string[] = [];
   #created = 0;
   #closed = false;
+  #filling: Promise<void> = Promise.resolve();
 
   private constructor(index: number) {
     this.#index = index;
@@ -119,22 +121,21 @@ export class RunNetwork {
     return `svcbr${this.#index}`;
   }
 
+  /**
+   * Creates namespaces ahead of need, up to `count` in all, so the first burst
+   * of runs (a minute's crons) finds them ready instead of each paying for two
+   * `ip` processes. Runs in the background; `close` waits for it.
+   */
+  fill(count: number): void {
+    const target = Math.min(count, MAX_SLOTS);
+    this.#filling = (async () => {
+      while (!this.#closed && this.#created < target) this.#free.push(await this.#create());
+    })().catch((error: unknown) => console.error(`builder: could not prepare run network namespaces: ${String(error)}`));
+  }
+
   /** A namespace for one run: a free one, or a new one while the /24 has room. */
   async acquire(): Promise<NetworkSlot> {
-    let name = this.#free.pop();
-    if (name === undefined) {
-      if (this.#created >= MAX_SLOTS) throw new Error(`all ${MAX_SLOTS} run network namespaces are in use`);
-      const slot = ++this.#created;
-      name = `svc${this.#index}-${slot}`;
-      const host = `svc${this.#index}v${slot}`;
-      const net = `10.213.${this.#index}`;
-      await ip([`netns add ${name}`, `link add ${host} type veth peer name eth0 netns ${name}`, `link set ${host} master ${this.#bridge} up`].join("\n"));
-      await ip(
-        [`addr add ${net}.${slot + 1}/24 dev eth0`, "link set lo up", "link set eth0 up", `route add default via ${net}.1`].join("\n"),
-        name,
-      );
-    }
-    const taken = name;
+    const taken = this.#free.pop() ?? (await this.#create());
     let released = false;
     return {
       path: join(NETNS_DIR, taken),
@@ -146,9 +147,21 @@ export class RunNetwork {
     };
   }
 
+  async #create(): Promise<string> {
+    if (this.#created >= MAX_SLOTS) throw new Error(`all ${MAX_SLOTS} run network namespaces are in use`);
+    const slot = ++this.#created;
+    const name = `svc${this.#index}-${slot}`;
+    const host = `svc${this.#index}v${slot}`;
+    const net = `10.213.${this.#index}`;
+    await ip([`netns add ${name}`, `link add ${host} type veth peer name eth0 netns ${name}`, `link set ${host} master ${this.#bridge} up`].join("\n"));
+    await ip([`addr add ${net}.${slot + 1}/24 dev eth0`, "link set lo up", "link set eth0 up", `route add default via ${net}.1`].join("\n"), name);
+    return name;
+  }
+
   /** Removes the namespaces, bridge, rules and the claim. */
   async close(): Promise<void> {
     this.#closed = true;
+    await this.#filling;
     await this.#removeLeftovers();
     await rm(join(STATE_DIR, `net-${this.#index}.pid`), { force: true });
   }

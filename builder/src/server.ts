@@ -38,6 +38,7 @@ const host = await SandboxHost.open({
   npmRegistry: config.npmRegistry,
   probeUser: config.tenantUidBase === null ? null : { uid: config.tenantUidBase, gid: config.tenantUidBase },
 });
+host.network?.fill(config.maxConcurrentJobs);
 const disks = await DiskStore.open(join(config.dataDir, "disks"), tenants, host.images);
 const jobs = await JobManager.open({
   dataDir: config.dataDir,
