@@ -1,82 +1,162 @@
-import { fmt, percentile, benchStack } from "./load";
+import { readFileSync } from "node:fs";
+import { readFile } from "node:fs/promises";
+import { loadavg } from "node:os";
+import { join } from "node:path";
+import { benchStack, fmt, percentile } from "./load";
 
 /**
  * Scheduling lag: from a run's scheduled second to its command starting on the
- * builder (the timestamp of the command's first output line). Baseline: one job
- * alone in a minute. Then JOBS jobs all due in the same minute, in one local
- * system (wrangler dev + builder). Prints p50/p99/max and the ratio to baseline.
+ * builder (the builder's timestamp of the command's first output line), in one
+ * local system (wrangler dev + builder, every command in its sandbox). Baseline:
+ * one job alone in its minute. Then 200 and 1,000 jobs all due in the same
+ * minute (`M H * * *`, so each fires exactly once). For each: p50/p99/max, the
+ * ratio to the baseline, runs counted per job (exactly one each: none missed,
+ * none duplicated), and the D1 statements each scheduled run cost, counted by
+ * the job's object and logged with the run (`"event":"cron.run"` in the
+ * Worker's log), not estimated. CPU per run is what the whole machine spent
+ * (all cores, /proc/stat) while the minute's runs went, divided by the runs,
+ * and the builder's share (its process and its sandboxes): with two cores, N
+ * runs cannot all start sooner than N × that / 2.
+ *
+ *     npx tsx bench/cron-lag.ts [counts…]      (default 200 1000)
  */
-const JOBS = Number(process.env.JOBS ?? 200);
+const COUNTS = process.argv.slice(2).map(Number).filter((n) => n > 0);
+const counts = COUNTS.length > 0 ? COUNTS : [200, 1000];
+/** Sandboxes at once on the builder: enough that 1,000 trivial commands are not queued behind eight. */
+const BUILDER_CONCURRENCY = 64;
+const CREATE_CONCURRENCY = 8;
 
 type Run = { jobName: string; status: string; error: string | null };
 
-const stack = await benchStack();
-const headers = { Authorization: `Bearer ${stack.adminKey}`, "Content-Type": "application/json" };
+const stack = await benchStack({ builderEnv: { BUILDER_MAX_CONCURRENT_JOBS: String(BUILDER_CONCURRENCY) }, workerLogs: true });
+/** Requests are rate-limited per key (100 per 10 s): the bench spreads them over keys of its own. */
+const keys: string[] = [];
+for (let i = 0; i < 16; i++) {
+  const res = await fetch(`${stack.apiUrl}/v1/api-keys`, {
+    method: "POST",
+    headers: { Authorization: `Bearer ${stack.adminKey}`, "Content-Type": "application/json" },
+    body: JSON.stringify({ name: `bench-${i}`, scopes: ["deploy"] }),
+  });
+  keys.push(((await res.json()) as { key: string }).key);
+}
+let turn = 0;
 const api = async <T>(method: string, path: string, body?: unknown): Promise<T> => {
-  const res = await fetch(`${stack.apiUrl}${path}`, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
-  if (!res.ok) throw new Error(`${method} ${path}: ${res.status} ${await res.text()}`);
-  return ((await res.json()) as { data: T }).data;
+  for (;;) {
+    const headers = { Authorization: `Bearer ${keys[turn++ % keys.length]}`, "Content-Type": "application/json" };
+    const res = await fetch(`${stack.apiUrl}${path}`, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+    if (res.status === 429) {
+      await new Promise((r) => setTimeout(r, Number(res.headers.get("Retry-After") ?? 1) * 1000));
+      continue;
+    }
+    if (!res.ok) throw new Error(`${method} ${path}: ${res.status} ${await res.text()}`);
+    return ((await res.json()) as { data: T }).data;
+  }
 };
 
-/** Waits until the start of a minute leaves `needSeconds` before the next boundary. */
-async function untilFreshMinute(needSeconds: number): Promise<number> {
-  for (;;) {
-    const now = Date.now();
-    const next = Math.ceil(now / 60_000) * 60_000;
-    if (next - now >= needSeconds * 1000) return next;
-    await new Promise((r) => setTimeout(r, next - now + 50));
-  }
+async function inParallel<T>(items: T[], limit: number, work: (item: T) => Promise<void>): Promise<void> {
+  let next = 0;
+  await Promise.all(Array.from({ length: limit }, async () => {
+    while (next < items.length) await work(items[next++]!);
+  }));
 }
 
-async function measure(cronIds: string[], due: number): Promise<number[]> {
+/** CPU milliseconds the whole machine has spent (all cores), from /proc/stat. */
+function machineCpuMs(): number {
+  const fields = readFileSync("/proc/stat", "latin1").split("\n")[0]!.trim().split(/\s+/).slice(1).map(Number);
+  const [user = 0, nice = 0, system = 0, , , irq = 0, softirq = 0] = fields;
+  return (user + nice + system + irq + softirq) * 10;
+}
+
+/** CPU milliseconds of one process and its waited-for children (the builder and its sandboxes). */
+function processCpuMs(pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, "latin1");
+  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ").map(Number);
+  return (fields[11]! + fields[12]! + fields[13]! + fields[14]!) * 10;
+}
+
+type Result = {
+  lags: number[];
+  runsPerJob: Map<number, number>;
+  d1PerRun: number;
+  loggedRuns: number;
+  notStarted: Map<string, number>;
+  /** CPU per run while the minute's runs went: the whole machine, and the builder with its sandboxes. */
+  cpuPerRun: { machine: number; builder: number };
+};
+
+/** Creates `count` jobs due together at a minute boundary far enough ahead, and measures that minute's runs. */
+async function scenario(app: string, count: number, label: string): Promise<Result> {
+  // Creating a job costs a few D1 round trips and an object: leave room for that before the minute.
+  const lead = 10_000 + count * 60;
+  const due = Math.ceil((Date.now() + lead) / 60_000) * 60_000;
+  const at = new Date(due);
+  const schedule = `${at.getUTCMinutes()} ${at.getUTCHours()} * * *`;
+  const ids: string[] = [];
+  await inParallel(
+    Array.from({ length: count }, (_, i) => i),
+    CREATE_CONCURRENCY,
+    async (i) => {
+      const cron = await api<{ id: string }>("POST", "/v1/crons", { appId: app, name: `${label}-${i}`, schedule, command: "echo started" });
+      ids.push(cron.id);
+    },
+  );
+  if (Date.now() >= due) throw new Error(`creating ${count} jobs took past their minute`);
+  await new Promise((r) => setTimeout(r, due - Date.now()));
+  const builderPid = stack.builderPid();
+  const before = { machine: machineCpuMs(), builder: processCpuMs(builderPid) };
+  // Every run starts and ends in this window (the runs below say when each started); the polling comes after it.
+  await new Promise((r) => setTimeout(r, 5_000 + count * 10));
+  const cpuPerRun = {
+    machine: (machineCpuMs() - before.machine) / count,
+    builder: stack.builderPid() === builderPid ? (processCpuMs(builderPid) - before.builder) / count : Number.NaN,
+  };
+
   const lags: number[] = [];
-  const failures = new Map<string, number>();
-  const pending = new Set(cronIds);
-  const deadline = due + 120_000;
+  const runsPerJob = new Map<number, number>();
+  const notStarted = new Map<string, number>();
+  const pending = new Set(ids);
+  const deadline = Date.now() + 180_000;
   while (pending.size > 0 && Date.now() < deadline) {
-    await new Promise((r) => setTimeout(r, 1000));
-    for (const id of [...pending]) {
-      const run = (await api<Run[]>("GET", `/v1/crons/${id}/runs`)).find((r) => r.jobName.endsWith(`-${due / 1000}`));
-      if (!run || run.status === "running") continue;
+    await inParallel([...pending], CREATE_CONCURRENCY, async (id) => {
+      const runs = await api<Run[]>("GET", `/v1/crons/${id}/runs`);
+      const run = runs.find((r) => r.jobName.endsWith(`-${due / 1000}`));
+      if (!run || run.status === "running") return;
+      runsPerJob.set(runs.length, (runsPerJob.get(runs.length) ?? 0) + 1);
       const { logs } = await api<{ logs: string }>("GET", `/v1/crons/${id}/runs/${run.jobName}/logs`);
       const first = logs.split("\n").find((l) => / out started$/.test(l));
       if (first) lags.push(Date.parse(first.slice(0, 24)) - due);
-      else failures.set(run.error ?? run.status, (failures.get(run.error ?? run.status) ?? 0) + 1);
+      else notStarted.set(run.error ?? run.status, (notStarted.get(run.error ?? run.status) ?? 0) + 1);
       pending.delete(id);
-    }
-  }
-  for (const id of cronIds) await api("PATCH", `/v1/crons/${id}`, { enabled: false });
-  if (pending.size > 0) console.log(`  warning: ${pending.size} runs did not finish within 2 minutes`);
-  for (const [reason, count] of failures) console.log(`  warning: ${count} runs never started their command: ${reason}`);
-  return lags.sort((a, b) => a - b);
-}
-
-async function scenario(app: string, count: number, label: string): Promise<number[]> {
-  const due = await untilFreshMinute(Math.min(50, 10 + count * 0.1));
-  const ids: string[] = [];
-  for (let i = 0; i < count; i++) {
-    const cron = await api<{ id: string }>("POST", "/v1/crons", {
-      appId: app,
-      name: `${label}-${i}`,
-      schedule: "* * * * *",
-      command: "echo started",
     });
-    ids.push(cron.id);
+    if (pending.size > 0) await new Promise((r) => setTimeout(r, 1000));
   }
-  if (Date.now() >= due) throw new Error("creating the jobs took past their due minute; lower JOBS");
-  return measure(ids, due);
+  if (pending.size > 0) notStarted.set("no finished run within 3 minutes", pending.size);
+  // What each of these runs cost D1, as the objects counted it.
+  const log = await readFile(join(stack.stateDir, "wrangler.log"), "utf8");
+  const costs = [...log.matchAll(/\{"event":"cron\.run"[^\n]*\}/g)]
+    .map((m) => JSON.parse(m[0]) as { jobName: string; d1Queries: number })
+    .filter((e) => e.jobName.startsWith(`${label}-`) && e.jobName.endsWith(`-${due / 1000}`));
+  const d1PerRun = costs.reduce((sum, e) => sum + e.d1Queries, 0) / Math.max(1, costs.length);
+  return { lags: lags.sort((a, b) => a - b), runsPerJob, d1PerRun, loggedRuns: costs.length, notStarted, cpuPerRun };
 }
 
 try {
   const app = (await api<{ id: string }>("POST", "/v1/apps", { name: "cron-lag", runtime: "node" })).id;
-  const single = await scenario(app, 1, "solo");
-  const many = await scenario(app, JOBS, "many");
-  const line = (label: string, l: number[]) =>
-    `  ${label.padEnd(18)} n=${String(l.length).padStart(3)}  p50 ${fmt(percentile(l, 50), 0).padStart(5)} ms  p99 ${fmt(percentile(l, 99), 0).padStart(5)} ms  max ${fmt(l.at(-1) ?? Number.NaN, 0).padStart(5)} ms`;
-  console.log("bench/cron-lag: scheduled second -> command start on the builder (wrangler dev + builder, loopback)");
-  console.log(line("1 job (baseline)", single));
-  console.log(line(`${JOBS} jobs same minute`, many));
-  console.log(`  ratio ${JOBS} jobs / baseline: p50 ${fmt(percentile(many, 50) / percentile(single, 50), 2)}x, max ${fmt((many.at(-1) ?? 0) / (single.at(-1) ?? 1), 2)}x`);
+  console.log(`bench/cron-lag: scheduled second -> command start on the builder (wrangler dev + builder with ${BUILDER_CONCURRENCY} sandboxes at once, loopback)`);
+  const baseline = await scenario(app, 1, "solo");
+  const line = (label: string, r: Result) =>
+    `  ${label.padEnd(22)} n=${String(r.lags.length).padStart(4)}  p50 ${fmt(percentile(r.lags, 50), 0).padStart(5)} ms  p99 ${fmt(percentile(r.lags, 99), 0).padStart(5)} ms  max ${fmt(r.lags.at(-1) ?? Number.NaN, 0).padStart(5)} ms  ` +
+    `runs per job ${[...r.runsPerJob].map(([runs, jobs]) => `${runs}:${jobs}`).join(",")}  D1 statements per run ${fmt(r.d1PerRun, 2)} (${r.loggedRuns} runs logged)  ` +
+    `CPU per run ${fmt(r.cpuPerRun.machine)} ms (builder and sandbox ${fmt(r.cpuPerRun.builder)} ms)  load ${fmt(loadavg()[0]!, 2)}`;
+  console.log(line("1 job (baseline)", baseline));
+  for (const count of counts) {
+    const result = await scenario(app, count, `m${count}`);
+    console.log(line(`${count} jobs same minute`, result));
+    console.log(
+      `    ratio to baseline: p50 ${fmt(percentile(result.lags, 50) / percentile(baseline.lags, 50), 2)}x, max ${fmt((result.lags.at(-1) ?? 0) / (baseline.lags.at(-1) ?? 1), 2)}x`,
+    );
+    for (const [reason, jobs] of result.notStarted) console.log(`    ! ${jobs} jobs: ${reason}`);
+  }
 } finally {
   await stack.stop();
 }

@@ -1,7 +1,7 @@
 import { mkdtemp } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { type LocalStack, startLocalStack } from "../scripts/local-stack";
+import { type LocalStack, type LocalStackOptions, startLocalStack } from "../scripts/local-stack";
 
 export type LoadResult = { requests: number; errors: number; rps: number; p50: number; p99: number };
 
@@ -50,8 +50,10 @@ export async function load(
   };
 }
 
-/** A throwaway local system (own state, free ports) for one benchmark run; `persistDir` holds its D1/R2/DO state. */
-export async function benchStack(): Promise<LocalStack & { persistDir: string }> {
+/** A throwaway local system (own state, free ports) for one benchmark run; `persistDir` holds its D1/R2/DO state, `stateDir` its logs. */
+export async function benchStack(
+  extra: Pick<LocalStackOptions, "builderEnv" | "workerLogs"> = {},
+): Promise<LocalStack & { persistDir: string; stateDir: string }> {
   const dir = await mkdtemp(join(tmpdir(), "svc-bench-"));
   const persistDir = join(dir, "state");
   const stack = await startLocalStack({
@@ -60,8 +62,9 @@ export async function benchStack(): Promise<LocalStack & { persistDir: string }>
     stateDir: join(dir, "svc"),
     secretsFile: join(dir, "dev.vars"),
     output: "files",
+    ...extra,
   });
-  return { ...stack, persistDir };
+  return { ...stack, persistDir, stateDir: join(dir, "svc") };
 }
 
 export const fmt = (n: number, digits = 1) => n.toFixed(digits);

@@ -37,6 +37,10 @@ export type LocalStackOptions = {
   output: "inherit" | "files";
   /** Where the builder reaches the Worker (callbacks, part and blob URLs); the API's own URL by default. */
   publicUrl?: string;
+  /** Extra builder settings (e.g. BUILDER_MAX_CONCURRENT_JOBS for a benchmark). */
+  builderEnv?: Record<string, string>;
+  /** Keep the Worker's own console lines (e.g. `"event":"cron.run"`) in wrangler's output; only warnings by default. */
+  workerLogs?: boolean;
 };
 
 export type LocalStack = {
@@ -174,6 +178,7 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
   const builder = await superviseBuilder({
     secret: secrets.BUILDER_SECRET,
     dataDir: join(opts.stateDir, "builder"),
+    ...(opts.builderEnv ? { env: opts.builderEnv } : {}),
     log: opts.output === "files" ? { file: join(opts.stateDir, "builder.log") } : "inherit",
   });
   const builderUrl = builder.url;
@@ -193,7 +198,7 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
       opts.persistDir,
       "--show-interactive-dev-session=false",
       "--log-level",
-      "warn",
+      opts.workerLogs ? "log" : "warn",
       ...Object.entries(vars).flatMap(([k, v]) => ["--var", `${k}:${v}`]),
     ],
     env,
