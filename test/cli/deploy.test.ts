@@ -6,7 +6,7 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { dnsLabel } from "../../cli/src/commands/init.js";
-import { isIgnored, parseIgnoreFile } from "../../cli/src/ignore.js";
+import { isIgnored, parseIgnoreFile } from "../../builder/src/static/ignore.js";
 import { listSource, packSource, SourceTooLarge } from "../../cli/src/pack.js";
 import { freePort, ROOT } from "../../scripts/local-stack.js";
 import { svc, tempHome } from "./svc.js";
