@@ -269,7 +269,9 @@ describe("svc init", () => {
     const unknown = await svc(["init", "--dir", dir], home.env);
     expect(unknown.code).toBe(1);
     expect(unknown.stderr).toContain("Error: no static site found in");
-    expect(unknown.stderr).toContain("Hint: put the site in static/index.html, or say where the build writes it: svc init --output-dir <folder>");
+    expect(unknown.stderr).toContain(
+      "Hint: put the site in static/index.html (or index.html at the root, without package.json), or say where the build writes it: svc init --output-dir <folder>",
+    );
 
     const r = await svc(["init", "--dir", dir, "--build-command", "node build.js", "--output-dir", "build", "--spa", "false"], home.env);
     expect(r.code).toBe(0);

@@ -214,7 +214,7 @@ The command gets the app's env vars and its disk.`,
     const body = { appId: args.app, name: opts.name, schedule: opts.schedule, command: opts.command, ...tuning(opts, fail) };
     const client = await api();
     const job = await client.data<CronJob>("POST", "/v1/crons", body, {
-      what: `create cron job ${opts.name}`,
+      what: `create cron job ${opts.name} in app ${args.app}`,
       flags: CRON_FLAGS,
       hints: {
         APP_NOT_FOUND: `no app "${args.app}" in this account: \`svc apps list\` shows the names and ids`,
