@@ -1,5 +1,5 @@
 import { spawn } from "node:child_process";
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { type LocalStack, ROOT, startLocalStack } from "../../scripts/local-stack.js";
@@ -81,4 +81,15 @@ export async function createKey(stack: LocalStack, name: string, scopes: string[
   });
   if (res.status !== 201) throw new Error(`creating key ${name}: ${res.status} ${await res.text()}`);
   return (await res.json()) as { id: string; key: string };
+}
+
+/** Every process's command line on this machine, arguments joined by spaces (what `ps` shows any user). */
+export async function processCommandLines(): Promise<string[]> {
+  const lines: string[] = [];
+  for (const entry of await readdir("/proc")) {
+    if (!/^\d+$/.test(entry)) continue;
+    const raw = await readFile(`/proc/${entry}/cmdline`, "utf8").catch(() => "");
+    if (raw !== "") lines.push(raw.split("\0").join(" "));
+  }
+  return lines;
 }

@@ -34,7 +34,7 @@ export type SiteResponse = { status: number; headers: Record<string, string | st
  * to 127.0.0.1 with `Host: <app>.localhost:<port>` (fetch cannot set Host, so node:http).
  */
 export function siteRequest(
-  stack: LocalStack,
+  stack: Pick<LocalStack, "apiUrl">,
   app: string,
   path: string,
   options: { method?: string; headers?: Record<string, string> } = {},
