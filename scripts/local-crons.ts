@@ -1,5 +1,5 @@
 import { readFile } from "node:fs/promises";
-import { nextRuns } from "../worker/lib/cron";
+import { nextRuns } from "../worker/lib/cron.js";
 
 /**
  * The Worker's cron triggers, locally. `wrangler dev` does not run

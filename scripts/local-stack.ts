@@ -6,7 +6,7 @@ import { createServer } from "node:net";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { launchBuilder } from "./builder-process";
-import { cronsOf, scheduleTriggers } from "./local-crons";
+import { cronsOf, scheduleTriggers } from "./local-crons.js";
 
 /**
  * Starts the whole system locally: D1 migrations, the builder, `wrangler dev`,

@@ -51,8 +51,8 @@ export function svc(args: readonly string[], env: Record<string, string>, input 
  */
 export const STACK_START_TIMEOUT_MS = 240_000;
 
-/** One local stack (wrangler dev + builder) in a temporary directory, removed again by `stop()`. */
-export async function startStack(): Promise<LocalStack> {
+/** One local stack (wrangler dev + builder) in a temporary directory, removed again by `stop()`; its logs are in `stateDir`. */
+export async function startStack(): Promise<LocalStack & { stateDir: string }> {
   const dir = await mkdtemp(join(tmpdir(), "svc-cli-stack-"));
   const stack = await startLocalStack({
     port: 0,
@@ -65,6 +65,7 @@ export async function startStack(): Promise<LocalStack> {
   });
   return {
     ...stack,
+    stateDir: join(dir, "state"),
     stop: async () => {
       await stack.stop();
       await rm(dir, { recursive: true, force: true });

@@ -1,4 +1,4 @@
-import { cp, mkdtemp, rm } from "node:fs/promises";
+import { cp, mkdir, mkdtemp, rm } from "node:fs/promises";
 import { request } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -18,6 +18,15 @@ export class FixtureCopies {
     this.dirs.push(dir);
     const target = join(dir, name);
     await cp(join(FIXTURES, name), target, { recursive: true });
+    return target;
+  }
+
+  /** A new empty folder named `name` (its name is what `svc init` derives the app name from). */
+  async folder(name: string): Promise<string> {
+    const dir = await mkdtemp(join(tmpdir(), "svc-site-"));
+    this.dirs.push(dir);
+    const target = join(dir, name);
+    await mkdir(target);
     return target;
   }
 
