@@ -167,8 +167,9 @@ describe("the first hour against wrangler dev", () => {
     expect(stored.stdout).not.toContain("\x1b");
 
     const coloured = expectExit(await svc(["deploy", "--source", dir], { ...env, FORCE_COLOR: "1" }), 0, "deploy in colour");
-    expect(coloured.stdout).toMatch(/\x1b\[2m\S+Z\x1b\[0m \x1b\[2mout\x1b\[0m green and bold$/m);
-    expect(coloured.stdout).toMatch(/\x1b\[32mjob succeeded/);
+    const esc = "\x1b";
+    expect(coloured.stdout).toMatch(new RegExp(`^${esc}\\[2m\\S+Z${esc}\\[0m ${esc}\\[2mout${esc}\\[0m green and bold$`, "m"));
+    expect(coloured.stdout).toContain(`${esc}[32mjob succeeded`);
     const noColour = expectExit(await svc(["deploy", "--source", dir], { ...env, FORCE_COLOR: "1", NO_COLOR: "1" }), 0, "deploy with NO_COLOR");
     expect(noColour.stdout).not.toContain("\x1b");
   }, DEPLOY_MS);
