@@ -15,7 +15,7 @@
 import type { Command, FlagInfo, Group } from "./command.js";
 
 /** The completion model: each top-level word with its verbs, or its own flags. */
-export type CompletionEntry = { name: string; summary: string; verbs?: readonly Command[]; flags?: readonly FlagInfo[]; words?: readonly string[] };
+type CompletionEntry = { name: string; summary: string; verbs?: readonly Command[]; flags?: readonly FlagInfo[]; words?: readonly string[] };
 
 export const SHELLS = ["bash", "zsh", "fish"] as const;
 export type Shell = (typeof SHELLS)[number];
@@ -24,7 +24,7 @@ export type Shell = (typeof SHELLS)[number];
 const PATH_FLAGS = new Set(["source", "dir", "file", "output"]);
 
 /** The model of `entries` (groups and commands) plus the words `help` and `completion` take. */
-export function completionModel(entries: readonly (Group | Command)[]): CompletionEntry[] {
+function completionModel(entries: readonly (Group | Command)[]): CompletionEntry[] {
   return entries.map((entry) => {
     if ("commands" in entry) return { name: entry.name, summary: entry.summary, verbs: entry.commands };
     if (entry.name === "help") return { name: entry.name, summary: entry.summary, words: entries.map((e) => e.name).filter((n) => n !== "help") };

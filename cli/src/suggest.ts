@@ -6,7 +6,7 @@
  */
 
 /** Edit distance with transpositions (optimal string alignment), bounded: anything above `limit` is `limit + 1`. */
-export function editDistance(a: string, b: string, limit: number): number {
+function editDistance(a: string, b: string, limit: number): number {
   if (Math.abs(a.length - b.length) > limit) return limit + 1;
   const rows: number[][] = [];
   for (let i = 0; i <= a.length; i++) rows.push([i, ...new Array<number>(b.length).fill(0)]);
@@ -30,7 +30,7 @@ export function editDistance(a: string, b: string, limit: number): number {
  * most a third of the word (at least 1, at most 3), or the one candidate that
  * starts with it.
  */
-export function suggest(typed: string, candidates: Iterable<string>): string[] {
+function suggest(typed: string, candidates: Iterable<string>): string[] {
   const word = typed.toLowerCase();
   const limit = Math.max(1, Math.min(3, Math.floor(word.length / 3)));
   const scored: [string, number][] = [];

@@ -312,6 +312,12 @@ describe("svc command line", () => {
     expect(r.stderr).toContain("missing --api-key <key> (stdin is not a terminal");
   });
 
+  it("takes no URL or key besides --local, which reads both from the local stack", async () => {
+    const r = await svc(["login", "--local", "--api-key", "svc_x"], home.env);
+    expect(r.code).toBe(2);
+    expect(r.stderr).toContain("Error: --local takes the URL and the key from the local stack: leave out --api-url and --api-key");
+  });
+
   it("rejects a login URL that is not http(s)", async () => {
     const r = await svc(["login", "--api-url", "ftp://example.com", "--api-key", "svc_x"], home.env);
     expect(r.code).toBe(2);
