@@ -43,7 +43,9 @@ export function scheduleTriggers({ crons, fire }: TriggerOptions): { stop(): voi
     const due = crons.map((cron) => ({ cron, at: nextRuns(cron, "UTC", after, 1)[0]! }));
     const at = Math.min(...due.map((d) => d.at));
     timer = setTimeout(() => {
-      for (const { cron } of due.filter((d) => d.at === at)) void fire(cron);
+      for (const { cron } of due.filter((d) => d.at === at)) {
+        fire(cron).catch((error: unknown) => console.error(`local stack: cron trigger "${cron}": ${String(error)}`));
+      }
       arm(at);
     }, Math.max(0, at - Date.now()));
     timer.unref();
