@@ -1,11 +1,12 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { existsSync, openSync } from "node:fs";
-import { chmod, mkdir, readFile, writeFile } from "node:fs/promises";
+import { appendFile, chmod, mkdir, readFile, writeFile } from "node:fs/promises";
 import { createServer } from "node:net";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { superviseBuilder } from "./builder-process";
+import { cronsOf, scheduleTriggers } from "./local-crons.js";
 
 /**
  * Starts the whole system locally: D1 migrations, the builder, `wrangler dev`,
@@ -31,7 +32,11 @@ export type LocalStackOptions = {
   persistDir: string;
   /** Where the admin key, builder data and logs live. */
   stateDir: string;
-  /** File holding the local secrets (dotenv format); created with fresh values if absent. */
+  /**
+   * File holding the local secrets (dotenv format); created with fresh values if
+   * absent. wrangler dev reads it as it is (`.dev.vars` at the root by default,
+   * any other file through --env-file): secrets never go on a command line.
+   */
   secretsFile: string;
   /** Child process output: inherited (npm start) or kept in `<stateDir>/*.log` (tests). */
   output: "inherit" | "files";
@@ -52,6 +57,8 @@ export type LocalStack = {
   restartApi(): Promise<void>;
   adminKey: string;
   secrets: LocalSecrets;
+  /** The `wrangler dev` process running now, leader of its own process group (workerd runs in it). */
+  wranglerPid(): number;
   stop(): Promise<void>;
 };
 
@@ -185,7 +192,10 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
   // Chosen after the builder has bound its own port 0, so the two can never collide.
   const port = opts.port || (await freePort());
   const apiUrl = `http://127.0.0.1:${port}`;
-  const vars = { ...secrets, PUBLIC_URL: opts.publicUrl ?? apiUrl, BUILDER_URL: builderUrl, S3_ENDPOINT: `${apiUrl}/storage`, APPS_DOMAIN: `localhost:${port}`, APPS_URL_SCHEME: "http" };
+  // Addresses only: the secrets reach wrangler through their file, never the command line (visible in ps).
+  const vars = { PUBLIC_URL: opts.publicUrl ?? apiUrl, BUILDER_URL: builderUrl, S3_ENDPOINT: `${apiUrl}/storage`, APPS_DOMAIN: `localhost:${port}`, APPS_URL_SCHEME: "http" };
+  const secretsFile = resolve(opts.secretsFile);
+  const envFile = secretsFile === join(ROOT, ".dev.vars") ? [] : ["--env-file", secretsFile];
   const startWrangler = () => startProcess(
     join(BIN, "wrangler"),
     [
@@ -199,13 +209,18 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
       "--show-interactive-dev-session=false",
       "--log-level",
       opts.workerLogs ? "log" : "warn",
+      // Adds /__scheduled, through which the cron triggers below reach scheduled() (local-crons.ts).
+      "--test-scheduled",
+      ...envFile,
       ...Object.entries(vars).flatMap(([k, v]) => ["--var", `${k}:${v}`]),
     ],
     env,
     opts.output === "files" ? join(opts.stateDir, "wrangler.log") : "inherit",
   );
   let wrangler = startWrangler();
+  let triggers: { stop(): void } | undefined;
   const stop = async () => {
+    triggers?.stop();
     await Promise.all([stopProcess(wrangler), builder.stop()]);
   };
   /** Stops `wrangler dev` and starts it again on the same port and state, as a Worker deploy or an outage would. */
@@ -217,7 +232,21 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
   try {
     await waitFor(`${apiUrl}/healthz`, wrangler, "wrangler dev", 90_000);
     const adminKey = await adminKeyFor(apiUrl, secrets, opts.stateDir);
-    return { apiUrl, builderUrl, builderPid: builder.pid, restartApi, adminKey, secrets, stop };
+    // `svc login --local` reads where this stack answers (the key is in local-admin-key beside it).
+    await writeFile(join(opts.stateDir, "local-api-url"), `${apiUrl}\n`);
+    triggers = scheduleTriggers({
+      crons: await cronsOf(join(ROOT, "wrangler.toml")),
+      fire: async (cron) => {
+        const res = await fetch(`${apiUrl}/__scheduled?cron=${encodeURIComponent(cron)}`).catch((err: unknown) => err);
+        if (res instanceof Response) await res.body?.cancel();
+        if (res instanceof Response && res.ok) return;
+        const why = res instanceof Response ? `HTTP ${res.status}` : String(res);
+        const line = `local stack: the cron trigger "${cron}" could not be fired (${why})\n`;
+        if (opts.output === "inherit") process.stderr.write(line);
+        else await appendFile(join(opts.stateDir, "wrangler.log"), line);
+      },
+    });
+    return { apiUrl, builderUrl, builderPid: builder.pid, wranglerPid: () => wrangler.pid ?? 0, restartApi, adminKey, secrets, stop };
   } catch (err) {
     await stop();
     throw err;

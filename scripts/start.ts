@@ -31,8 +31,9 @@ Admin key  ${stack.adminKey}
 Builder    ${stack.builderUrl}
 
 The key is also in .svc/local-admin-key. Try:
+  npx svc login --local
   curl -H "Authorization: Bearer $(cat .svc/local-admin-key)" ${stack.apiUrl}/v1/api-keys
-  npx svc login --api-url ${stack.apiUrl} --api-key "$(cat .svc/local-admin-key)"
+Cron triggers (wrangler.toml: retention sweep, cron watchdog) are fired on schedule by npm start.
 Press Ctrl-C to stop.`);
 
 let stopping = false;

@@ -1,14 +1,17 @@
 /**
  * Decides whether a project is a static site and how to build it (spec, "Static
  * sites" rule 1): a recognised front-end framework (including one configured for
- * static export), or a `static/index.html` at the root. Pure functions over a
- * small file-reading interface, so the builder (over the extracted source) and
- * the CLI's `svc init` (over the user's folder) agree on every project.
+ * static export), a `static/index.html`, or a plain folder with `index.html` at
+ * its root. Pure functions over a small file-reading interface, so the builder
+ * (over the extracted source), `svc init` and `svc deploy`'s checks before the
+ * upload (over the user's folder) agree on every project.
  *
- * `svc.json` is not read here: `svc init` writes it from this detection, and in
- * a build its fields win over what is detected.
+ * `svc.json` is not parsed here (static/project-config.ts does that); its fields
+ * reach {@link planSite}, where they win over what is detected.
  */
-import { projectDir } from "./protocol.js";
+import { PROJECT_ROOT, projectDir, siteDir } from "./protocol.js";
+
+export { PROJECT_ROOT };
 
 /** Read access to a project's files, by path relative to its root. */
 export interface ProjectFiles {
@@ -77,8 +80,43 @@ export const COMMON_OUTPUT_DIRS = ["dist", "out", "build", "public", "_site", ".
 
 /** What was looked for, for the "not a static site" message. */
 const LOOKED_FOR =
-  "static/index.html, outputDir in svc.json, or a framework in package.json (Vite, Next.js with output: 'export', Astro, " +
+  "static/index.html, index.html at the root of a folder without package.json, outputDir in svc.json, " +
+  "or a framework in package.json (Vite, Next.js with output: 'export', Astro, " +
   "SvelteKit with @sveltejs/adapter-static, Gatsby, Nuxt, Create React App, Eleventy)";
+
+/**
+ * The plain-folder rule, the one case where the project root itself is the site:
+ * a hand-written site (index.html at the root, as Netlify and Render users keep
+ * it) with no package.json and nothing to build. A project with a package.json
+ * or a build command must publish a folder its build writes, so that its sources
+ * (package.json, src/, configuration) are never served by mistake.
+ */
+export async function rootOutputProblem(files: ProjectFiles, buildCommand: string | null): Promise<string | null> {
+  const why = [];
+  if (await files.exists("package.json")) why.push("has a package.json");
+  if (buildCommand !== null) why.push(`has a build command (${JSON.stringify(buildCommand)})`);
+  if (why.length === 0) return null;
+  return (
+    `outputDir "${PROJECT_ROOT}" (the project root) is served only for a plain folder: index.html at the root, no package.json, ` +
+    `nothing to build; this project ${why.join(" and ")}, so set outputDir to the folder its build writes (e.g. dist), ` +
+    "or move the site's files into a folder of their own (e.g. static/)"
+  );
+}
+
+/** Root-level names that configure a project and are never served from a plain folder, whatever .gitignore says. */
+const PLAIN_FOLDER_CONFIG = new Set(["svc.json", "Dockerfile", "Containerfile", "svc-nginx.conf"]);
+
+/**
+ * What serving a plain folder's root leaves out besides `.gitignore`d paths,
+ * `.git` and `node_modules`: `svc.json` and container files at the root, and
+ * every dotfile or dot-folder at any depth (`.gitignore`, `.env`, `.vscode/`,
+ * `.github/`…), except `.well-known/`, which sites publish on purpose.
+ */
+export function leftOutOfPlainFolder(path: string): boolean {
+  const segments = path.split("/");
+  if (segments.length === 1 && PLAIN_FOLDER_CONFIG.has(path)) return true;
+  return segments.some((segment) => segment.startsWith(".") && segment !== ".well-known");
+}
 
 /** Parses package.json; null when absent, an error message when it is not a JSON object. */
 export async function readPackageJson(files: ProjectFiles): Promise<PackageJson | null | { error: string }> {
@@ -207,6 +245,7 @@ export async function detectProject(files: ProjectFiles): Promise<DetectedProjec
     }
   }
   if (await files.exists("static/index.html")) return { framework: null, buildCommand: null, outputDir: "static" };
+  if (pkg === null && (await files.exists("index.html"))) return { framework: null, buildCommand: null, outputDir: PROJECT_ROOT };
   return null;
 }
 
@@ -227,4 +266,89 @@ export async function describeNotStatic(files: ProjectFiles): Promise<string> {
   if (Object.hasOwn(deps, "astro")) return serverOnly("this Astro site (output: 'server')", "remove output: 'server'");
   if (Object.hasOwn(deps, "@sveltejs/kit")) return serverOnly("this SvelteKit app", "use @sveltejs/adapter-static");
   return `not a static site: looked for ${LOOKED_FOR}`;
+}
+
+/** A site's settings from one source (svc.json, or the app's settings), each optional. */
+export interface SiteSettings {
+  buildCommand?: string;
+  outputDir?: string;
+  spa?: boolean;
+}
+
+/** How a project is built and what is published, decided before anything of the user's runs. */
+export interface SitePlan {
+  framework: string | null;
+  buildCommand: string | null;
+  /** Normalised: a folder inside the project, or {@link PROJECT_ROOT} for a plain folder. */
+  outputDir: string;
+  spa: boolean;
+  /** What to install from, or null when nothing is installed. */
+  install: { packageManager: PackageManager; lockfile: string } | null;
+  /** One line saying each choice and where it came from (app settings, svc.json, detected, default). */
+  summary: string;
+  /** Why nothing is installed although something is built; null otherwise. */
+  nothingToInstall: string | null;
+}
+
+/**
+ * Decides framework, build command, output folder and routing: `overrides`
+ * (the app's settings) win over `config` (svc.json), which wins over detection.
+ * Refuses what would fail later, before anything is uploaded or installed: no
+ * static site found, the root as output of a project that is not a plain folder
+ * ({@link rootOutputProblem}), dependencies without a lockfile (spec rule 7).
+ * The builder runs this over the extracted source and `svc deploy` over the
+ * folder it is about to upload, so both say the same.
+ */
+export async function planSite(
+  files: ProjectFiles,
+  config: SiteSettings | null,
+  overrides: SiteSettings = {},
+): Promise<{ ok: true; value: SitePlan } | { ok: false; error: string }> {
+  const pkg = await readPackageJson(files);
+  if (pkg !== null && "error" in pkg) return { ok: false, error: pkg.error };
+  const detected = await detectProject(files);
+  const chosenDir = overrides.outputDir ?? config?.outputDir ?? detected?.outputDir;
+  const outputDir = chosenDir === undefined ? null : siteDir(chosenDir);
+  if (outputDir === null) return { ok: false, error: await describeNotStatic(files) };
+
+  const lockfile = await findLockfile(files, pkg);
+  // Without a detected framework (svc.json named the folder), the project's build script is the natural command;
+  // a plain folder is served as it is unless a command is configured.
+  const defaultCommand = detected
+    ? detected.buildCommand
+    : pkg?.scripts?.build
+      ? `${lockfile?.packageManager ?? "npm"} run build`
+      : null;
+  const buildCommand = overrides.buildCommand ?? config?.buildCommand ?? defaultCommand;
+  if (outputDir === PROJECT_ROOT) {
+    const problem = await rootOutputProblem(files, buildCommand);
+    if (problem !== null) return { ok: false, error: problem };
+  }
+  const spa = overrides.spa ?? config?.spa ?? detected?.spa ?? false;
+  const from = (override: unknown, configured: unknown, found: unknown) =>
+    override !== undefined ? "app settings" : configured !== undefined ? "svc.json" : found !== undefined ? "detected" : "default";
+  const framework = detected?.framework ?? null;
+  const command = buildCommand === null ? "none" : JSON.stringify(buildCommand);
+  const output = outputDir === PROJECT_ROOT ? `${PROJECT_ROOT} (the project root)` : outputDir;
+  const summary =
+    `static site${framework ? ` (${FRAMEWORK_NAMES[framework] ?? framework})` : ""}: ` +
+    `output ${output} (${from(overrides.outputDir, config?.outputDir, detected?.outputDir)}), ` +
+    `build ${command} (${from(overrides.buildCommand, config?.buildCommand, defaultCommand ?? undefined)}), ` +
+    `spa ${spa} (${from(overrides.spa, config?.spa, detected?.spa)})`;
+
+  let install: SitePlan["install"] = null;
+  let nothingToInstall: string | null = null;
+  if (buildCommand !== null && pkg !== null && hasDependencies(pkg)) {
+    if (lockfile === null) {
+      const names = LOCKFILES.map((entry) => entry.file).join(", ");
+      return {
+        ok: false,
+        error: `package.json lists dependencies but no lockfile was found: commit one of ${names} (the build installs exactly what it pins)`,
+      };
+    }
+    install = { packageManager: lockfile.packageManager, lockfile: lockfile.file };
+  } else if (buildCommand !== null) {
+    nothingToInstall = pkg === null ? "no package.json: nothing to install" : "package.json lists no dependencies: nothing to install";
+  }
+  return { ok: true, value: { framework, buildCommand, outputDir, spa, install, summary, nothingToInstall } };
 }

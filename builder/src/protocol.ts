@@ -539,8 +539,23 @@ export function projectDir(path: string): string | null {
   return segments.join("/");
 }
 
-const isProjectDir = (path: string) => projectDir(path) !== null;
-const PROJECT_DIR_MESSAGE = "must be a folder inside the project: relative, without .. (e.g. dist)";
+/** How an output folder names the project root itself (a plain folder's site). */
+export const PROJECT_ROOT = ".";
+
+/**
+ * An output folder in its normal form: {@link projectDir}, or
+ * {@link PROJECT_ROOT} for `.` and `./`. Whether the root may be served depends
+ * on the project (detect.ts, `rootOutputProblem`: only a plain folder without
+ * package.json or build command), which a schema cannot see, so the build
+ * checks it once it has the files.
+ */
+export function siteDir(path: string): string | null {
+  return path === "." || path === "./" ? PROJECT_ROOT : projectDir(path);
+}
+
+const isSiteDir = (path: string) => siteDir(path) !== null;
+const PROJECT_DIR_MESSAGE =
+  'must be a folder inside the project: relative, without .. (e.g. dist), or "." for a plain folder served as it is';
 
 /** A URL path of the manifest: leading slash, no empty, `.` or `..` segment. */
 function isManifestPath(path: string): boolean {
@@ -569,7 +584,7 @@ export const BuildSpec = z.object({
   overrides: z
     .strictObject({
       buildCommand: z.string().min(1).max(100_000).refine(noNul, "must not contain NUL").optional(),
-      outputDir: z.string().max(1024).refine(isProjectDir, PROJECT_DIR_MESSAGE).optional(),
+      outputDir: z.string().max(1024).refine(isSiteDir, PROJECT_DIR_MESSAGE).optional(),
       spa: z.boolean().optional(),
     })
     .optional(),

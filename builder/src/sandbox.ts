@@ -146,6 +146,11 @@ export class JobLog {
     source.on("end", () => this.#flushPartial(stream));
   }
 
+  /** Resolves once every line accepted so far is in the file, so a step's output can be read back from it. */
+  async settled(): Promise<void> {
+    while (this.#draining) await this.#draining;
+  }
+
   /** Writes pending partial lines, waits for the queue to reach the file, closes it. */
   async close(): Promise<void> {
     this.#flushPartial("out");
@@ -173,6 +178,7 @@ export class JobLog {
       } else {
         break;
       }
+      line = withoutAnsi(line);
       if (!this.#admit(prefix.length + line.length + 1)) break;
       parts.push(prefix, line, NEWLINE);
     }
@@ -185,7 +191,7 @@ export class JobLog {
     const pending = this.#partial.get(stream);
     this.#partial.delete(stream);
     if (!pending || pending.length === 0 || this.#truncated) return;
-    const record = Buffer.concat([Buffer.from(`${new Date().toISOString()} ${stream} `), pending, NEWLINE]);
+    const record = Buffer.concat([Buffer.from(`${new Date().toISOString()} ${stream} `), withoutAnsi(pending), NEWLINE]);
     if (this.#admit(record.length)) this.#enqueue(record);
   }
 
@@ -225,6 +231,22 @@ export class JobLog {
   }
 }
 
+
+/**
+ * Terminal escape sequences (colours, cursor moves, titles, links): CSI
+ * `ESC [ … final`, OSC `ESC ] … BEL|ESC \\`, and the short escapes (`ESC ( B`, `ESC 7`). Build tools
+ * colour their output when they see `CI` (picocolors does), but a stored log is
+ * read in browsers, files and `--json`, where the codes are noise; `svc deploy`
+ * colours a log it streams to a terminal itself.
+ */
+// biome-ignore lint/suspicious/noControlCharactersInRegex: ESC and BEL are what these sequences are made of
+const ANSI_SEQUENCE = /\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[ -/]*[0-~])/g;
+
+/** A line of output without escape sequences; bytes, not text, so a line cut inside a UTF-8 character stays as it was. */
+function withoutAnsi(line: Buffer): Buffer {
+  if (!line.includes(0x1b)) return line;
+  return Buffer.from(line.toString("latin1").replace(ANSI_SEQUENCE, ""), "latin1");
+}
 
 // ---------------------------------------------------------------------------
 // The processes of one sandbox (from /proc)

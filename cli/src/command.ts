@@ -2,6 +2,7 @@ import { parseArgs } from "node:util";
 import type { ApiClient } from "./api.js";
 import type { ResolvedConfig } from "./config.js";
 import { Output, UsageError } from "./output.js";
+import { didYouMean } from "./suggest.js";
 
 /** A flag taking a value, shown in help as `--<name> <value>`. */
 export type StringOption = {
@@ -10,6 +11,11 @@ export type StringOption = {
   description: string;
   required?: boolean;
   short?: string;
+  /**
+   * Said when a value of several words arrives split (an unquoted schedule gives
+   * `--schedule 0` and then `unexpected argument "3"`): how to quote it.
+   */
+  quoteHint?: string;
 };
 
 /** An on/off flag. */
@@ -22,8 +28,17 @@ export type Values<O extends Options> = {
   [K in keyof O]: O[K] extends BooleanOption ? boolean : O[K] extends { required: true } ? string : string | undefined;
 };
 
-/** A required positional argument, e.g. `<id>`. */
-export type Arg<P extends string> = { name: P; description: string };
+/**
+ * A positional argument, e.g. `<id>`. With `flag`, it may also be given as
+ * `--<name> <value>` (and the short letter): the app is, everywhere. `pattern`
+ * keeps a positional that cannot be one (`KEY=VALUE` for an app) from being
+ * taken for it when the flag is absent.
+ */
+export type Arg<P extends string> = {
+  name: P;
+  description: string;
+  flag?: { short?: string; pattern?: RegExp };
+};
 
 /** What every command gets from the dispatcher, whatever its flags. */
 export type BaseContext = {
@@ -40,10 +55,10 @@ export type BaseContext = {
   api(): Promise<ApiClient>;
 };
 
-export type Context<O extends Options, P extends string> = BaseContext & {
+export type Context<O extends Options, P extends string, Q extends string> = BaseContext & {
   out: Output;
   opts: Values<O>;
-  args: Record<P, string>;
+  args: Record<P, string> & Partial<Record<Q, string>>;
   /** The variadic arguments (`KEY=VALUE…`), when the command declares `rest`. */
   rest: string[];
   /** A usage error (exit 2) for arguments that parse but make no sense, e.g. `--memory lots`. */
@@ -51,23 +66,32 @@ export type Context<O extends Options, P extends string> = BaseContext & {
 };
 
 /** How a command is declared in its noun's file. */
-export type CommandSpec<O extends Options, P extends string> = {
+export type CommandSpec<O extends Options, P extends string, Q extends string> = {
   name: string;
   summary: string;
   /** Longer explanation shown by `--help`, after the usage line. */
   description?: string;
   args?: readonly Arg<P>[];
-  /** One or more trailing arguments of the same kind. */
-  rest?: { name: string; description: string };
+  /** A last argument that may be left out (the command says what it then means). */
+  optionalArg?: Arg<Q>;
+  /** One or more trailing arguments of the same kind (none or more when `optional`). */
+  rest?: { name: string; description: string; optional?: boolean };
   options: O;
   examples?: readonly string[];
-  run(ctx: Context<O, P>): Promise<void>;
+  run(ctx: Context<O, P, Q>): Promise<void>;
 };
+
+/** A flag as completion and suggestions see it. */
+export type FlagInfo = { name: string; short?: string; takesValue: boolean; description: string };
 
 /** A command with its flag types erased, so nouns can list commands of different shapes. */
 export type Command = {
   name: string;
   summary: string;
+  /** Every flag the command accepts, its global ones included. */
+  flags: readonly FlagInfo[];
+  /** The help screen for the command reached as `path`. */
+  usage(path: string): string;
   /** Parses `argv` (the words after the verb), prints help or runs the command. */
   execute(argv: readonly string[], base: BaseContext): Promise<void>;
 };
@@ -81,6 +105,23 @@ export const GLOBAL_OPTIONS = {
   help: { type: "boolean", short: "h", description: "show this help" },
 } as const satisfies Options;
 
+/** `--yes`, for every command that asks before it acts. */
+export const YES_OPTION = { type: "boolean", short: "y", description: "do it without asking (needed when stdin is not a terminal)" } as const;
+
+/** What an app name or id looks like: a DNS label (the API's rule) or `app_…`. */
+const APP_REF = /^(?:app_[0-9A-Za-z]{24}|[a-z0-9](?:[a-z0-9-]{0,50}[a-z0-9])?)$/;
+
+/**
+ * The app a command acts on: documented as `--app <app>` (`-a`), the one form
+ * that works for every command; the first argument is accepted as well (the
+ * spec's `svc logs <app>`, `svc cron create <app>`).
+ */
+export const APP_ARG = {
+  name: "app",
+  description: "app name or id",
+  flag: { short: "a", pattern: APP_REF },
+} as const satisfies Arg<"app">;
+
 function flagLabel(name: string, option: StringOption | BooleanOption): string {
   const long = `--${name}${option.type === "string" ? ` <${option.value}>` : ""}`;
   return option.short ? `-${option.short}, ${long}` : long;
@@ -92,18 +133,38 @@ export function helpRows(rows: readonly (readonly [string, string])[]): string {
   return rows.map(([left, right]) => `  ${left.padEnd(width)}   ${right}`.trimEnd()).join("\n");
 }
 
+/** The option a flag-taking argument adds, documented in the options list. */
+function argOption(arg: Arg<string>, optional: boolean): StringOption {
+  const option: StringOption = {
+    type: "string",
+    value: arg.name,
+    description: `${arg.description}${optional ? "" : " (required)"}; also accepted as the first argument`,
+  };
+  if (arg.flag?.short) option.short = arg.flag.short;
+  return option;
+}
+
 /**
  * Declares a command. The flag and argument declarations drive parsing,
  * validation and the help text alike, so they cannot drift apart; the returned
  * value hides the flag types so that one noun can hold commands of any shape.
  */
-export function defineCommand<const O extends Options, const P extends string = never>(spec: CommandSpec<O, P>): Command {
-  const options: Options = { ...spec.options, ...GLOBAL_OPTIONS };
-  const args: readonly Arg<string>[] = spec.args ?? [];
+export function defineCommand<const O extends Options, const P extends string = never, const Q extends string = never>(
+  spec: CommandSpec<O, P, Q>,
+): Command {
+  const positional: readonly Arg<string>[] = [...(spec.args ?? []), ...(spec.optionalArg ? [spec.optionalArg] : [])];
+  const isOptional = (arg: Arg<string>) => arg === spec.optionalArg;
+  const argOptions: Options = Object.fromEntries(positional.filter((a) => a.flag).map((a) => [a.name, argOption(a, isOptional(a))]));
+  const declared: Options = { ...argOptions, ...spec.options };
+  const options: Options = { ...declared, ...GLOBAL_OPTIONS };
 
   const synopsis = (path: string) => {
-    const parts = [path, ...args.map((a) => `<${a.name}>`)];
-    if (spec.rest) parts.push(`${spec.rest.name}...`);
+    const parts = [path];
+    for (const arg of positional) {
+      if (arg.flag) parts.push(isOptional(arg) ? `[--${arg.name} <${arg.name}>]` : `--${arg.name} <${arg.name}>`);
+      else parts.push(isOptional(arg) ? `[<${arg.name}>]` : `<${arg.name}>`);
+    }
+    if (spec.rest) parts.push(spec.rest.optional ? `[${spec.rest.name}...]` : `${spec.rest.name}...`);
     for (const [name, option] of Object.entries(spec.options)) {
       if (option.type === "string" && option.required) parts.push(`--${name} <${option.value}>`);
     }
@@ -113,9 +174,11 @@ export function defineCommand<const O extends Options, const P extends string = 
 
   const usage = (path: string) => {
     const sections = [`Usage: ${synopsis(path)}`, spec.description ? `${spec.summary}.\n${spec.description}` : `${spec.summary}.`];
-    const positional: [string, string][] = args.map((a) => [`<${a.name}>`, a.description]);
-    if (spec.rest) positional.push([`${spec.rest.name}...`, spec.rest.description]);
-    if (positional.length > 0) sections.push(`Arguments:\n${helpRows(positional)}`);
+    const rows: [string, string][] = positional
+      .filter((a) => !a.flag)
+      .map((a) => [isOptional(a) ? `[<${a.name}>]` : `<${a.name}>`, a.description]);
+    if (spec.rest) rows.push([`${spec.rest.name}...`, spec.rest.description]);
+    if (rows.length > 0) sections.push(`Arguments:\n${helpRows(rows)}`);
     const flags = Object.entries(options).map(
       ([name, option]) =>
         [flagLabel(name, option), `${option.description}${option.type === "string" && option.required ? " (required)" : ""}`] as const,
@@ -125,22 +188,58 @@ export function defineCommand<const O extends Options, const P extends string = 
     return `${sections.join("\n\n")}\n`;
   };
 
-  const execute = async (argv: readonly string[], base: BaseContext) => {
-    let parsed: { values: Record<string, string | boolean | undefined>; positionals: string[] };
-    try {
-      parsed = parseArgs({ args: [...argv], options, allowPositionals: true, strict: true });
-    } catch (err) {
-      throw new UsageError(err instanceof Error ? err.message : String(err), synopsis(base.path), base.path);
+  const flags: FlagInfo[] = Object.entries(options).map(([name, option]) => ({
+    name,
+    ...(option.short ? { short: option.short } : {}),
+    takesValue: option.type === "string",
+    description: option.description,
+  }));
+
+  /** Reads the flags and positionals, refusing in our own words what does not parse. */
+  const parse = (argv: readonly string[], path: string) => {
+    const usageError = (message: string, hint?: string) => new UsageError(message, synopsis(path), path, hint);
+    const { tokens } = parseArgs({ args: [...argv], options, allowPositionals: true, strict: false, tokens: true });
+    const values: Record<string, string | boolean> = {};
+    const positionals: string[] = [];
+    for (const token of tokens) {
+      if (token.kind === "positional") {
+        positionals.push(token.value);
+        continue;
+      }
+      if (token.kind !== "option") continue;
+      // parseArgs names a declared short flag by its long name, an unknown one by its letter.
+      const name = token.name;
+      const option = Object.hasOwn(options, name) ? options[name] : undefined;
+      if (option === undefined) {
+        // Single letters are all one edit apart: only long options get suggestions.
+        const suggestion = token.rawName.startsWith("--") ? didYouMean(token.rawName, Object.keys(options).map((n) => `--${n}`)) : undefined;
+        const help = `\`${path} --help\` lists the options`;
+        throw usageError(`unknown option ${token.rawName} for ${path}`, suggestion ? `${suggestion} (${help})` : help);
+      }
+      if (option.type === "boolean") {
+        if (token.inlineValue) throw usageError(`--${name} takes no value (got "${token.rawName}=${token.value}")`);
+        values[name] = true;
+      } else if (token.value === undefined || (!token.inlineValue && token.value.startsWith("-") && token.value.length > 1)) {
+        const given = token.value === undefined ? "" : ` (got "${token.value}"; for a value starting with -, write --${name}=${token.value})`;
+        throw usageError(`--${name} needs a value: --${name} <${option.value}>${given}`);
+      } else {
+        values[name] = token.value;
+      }
     }
-    const { values, positionals } = parsed;
+    return { values, positionals, usageError };
+  };
+
+  const execute = async (argv: readonly string[], base: BaseContext) => {
+    const { values, positionals, usageError } = parse(argv, base.path);
     const out = new Output(base.json || values.json === true);
     if (values.help) {
       out.text(usage(base.path));
       return;
     }
-    const fail = (message: string) => new UsageError(message, synopsis(base.path), base.path);
+    const fail = (message: string) => usageError(message);
     const opts: Record<string, string | boolean | undefined> = {};
-    for (const [name, option] of Object.entries(options)) {
+    for (const [name, option] of Object.entries(declared)) {
+      if (name in argOptions) continue;
       const value = values[name];
       if (option.type === "boolean") {
         opts[name] = value === true;
@@ -151,16 +250,43 @@ export function defineCommand<const O extends Options, const P extends string = 
         throw fail(`missing --${name} <${option.value}>`);
       }
     }
-    const missing = args[positionals.length];
-    if (missing) throw fail(`missing <${missing.name}>`);
     const named: Record<string, string> = {};
-    for (const [i, arg] of args.entries()) named[arg.name] = positionals[i]!;
-    const rest = positionals.slice(args.length);
-    if (spec.rest && rest.length === 0) throw fail(`missing ${spec.rest.name}`);
-    if (!spec.rest && rest.length > 0) throw fail(`unexpected argument "${rest[0]}"`);
+    let next = 0;
+    for (const arg of positional) {
+      const flagged = arg.flag ? values[arg.name] : undefined;
+      if (typeof flagged === "string") {
+        if (flagged === "") throw fail(`--${arg.name} must not be empty`);
+        named[arg.name] = flagged;
+        continue;
+      }
+      const candidate = positionals[next];
+      const fits = candidate !== undefined && (!spec.rest || !arg.flag?.pattern || arg.flag.pattern.test(candidate));
+      if (fits) {
+        named[arg.name] = candidate;
+        next++;
+      } else if (!isOptional(arg)) {
+        throw fail(arg.flag ? `missing --${arg.name} <${arg.name}>` : `missing <${arg.name}>`);
+      }
+    }
+    const rest = positionals.slice(next);
+    if (spec.rest && !spec.rest.optional && rest.length === 0) throw fail(`missing ${spec.rest.name}`);
+    if (!spec.rest && rest.length > 0) {
+      const split = Object.entries(spec.options).find(
+        ([name, option]) => option.type === "string" && option.quoteHint && typeof values[name] === "string" && !/\s/.test(values[name]),
+      );
+      const hint = split?.[1].type === "string" ? split[1].quoteHint : undefined;
+      throw usageError(`unexpected argument "${rest[0]}"`, hint);
+    }
     // The loops above check every declared flag and argument, so the shapes match the declaration.
-    await spec.run({ ...base, out, opts: opts as Values<O>, args: named as Record<P, string>, rest, fail });
+    await spec.run({
+      ...base,
+      out,
+      opts: opts as Values<O>,
+      args: named as Record<P, string> & Partial<Record<Q, string>>,
+      rest,
+      fail,
+    });
   };
 
-  return { name: spec.name, summary: spec.summary, execute };
+  return { name: spec.name, summary: spec.summary, flags, usage, execute };
 }

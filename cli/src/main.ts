@@ -1,5 +1,5 @@
 import { ApiClient } from "./api.js";
-import { type BaseContext, type Command, GLOBAL_OPTIONS, type Group, helpRows } from "./command.js";
+import { type BaseContext, type Command, defineCommand, GLOBAL_OPTIONS, type Group, helpRows } from "./command.js";
 import { apps } from "./commands/apps.js";
 import { backups } from "./commands/backups.js";
 import { cron } from "./commands/cron.js";
@@ -11,13 +11,51 @@ import { keys } from "./commands/keys.js";
 import { login, logout } from "./commands/login.js";
 import { logs } from "./commands/logs.js";
 import { type ResolvedConfig, resolveConfig } from "./config.js";
+import { completionScript, SHELLS } from "./completion.js";
 import { CliError, Output, reportError, UsageError } from "./output.js";
+import { didYouMean } from "./suggest.js";
 import { VERSION } from "./version.js";
 
-/** Every top-level entry, in help order. A new noun is one file under commands/ and one line here. */
-const ENTRIES: readonly (Group | Command)[] = [login, logout, keys, apps, env, disk, backups, cron, init, deploy, deployments, logs];
+/** Every noun and top-level command, in help order. A new noun is one file under commands/ and one line here. */
+const COMMANDS: readonly (Group | Command)[] = [login, logout, keys, apps, env, disk, backups, cron, init, deploy, deployments, logs];
 
 const isGroup = (entry: Group | Command): entry is Group => "commands" in entry;
+
+/** `svc help [command]`: the same screens as `--help`, reached the way git, gh and cargo offer. */
+const help = defineCommand({
+  name: "help",
+  summary: "Show the help of svc or of a command",
+  rest: { name: "command", description: "a command, e.g. keys or keys create", optional: true },
+  options: {},
+  examples: ["svc help", "svc help deploy", "svc help keys create"],
+  async run({ rest, out }) {
+    out.text(helpFor(rest));
+  },
+});
+
+/** `svc completion <shell>`: a completion script made from the same declarations as parsing and help. */
+const completion = defineCommand({
+  name: "completion",
+  summary: "Print a shell completion script for bash, zsh or fish",
+  description: `Load it from your shell's start-up file:
+  bash  echo 'eval "$(svc completion bash)"' >> ~/.bashrc
+  zsh   svc completion zsh > "\${fpath[1]}/_svc"   (or eval "$(svc completion zsh)" after compinit)
+  fish  svc completion fish > ~/.config/fish/completions/svc.fish`,
+  args: [{ name: "shell", description: SHELLS.join(", ") }],
+  options: {},
+  examples: ["svc completion bash", "svc completion zsh > ~/.zsh/completions/_svc"],
+  async run({ args, out }) {
+    const shell = SHELLS.find((s) => s === args.shell);
+    if (!shell) {
+      const suggestion = didYouMean(args.shell, SHELLS);
+      throw new UsageError(`unknown shell "${args.shell}"`, "svc completion bash|zsh|fish", "svc completion", suggestion ? `${suggestion} (svc completes in ${SHELLS.join(", ")})` : `svc completes in ${SHELLS.join(", ")}`);
+    }
+    out.text(completionScript(shell, ENTRIES));
+  },
+});
+
+/** Everything `svc <word>` reaches, in help order. */
+const ENTRIES: readonly (Group | Command)[] = [...COMMANDS, help, completion];
 
 function topUsage(): string {
   const rows: [string, string][] = [];
@@ -40,9 +78,10 @@ ${helpRows(rows)}
 Global options:
 ${helpRows(globals)}
 
+The app a command acts on is --app <app> (-a) everywhere; the first argument works too.
 Configuration: svc login saves the API URL and key to $XDG_CONFIG_HOME/svc/config.json
 (default ~/.config/svc/config.json); SVC_API_URL and SVC_API_KEY override the file.
-Run \`svc <command> --help\` for a command's options.
+Run \`svc help <command>\` or \`svc <command> --help\` for a command's options.
 `;
 }
 
@@ -54,8 +93,43 @@ ${group.summary}.
 Commands:
 ${helpRows(group.commands.map((cmd) => [cmd.name, cmd.summary] as const))}
 
-Run \`svc ${group.name} <command> --help\` for a command's options.
+Run \`svc help ${group.name} <command>\` or \`svc ${group.name} <command> --help\` for a command's options.
 `;
+}
+
+/**
+ * The usage error for a word that is not a command: the closest commands by
+ * spelling, or, for a verb typed without its noun (`svc create`), the nouns
+ * that have it.
+ */
+function unknownCommand(word: string, known: readonly string[], prefix: string, synopsis: string, helpPath: string): UsageError {
+  const path = prefix === "" ? "svc" : `svc ${prefix}`;
+  const typed = prefix === "" ? word : `${prefix} ${word}`;
+  let hint = didYouMean(word, known, (w) => `\`${path} ${w}\``);
+  if (!hint && prefix === "") {
+    const nouns = COMMANDS.filter(isGroup).filter((g) => g.commands.some((c) => c.name === word));
+    const forms = nouns.map((g) => `\`svc ${g.name} ${word}\``);
+    if (forms.length > 0) hint = `"${word}" goes after a noun: ${forms.length === 1 ? forms[0] : `${forms.slice(0, -1).join(", ")} or ${forms.at(-1)}`}`;
+  }
+  const help = `\`${helpPath}\` lists the commands`;
+  return new UsageError(`unknown command "${typed}"`, synopsis, path, hint ? `${hint} (${help})` : help);
+}
+
+/** The help screen of `svc help <words>`: svc's, a noun's or a command's. */
+function helpFor(words: readonly string[]): string {
+  const [noun, verb, extra] = words;
+  if (noun === undefined) return topUsage();
+  const entry = ENTRIES.find((e) => e.name === noun);
+  if (!entry) throw unknownCommand(noun, ENTRIES.map((e) => e.name), "", "svc help [command]", "svc help");
+  if (!isGroup(entry)) {
+    if (verb !== undefined) throw new UsageError(`"svc ${noun}" has no subcommands`, "svc help [command]", "svc help");
+    return entry.usage(`svc ${entry.name}`);
+  }
+  if (verb === undefined) return groupUsage(entry);
+  const command = entry.commands.find((c) => c.name === verb);
+  if (!command) throw unknownCommand(verb, entry.commands.map((c) => c.name), entry.name, `svc help ${entry.name} <command>`, `svc help ${entry.name}`);
+  if (extra !== undefined) throw new UsageError(`unexpected argument "${extra}"`, "svc help [command]", "svc help");
+  return command.usage(`svc ${entry.name} ${command.name}`);
 }
 
 function baseContext(path: string, json: boolean): BaseContext {
@@ -97,20 +171,23 @@ export async function main(argv: readonly string[]): Promise<number> {
         if (flag === "--json") flags.json = true;
         else if (flag === "--help" || flag === "-h") flags.help = true;
         else if (flag === "--version" && start === 0) flags.version = true;
-        else throw new UsageError(`unknown option "${flag}" before the command`, synopsis, path);
+        else {
+          const suggestion = didYouMean(flag, ["--json", "--help", "--version"]);
+          const where = "only --json, --help and --version go before the command; a command's own options go after it";
+          throw new UsageError(`unknown option ${flag} before the command`, synopsis, path, suggestion ? `${suggestion} ${where[0]!.toUpperCase()}${where.slice(1)}` : where);
+        }
       }
       return i;
     };
     const nounAt = globalsFrom(0, "svc <command> [options]", "svc");
     const noun = argv[nounAt];
     if (noun === undefined) {
-      if (flags.version) out.text(VERSION);
-      else if (flags.help) out.text(topUsage());
-      else throw new UsageError("missing command", "svc <command> [options]", "svc");
+      // `svc` alone is a question, not a mistake: the overview, exit 0.
+      out.text(flags.version ? VERSION : topUsage());
       return 0;
     }
     const entry = ENTRIES.find((e) => e.name === noun);
-    if (!entry) throw new UsageError(`unknown command "${noun}"`, "svc <command> [options]", "svc");
+    if (!entry) throw unknownCommand(noun, ENTRIES.map((e) => e.name), "", "svc <command> [options]", "svc help");
     let command: Command;
     let rest: readonly string[];
     if (!isGroup(entry)) {
@@ -122,12 +199,12 @@ export async function main(argv: readonly string[]): Promise<number> {
       const verbAt = globalsFrom(nounAt + 1, synopsis, path);
       const verb = argv[verbAt];
       if (verb === undefined) {
-        if (!flags.help) throw new UsageError(`missing command after "${path}"`, synopsis, path);
+        // Like `svc` alone: the noun's verbs.
         out.text(groupUsage(entry));
         return 0;
       }
       const found = entry.commands.find((c) => c.name === verb);
-      if (!found) throw new UsageError(`unknown command "${path} ${verb}"`, synopsis, path);
+      if (!found) throw unknownCommand(verb, entry.commands.map((c) => c.name), entry.name, synopsis, `svc help ${entry.name}`);
       command = found;
       rest = argv.slice(verbAt + 1);
     }

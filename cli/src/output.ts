@@ -52,23 +52,30 @@ function oneLine(text: string): string {
   return text.replace(/\p{Cc}/gu, (c) => JSON.stringify(c).slice(1, -1));
 }
 
-/** A short relative time ("5 min ago", "in 30 d") for tables; `never` for null. */
+const relative = new Intl.RelativeTimeFormat("en", { numeric: "always" });
+/** Each unit is used below its limit (in seconds), rounded: "45 minutes ago", then "1 hour ago". */
+const UNITS: [limit: number, size: number, unit: Intl.RelativeTimeFormatUnit][] = [
+  [45, 1, "second"],
+  [59.5 * 60, 60, "minute"],
+  [23.5 * 3600, 3600, "hour"],
+  [59.5 * 86_400, 86_400, "day"],
+];
+
+/**
+ * A relative time for tables and details: "5 minutes ago", "in 5 minutes",
+ * "in 30 seconds"; "just now" only for the last 45 seconds, never for a time
+ * still to come; the date beyond two months; `never` for null.
+ */
 export function ago(iso: string | null | undefined, never = "never", now = Date.now()): string {
   if (!iso) return never;
   const then = Date.parse(iso);
   if (Number.isNaN(then)) return iso;
-  const seconds = Math.round((then - now) / 1000);
-  const abs = Math.abs(seconds);
-  if (abs < 45) return "just now";
-  const units: [limit: number, size: number, unit: string][] = [
-    [59.5 * 60, 60, "min"],
-    [47.5 * 3600, 3600, "h"],
-    [59.5 * 86_400, 86_400, "d"],
-  ];
-  const unit = units.find(([limit]) => abs < limit);
-  if (!unit) return iso.slice(0, 10);
-  const amount = `${Math.round(abs / unit[1])} ${unit[2]}`;
-  return seconds < 0 ? `${amount} ago` : `in ${amount}`;
+  const seconds = (then - now) / 1000;
+  if (seconds <= 0 && seconds > -45) return "just now";
+  const found = UNITS.find(([limit]) => Math.abs(seconds) < limit);
+  if (!found) return iso.slice(0, 10);
+  const [, size, unit] = found;
+  return relative.format(seconds > 0 ? Math.max(1, Math.round(seconds / size)) : Math.round(seconds / size), unit);
 }
 
 /** The exact ISO time followed by the relative one, for key/value blocks. */
@@ -92,10 +99,10 @@ export class CliError extends Error {
   }
 }
 
-/** A command line that does not parse: exit code 2 and the usage line. */
+/** A command line that does not parse: exit code 2 and the usage line; the hint defaults to the help screen. */
 export class UsageError extends CliError {
-  constructor(message: string, synopsis: string, path: string) {
-    super(message, [`usage: ${synopsis}`], `see \`${path} --help\``, 2);
+  constructor(message: string, synopsis: string, path: string, hint = `see \`${path} --help\``) {
+    super(message, [`usage: ${synopsis}`], hint, 2);
     this.name = "UsageError";
   }
 }
@@ -157,7 +164,7 @@ function hintFor(err: RequestFailed): string | undefined {
     case "DISK_IN_USE":
       return "detach the disk or stop the app first";
     case "APP_STOPPED":
-      return "start the app again: svc apps restart <app>";
+      return "start the app again: svc apps restart --app <app>";
     case "RATE_LIMITED":
       return `wait${failure.retryAfter ? ` ${failure.retryAfter} s` : " a moment"} and try again`;
     case "PAYLOAD_TOO_LARGE":

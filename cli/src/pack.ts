@@ -18,7 +18,7 @@ import { Readable, Transform } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import { createGzip } from "node:zlib";
 import { addMember, tarArchive } from "../../builder/src/tar/pack.js";
-import { isIgnored, parseIgnoreFile, type RuleSet } from "./ignore.js";
+import { isIgnored, parseIgnoreFile, type RuleSet } from "../../builder/src/static/ignore.js";
 import { CliError } from "./output.js";
 import { formatBytes } from "./progress.js";
 

@@ -23,6 +23,30 @@ export async function confirm(question: string): Promise<boolean> {
   return /^y(es)?$/i.test(await ask(`${question} [y/N]`));
 }
 
+/** What a command that cannot be undone says when it asks, when it refuses, and when it was told no. */
+export type Confirmation = {
+  /** Lower case, as in "refusing to <action>": `delete app my-site`. */
+  action: string;
+  /** The question on a terminal, without the `[y/N]`. */
+  question: string;
+  /** The command to run again with --yes. */
+  retry: string;
+};
+
+/**
+ * Asks before something that cannot be undone, unless `--yes` was given. Without
+ * a terminal to ask on it refuses (exit 1) rather than acting, so a script has
+ * to say --yes; anything but y/yes at the prompt is a no.
+ */
+export async function confirmOrRefuse(interactive: boolean, yes: boolean, confirmation: Confirmation): Promise<void> {
+  if (yes) return;
+  const { action, question, retry } = confirmation;
+  if (!interactive) {
+    throw new CliError(`refusing to ${action} without confirmation`, ["stdin is not a terminal, so svc cannot ask"], `pass --yes: ${retry} --yes`);
+  }
+  if (!(await confirm(question))) throw new CliError(`did not ${action}`, ["the question was not answered with y"]);
+}
+
 /**
  * Reads a secret without echoing it, so an API key typed or pasted at the
  * prompt does not stay on the screen or in terminal scrollback.

@@ -1,5 +1,5 @@
 import { createTarPacker } from "modern-tar";
-import { isIgnored, parseIgnoreFile, type RuleSet } from "../../cli/src/ignore";
+import { isIgnored, parseIgnoreFile, type RuleSet } from "../../builder/src/static/ignore";
 
 /**
  * Packs a project folder chosen in the page into the `.tar.gz` a deployment

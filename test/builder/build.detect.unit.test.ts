@@ -117,7 +117,7 @@ describe("detectProject", () => {
     const project = files({ "package.json": pkg({ express: "5" }) });
     expect(await detectProject(project)).toBeNull();
     expect(await describeNotStatic(project)).toMatch(
-      /^not a static site: looked for static\/index\.html, outputDir in svc\.json/,
+      /^not a static site: looked for static\/index\.html, index\.html at the root of a folder without package\.json, outputDir in svc\.json/,
     );
     expect(await describeNotStatic(files({ "package.json": "{" }))).toMatch(/^package\.json is not valid JSON/);
   });

@@ -65,6 +65,37 @@ describe("dependencies without a lockfile", () => {
   });
 });
 
+describe("install failures", () => {
+  it("quote the package manager's own reason and say what to do", async () => {
+    // npm ci checks the lockfile against package.json before it fetches anything.
+    const dir = await project({
+      "package.json": JSON.stringify({ name: "x", version: "1.0.0", scripts: { build: "true" }, dependencies: { "left-pad": "1.3.0" } }),
+      "package-lock.json": JSON.stringify({ name: "x", version: "1.0.0", lockfileVersion: 3, requires: true, packages: { "": { name: "x", version: "1.0.0" } } }),
+      "svc.json": JSON.stringify({ runtime: "static", buildCommand: "npm run build", outputDir: "static" }),
+      "static/index.html": "<!doctype html>",
+    });
+    const { status, log } = await buildToEnd(builder, specFor(dir));
+    expect(status, log).toMatchObject({ status: "failed", reason: "exit_code", exitCode: 1 });
+    expect(status.error).toMatch(
+      /^install failed: exit code 1: "npm error `npm ci` can only install packages when your package\.json and package-lock\.json .* are in sync\./,
+    );
+    expect(status.error).toMatch(/" \(EUSAGE\); the lockfile is out of sync with package\.json: run npm install and commit package-lock\.json$/);
+    expect(svcLines(log).at(-1)).toBe(`job failed: ${status.error}`);
+  });
+});
+
+describe("build output", () => {
+  it("is stored without terminal colour codes", async () => {
+    const colour = "printf '\\033[32m\\342\\234\\223\\033[39m built in \\033[1m1.2s\\033[22m\\n\\033]8;;http://x\\007link\\033]8;;\\007\\n'; printf '\\033[31mred on stderr\\033[0m' >&2";
+    const { status, log } = await buildToEnd(builder, specFor(outdir, { overrides: { buildCommand: `${colour} && node build.js` } }));
+    expect(status, log).toMatchObject({ status: "succeeded" });
+    expect(log).not.toContain("\x1b");
+    expect(log).toMatch(/ out \u2713 built in 1\.2s$/m);
+    expect(log).toMatch(/ out link$/m);
+    expect(log).toMatch(/ err red on stderr$/m);
+  });
+});
+
 describe("outputDir", () => {
   it("names the folder the build did write when outputDir is wrong", async () => {
     const spec = specFor(outdir, { overrides: { buildCommand: "node build.js && mv build dist" } });
@@ -167,7 +198,7 @@ describe("configuration", () => {
     const dir = await project({ "README.md": "# nothing to serve\n" });
     const { status } = await buildToEnd(builder, specFor(dir));
     expect(status.error).toBe(
-      "not a static site: looked for static/index.html, outputDir in svc.json, or a framework in package.json (Vite, Next.js with output: 'export', Astro, SvelteKit with @sveltejs/adapter-static, Gatsby, Nuxt, Create React App, Eleventy)",
+      "not a static site: looked for static/index.html, index.html at the root of a folder without package.json, outputDir in svc.json, or a framework in package.json (Vite, Next.js with output: 'export', Astro, SvelteKit with @sveltejs/adapter-static, Gatsby, Nuxt, Create React App, Eleventy)",
     );
   });
 
@@ -189,7 +220,10 @@ describe("configuration", () => {
     expect(body.error.details).toEqual(
       expect.arrayContaining([
         expect.objectContaining({ path: "sourceUrl" }),
-        { path: "overrides.outputDir", message: "must be a folder inside the project: relative, without .. (e.g. dist)" },
+        {
+          path: "overrides.outputDir",
+          message: 'must be a folder inside the project: relative, without .. (e.g. dist), or "." for a plain folder served as it is',
+        },
       ]),
     );
   });

@@ -1,6 +1,7 @@
 import { createHash } from "node:crypto";
 import { existsSync } from "node:fs";
-import { mkdir, readFile, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { BuildSpec } from "../../builder/src/protocol.js";
@@ -109,6 +110,54 @@ describe("plain static/ folder", () => {
       const { status, result } = await buildToEnd(builder, specFor("own-dockerfile", dir));
       expect(status.status).toBe("succeeded");
       expect(result?.artifacts).toBeNull();
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe("a plain folder with index.html at its root", () => {
+  it("publishes the root without svc.json, dotfiles, container files or what .gitignore leaves out", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "svc-site-plain-root-"));
+    const write = async (path: string, content: string) => {
+      await mkdir(join(dir, path, ".."), { recursive: true });
+      await writeFile(join(dir, path), content);
+    };
+    await write("index.html", "<!doctype html><h1>root</h1>");
+    await write("css/site.css", "h1 { color: red }");
+    await write(".well-known/security.txt", "Contact: mailto:a@example.com");
+    await write("svc.json", JSON.stringify({ name: "root", runtime: "static", outputDir: ".", spa: false }));
+    await write(".gitignore", "drafts/\n*.log\n");
+    await write(".env", "SECRET=1");
+    await write("drafts/next.html", "unfinished");
+    await write("debug.log", "x");
+    await write("notes/.secret", "x");
+    try {
+      const { status, result, log } = await buildToEnd(builder, specFor("plain-root", dir));
+      expect(status, log).toMatchObject({ status: "succeeded" });
+      expect(result?.outputDir).toBe(".");
+      expect(result?.manifest.map((entry) => entry.path)).toEqual(["/.well-known/security.txt", "/css/site.css", "/index.html"]);
+      expect(log).toContain("static site: output . (the project root) (svc.json), build none (default)");
+      expect(log).toContain(
+        "served the project root as a plain folder, leaving out what is not site content (svc.json, dotfiles, .gitignore'd paths): .env, .gitignore, debug.log, drafts/, notes/.secret, svc.json",
+      );
+      expect(result?.artifacts?.webServerConfig).toContain("location ~ /\\.(?!well-known/)");
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
+  it("refuses the root as output of a project with a package.json, before anything runs", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "svc-site-root-pkg-"));
+    await writeFile(join(dir, "index.html"), "<!doctype html>");
+    await writeFile(join(dir, "package.json"), JSON.stringify({ scripts: { build: "node build.js" } }));
+    await writeFile(join(dir, "svc.json"), JSON.stringify({ runtime: "static", outputDir: "." }));
+    try {
+      const { status, log } = await buildToEnd(builder, specFor("root-with-package", dir));
+      expect(status).toMatchObject({ status: "failed", reason: "error" });
+      expect(status.error).toContain('outputDir "." (the project root) is served only for a plain folder');
+      expect(status.error).toContain('this project has a package.json and has a build command ("npm run build")');
+      expect(log).not.toMatch(/ (out|err) /);
     } finally {
       await rm(dir, { recursive: true, force: true });
     }

@@ -175,7 +175,7 @@ describe("svc apps, env and disk against wrangler dev", () => {
       const appInfo = await svc(["apps", "info", app], deploy);
       expect(appInfo.stdout).toMatch(new RegExp(`^disks\\s+${diskName} \\(disk_\\w+\\) 1 GB at /data$`, "m"));
 
-      const refused = await svc(["disk", "delete", diskName], deploy);
+      const refused = await svc(["disk", "delete", diskName, "--yes"], deploy);
       expect(refused.code).toBe(1);
       expect(refused.stderr).toContain(`Error: could not delete disk ${diskName}`);
       expect(refused.stderr).toMatch(/^ {2}DISK_ATTACHED: /m);
@@ -186,7 +186,7 @@ describe("svc apps, env and disk against wrangler dev", () => {
       const detached = await svc(["disk", "detach", diskName, "--json"], deploy);
       expect(detached.code).toBe(0);
       expect(json(detached.stdout)).toMatchObject({ appId: null, inUse: false });
-      const deleted = await svc(["disk", "delete", diskName], deploy);
+      const deleted = await svc(["disk", "delete", diskName, "--yes"], deploy);
       expect(deleted.code).toBe(0);
       expect(deleted.stdout).toMatch(new RegExp(`^Deleted disk ${diskName} \\(disk_\\w+\\)$`, "m"));
       const gone = await svc(["disk", "info", diskName], deploy);

@@ -105,20 +105,20 @@ describe("svc backups against wrangler dev", () => {
 
   it("restore --file while the app runs gets the three-part DISK_IN_USE error, and uploads nothing", async () => {
     await onDisk('rm -r "$SVC_DISK_PATH/nested" && echo two > "$SVC_DISK_PATH/top.txt" && echo new > "$SVC_DISK_PATH/later.txt"');
-    const r = await svc(["backups", "restore", disk, "--file", archive], env);
+    const r = await svc(["backups", "restore", disk, "--file", archive, "--yes"], env);
     expect(r.code).toBe(1);
     expect(r.stdout).toBe("");
     const lines = r.stderr.trimEnd().split("\n");
     expect(lines[0]).toBe(`Error: could not restore disk ${disk}`);
     expect(lines[1]).toMatch(/^ {2}DISK_IN_USE: /);
     expect(lines.at(-1)).toBe(
-      `  Hint: stop the app first (svc apps stop ${app}; the restore starts it again), or detach the disk (svc disk detach ${disk}), restore, then svc disk attach ${disk} --app ${app}`,
+      `  Hint: stop the app first (svc apps stop --app ${app}; the restore starts it again), or detach the disk (svc disk detach ${disk}), restore, then svc disk attach ${disk} --app ${app}`,
     );
   });
 
   it("restore --file after apps stop restores the files and starts the app again", async () => {
     expect((await svc(["apps", "stop", app], env)).code).toBe(0);
-    const r = await svc(["backups", "restore", disk, "--file", archive], env);
+    const r = await svc(["backups", "restore", disk, "--file", archive, "--yes"], env);
     expect(r.stderr).not.toContain("Error");
     expect(r.code).toBe(0);
     expect(r.stdout).toMatch(/^Uploaded .*backup\.tar\.gz \(.+\)$/m);
@@ -133,14 +133,14 @@ describe("svc backups against wrangler dev", () => {
 
   it("restore --backup restores a ready backup without an upload; the API refuses it while the app runs", async () => {
     await onDisk('echo three > "$SVC_DISK_PATH/top.txt"');
-    const refused = await svc(["backups", "restore", disk, "--backup", backupId], env);
+    const refused = await svc(["backups", "restore", disk, "--backup", backupId, "--yes"], env);
     expect(refused.code).toBe(1);
     const lines = refused.stderr.trimEnd().split("\n");
     expect(lines[0]).toBe(`Error: could not restore disk ${disk}`);
     expect(lines[1]).toMatch(/^ {2}DISK_IN_USE: /);
-    expect(lines.at(-1)).toContain(`Hint: stop the app first (svc apps stop ${app}; the restore starts it again)`);
+    expect(lines.at(-1)).toContain(`Hint: stop the app first (svc apps stop --app ${app}; the restore starts it again)`);
     expect((await svc(["apps", "stop", app], env)).code).toBe(0);
-    const r = await svc(["backups", "restore", disk, "--backup", backupId, "--json"], env);
+    const r = await svc(["backups", "restore", disk, "--backup", backupId, "--json", "--yes"], env);
     expect(r.code).toBe(0);
     expect(json(r.stdout)).toMatchObject({ status: "succeeded", error: null });
     expect(await onDisk('cat "$SVC_DISK_PATH/top.txt"')).toMatch(/ out one$/m);
@@ -159,7 +159,7 @@ describe("svc backups against wrangler dev", () => {
   });
 
   it("delete removes the backup; afterwards it is not found", async () => {
-    const r = await svc(["backups", "delete", disk, backupId], env);
+    const r = await svc(["backups", "delete", disk, backupId, "--yes"], env);
     expect(r.code).toBe(0);
     expect(r.stdout.trim()).toBe(`Deleted backup ${backupId} of disk ${disk}`);
     const list = json<Backup[]>((await svc(["backups", "list", disk, "--json"], env)).stdout);

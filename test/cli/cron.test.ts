@@ -39,7 +39,7 @@ describe("svc cron against wrangler dev", () => {
     expect(noCommand.stderr).toMatch(/^Error: missing --command <cmd>$/m);
     const noApp = await svc(["cron", "create", "--name", job, "--schedule", "0 3 * * *", "--command", "true"], env);
     expect(noApp.code).toBe(2);
-    expect(noApp.stderr).toMatch(/^Error: missing <app>$/m);
+    expect(noApp.stderr).toMatch(/^Error: missing --app <app>$/m);
     const policy = await svc(["cron", "create", app, "--name", job, "--schedule", "0 3 * * *", "--command", "true", "--concurrency", "never"], env);
     expect(policy.code).toBe(2);
     expect(policy.stderr).toContain("--concurrency must be one of forbid, allow, replace");
@@ -49,7 +49,7 @@ describe("svc cron against wrangler dev", () => {
     const r = await svc(["cron", "create", app, "--name", job, "--schedule", "61 * * * *", "--command", "true"], env);
     expect(r.code).toBe(1);
     const lines = r.stderr.trimEnd().split("\n");
-    expect(lines[0]).toBe(`Error: could not create cron job ${job}`);
+    expect(lines[0]).toBe(`Error: could not create cron job ${job} in app ${app}`);
     expect(lines[1]).toMatch(/^ {2}INVALID_CRON_EXPRESSION: invalid cron expression/);
     expect(lines.at(-1)).toMatch(/^ {2}Hint: a schedule is five fields, .*minute \(0-59\) hour \(0-23\) day-of-month \(1-31\) month \(1-12\) day-of-week/);
     const six = await svc(["cron", "create", app, "--name", job, "--schedule", "0 0 3 * * *", "--command", "true"], env);
@@ -61,7 +61,7 @@ describe("svc cron against wrangler dev", () => {
     const r = await svc(["cron", "create", "no-such-app", "--name", job, "--schedule", "0 3 * * *", "--command", "true"], env);
     expect(r.code).toBe(1);
     expect(r.stderr.trimEnd().split("\n")).toEqual([
-      `Error: could not create cron job ${job}`,
+      `Error: could not create cron job ${job} in app no-such-app`,
       "  APP_NOT_FOUND: app not found",
       '  Hint: no app "no-such-app" in this account: `svc apps list` shows the names and ids',
     ]);
@@ -71,7 +71,8 @@ describe("svc cron against wrangler dev", () => {
     const r = await svc(["cron", "create", app, "--name", job, "--schedule", "0 3 * * *", "--command", "echo hello $GREETING", "--timeout", "10m"], env);
     expect(r.stderr).toBe("");
     expect(r.code).toBe(0);
-    expect(r.stdout).toContain(`Created cron job ${job} in app ${app}`);
+    expect(r.stdout).toContain(`Created cron job ${job}\n`);
+    expect(r.stdout).toMatch(new RegExp(`^app\\s+${app} \\(app_\\w{24}\\)$`, "m"));
     expect(r.stdout).toMatch(/^schedule\s+0 3 \* \* \* \(UTC\)$/m);
     expect(r.stdout).toMatch(/^timeout\s+10m$/m);
     id = /\bcron_[0-9A-Za-z]{24}\b/.exec(r.stdout)![0];
@@ -196,12 +197,12 @@ describe("svc cron against wrangler dev", () => {
     const lines = r.stderr.trimEnd().split("\n");
     expect(lines[0]).toBe(`Error: could not run cron job ${id}`);
     expect(lines[1]).toMatch(/^ {2}APP_STOPPED: /);
-    expect(lines.at(-1)).toBe(`  Hint: stopped apps run no cron jobs: start the app with \`svc apps restart <app>\` (\`svc cron info ${id}\` names it)`);
+    expect(lines.at(-1)).toBe(`  Hint: stopped apps run no cron jobs: start the app with \`svc apps restart --app <app>\` (\`svc cron info ${id}\` names it)`);
     expect((await svc(["apps", "restart", app], env)).code).toBe(0);
   });
 
   it("delete removes the job; afterwards it is not found", async () => {
-    const r = await svc(["cron", "delete", job], env);
+    const r = await svc(["cron", "delete", job, "--yes"], env);
     expect(r.code).toBe(0);
     expect(r.stdout.trim()).toBe(`Deleted cron job ${job} (${id})`);
     const gone = await svc(["cron", "info", id], env);

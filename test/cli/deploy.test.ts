@@ -6,7 +6,7 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { dnsLabel } from "../../cli/src/commands/init.js";
-import { isIgnored, parseIgnoreFile } from "../../cli/src/ignore.js";
+import { isIgnored, parseIgnoreFile } from "../../builder/src/static/ignore.js";
 import { listSource, packSource, SourceTooLarge } from "../../cli/src/pack.js";
 import { freePort, ROOT } from "../../scripts/local-stack.js";
 import { svc, tempHome } from "./svc.js";
@@ -221,6 +221,40 @@ describe("packing the source", () => {
   });
 });
 
+describe("svc deploy's checks before the upload (no request is made: nothing listens at the API URL)", () => {
+  const deployOffline = async (root: string) =>
+    svc(["deploy", "--source", root, "--app", "my-site"], { ...home.env, SVC_API_URL: `http://127.0.0.1:${await freePort()}`, SVC_API_KEY: "svc_unused" });
+  const vite = { "package.json": JSON.stringify({ scripts: { build: "vite build" }, devDependencies: { vite: "8.3.8" } }), "index.html": "<div id=root></div>" };
+
+  it("refuses dependencies without a lockfile, and a lockfile .gitignore keeps from being uploaded", async () => {
+    const missing = await deployOffline(await tree(vite));
+    expect(missing.code).toBe(1);
+    expect(missing.stderr).toMatch(/^Error: cannot deploy \S+\n {2}package\.json lists dependencies but no lockfile was found: commit one of package-lock\.json, yarn\.lock, pnpm-lock\.yaml/);
+    expect(missing.stderr).toContain("Hint: run npm install (or yarn / pnpm install) in the project and commit the lockfile it writes");
+    const ignored = await deployOffline(await tree({ ...vite, "package-lock.json": "{}", ".gitignore": "package-lock.json\n" }));
+    expect(ignored.code).toBe(1);
+    expect(ignored.stderr).toContain("package-lock.json is left out by .gitignore, so the build would install without it");
+    for (const r of [missing, ignored]) expect(r.stderr).not.toContain("is the API running");
+  });
+
+  it("refuses an output folder that is missing or ignored when nothing builds it, and an svc.json the build would refuse", async () => {
+    const config = (fields: Record<string, unknown>) => JSON.stringify({ name: "my-site", runtime: "static", ...fields });
+    const absent = await deployOffline(await tree({ "svc.json": config({ outputDir: "public" }), "index.html": "x" }));
+    expect(absent.stderr).toContain('outputDir "public" does not exist and nothing builds it');
+    const ignored = await deployOffline(await tree({ "svc.json": config({ outputDir: "site" }), "site/index.html": "x", ".gitignore": "site/\n" }));
+    expect(ignored.stderr).toContain('outputDir "site" is left out by .gitignore and nothing builds it');
+    const invalid = await deployOffline(await tree({ "svc.json": config({ outputdir: "dist" }), "static/index.html": "x" }));
+    expect(invalid.stderr).toMatch(/^Error: \S+svc\.json is not valid\n {2}svc\.json: unknown field "outputdir"/);
+    const root = await deployOffline(await tree({ "svc.json": config({ outputDir: "." }), ...vite, "package-lock.json": "{}" }));
+    expect(root.stderr).toContain('outputDir "." (the project root) is served only for a plain folder');
+    expect(root.stderr).toContain('Hint: set "outputDir" in svc.json to the folder the build writes');
+    for (const r of [absent, ignored, invalid, root]) {
+      expect(r.code).toBe(1);
+      expect(r.stderr).not.toContain("is the API running");
+    }
+  });
+});
+
 describe("svc init", () => {
   const fixtures = join(ROOT, "test", "fixtures", "sites");
   const copy = async (name: string) => {
@@ -269,11 +303,30 @@ describe("svc init", () => {
     const unknown = await svc(["init", "--dir", dir], home.env);
     expect(unknown.code).toBe(1);
     expect(unknown.stderr).toContain("Error: no static site found in");
-    expect(unknown.stderr).toContain("Hint: put the site in static/index.html, or say where the build writes it: svc init --output-dir <folder>");
+    expect(unknown.stderr).toContain(
+      "Hint: put the site in static/index.html (or index.html at the root, without package.json), or say where the build writes it: svc init --output-dir <folder>",
+    );
 
     const r = await svc(["init", "--dir", dir, "--build-command", "node build.js", "--output-dir", "build", "--spa", "false"], home.env);
     expect(r.code).toBe(0);
     expect(await written(dir)).toEqual({ name: "outdir", runtime: "static", buildCommand: "node build.js", outputDir: "build", spa: false });
+  });
+
+  it("a plain folder with index.html at its root: served from the root, and --output-dir . refused where there is a build", async () => {
+    const dir = await tree({ "index.html": "<h1>hi</h1>", "about.html": "<h1>about</h1>" });
+    const r = await svc(["init", "--dir", dir, "--name", "hand-written"], home.env);
+    expect(r.code).toBe(0);
+    expect(r.stdout).toMatch(/^Detected: plain folder \(index\.html at the root, served as it is\)$/m);
+    // Not logged in: the next step is the generic one.
+    expect(r.stdout.trimEnd().split("\n").at(-1)).toBe("Next: svc apps create --name hand-written --runtime static, then svc deploy");
+    expect(await written(dir)).toEqual({ name: "hand-written", runtime: "static", outputDir: ".", spa: false });
+
+    const withBuild = await copy("outdir");
+    const refused = await svc(["init", "--dir", withBuild, "--force", "--output-dir", "./"], home.env);
+    expect(refused.code).toBe(1);
+    expect(refused.stderr).toContain(`Error: cannot serve ${withBuild} as it is`);
+    expect(refused.stderr).toContain('this project has a package.json and has a build command ("node build.js")');
+    expect(refused.stderr).toContain("Hint: pass --output-dir <folder> with the folder the build writes");
   });
 
   it("rejects a name that is not a DNS label, and derives one from the folder", async () => {

@@ -142,7 +142,7 @@ describe("svc login and svc keys against wrangler dev", () => {
     });
 
     it("delete removes the key, and its next command gets the three-part 401 error", async () => {
-      const r = await svc(["keys", "delete", ci.id], admin);
+      const r = await svc(["keys", "delete", ci.id, "--yes"], admin);
       expect(r.code).toBe(0);
       expect(r.stdout.trim()).toBe(`Deleted API key ${ci.id}`);
 
@@ -156,7 +156,7 @@ describe("svc login and svc keys against wrangler dev", () => {
     });
 
     it("delete of an unknown key says KEY_NOT_FOUND and points at keys list", async () => {
-      const r = await svc(["keys", "delete", ci.id], admin);
+      const r = await svc(["keys", "delete", ci.id, "--yes"], admin);
       expect(r.code).toBe(1);
       expect(r.stderr).toContain(`Error: could not delete API key ${ci.id}`);
       expect(r.stderr).toMatch(/^ {2}KEY_NOT_FOUND: /m);

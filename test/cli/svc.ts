@@ -1,5 +1,5 @@
 import { spawn } from "node:child_process";
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { type LocalStack, ROOT, startLocalStack } from "../../scripts/local-stack.js";
@@ -51,8 +51,8 @@ export function svc(args: readonly string[], env: Record<string, string>, input 
  */
 export const STACK_START_TIMEOUT_MS = 240_000;
 
-/** One local stack (wrangler dev + builder) in a temporary directory, removed again by `stop()`. */
-export async function startStack(): Promise<LocalStack> {
+/** One local stack (wrangler dev + builder) in a temporary directory, removed again by `stop()`; its logs are in `stateDir`. */
+export async function startStack(): Promise<LocalStack & { stateDir: string }> {
   const dir = await mkdtemp(join(tmpdir(), "svc-cli-stack-"));
   const stack = await startLocalStack({
     port: 0,
@@ -65,6 +65,7 @@ export async function startStack(): Promise<LocalStack> {
   });
   return {
     ...stack,
+    stateDir: join(dir, "state"),
     stop: async () => {
       await stack.stop();
       await rm(dir, { recursive: true, force: true });
@@ -81,4 +82,15 @@ export async function createKey(stack: LocalStack, name: string, scopes: string[
   });
   if (res.status !== 201) throw new Error(`creating key ${name}: ${res.status} ${await res.text()}`);
   return (await res.json()) as { id: string; key: string };
+}
+
+/** Every process's command line on this machine, arguments joined by spaces (what `ps` shows any user). */
+export async function processCommandLines(): Promise<string[]> {
+  const lines: string[] = [];
+  for (const entry of await readdir("/proc")) {
+    if (!/^\d+$/.test(entry)) continue;
+    const raw = await readFile(`/proc/${entry}/cmdline`, "utf8").catch(() => "");
+    if (raw !== "") lines.push(raw.split("\0").join(" "));
+  }
+  return lines;
 }

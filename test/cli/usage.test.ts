@@ -1,8 +1,13 @@
-import { readFile } from "node:fs/promises";
+import { execFile } from "node:child_process";
+import { readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
+import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { ago } from "../../cli/src/output.js";
 import { ROOT } from "../../scripts/local-stack.js";
 import { svc, tempHome } from "./svc.js";
+
+const run = promisify(execFile);
 
 /**
  * Command-line handling that is decided before any request: help, usage
@@ -29,6 +34,142 @@ describe("svc command line", () => {
     }
   });
 
+  it("prints the help with exit 0 for svc alone, and the same screens through svc help [command]", async () => {
+    const bare = await svc([], env);
+    expect(bare.code).toBe(0);
+    expect(bare.stderr).toBe("");
+    expect(bare.stdout).toMatch(/^svc: the command-line tool of the svc platform\n/);
+    expect(bare.stdout).toContain("completion");
+    expect((await svc(["help"], env)).stdout).toBe(bare.stdout);
+    expect((await svc(["--help"], env)).stdout).toBe(bare.stdout);
+    const verb = await svc(["help", "keys", "create"], env);
+    expect(verb.code).toBe(0);
+    expect(verb.stdout).toBe((await svc(["keys", "create", "--help"], env)).stdout);
+    expect((await svc(["help", "deploy"], env)).stdout).toContain("Usage: svc deploy [--app <app>] [options]");
+    expect((await svc(["help", "cron"], env)).stdout).toContain("Usage: svc cron <command> [options]");
+    const typo = await svc(["help", "kyes"], env);
+    expect(typo.code).toBe(2);
+    expect(typo.stderr).toContain("Hint: did you mean `svc keys`? (`svc help` lists the commands)");
+  });
+
+  it("explains option mistakes in its own words, suggesting the option meant", async () => {
+    const typo = await svc(["deploy", "--sorce", "site"], env);
+    expect(typo.code).toBe(2);
+    expect(typo.stderr.trimEnd().split("\n")).toEqual([
+      "Error: unknown option --sorce for svc deploy",
+      "  usage: svc deploy [--app <app>] [options]",
+      "  Hint: did you mean --source? (`svc deploy --help` lists the options)",
+    ]);
+    const noValue = await svc(["keys", "create", "--name", "--scopes", "deploy"], env);
+    expect(noValue.stderr).toMatch(/^Error: --name needs a value: --name <name> \(got "--scopes"; for a value starting with -, write --name=--scopes\)$/m);
+    const boolValue = await svc(["apps", "delete", "x", "--yes=no"], env);
+    expect(boolValue.stderr).toMatch(/^Error: --yes takes no value \(got "--yes=no"\)$/m);
+    const global = await svc(["--jsno", "keys", "list"], env);
+    expect(global.stderr).toContain("Hint: did you mean --json? Only --json, --help and --version go before the command");
+    for (const r of [typo, noValue, boolValue, global]) {
+      expect(r.code).toBe(2);
+      expect(r.stderr).not.toMatch(/ERR_PARSE_ARGS|To specify a positional argument/);
+    }
+  });
+
+  it("tells to quote a schedule the shell split into words", async () => {
+    // What the shell passes for --schedule 0 3 * * * in a folder holding a.txt and b.txt.
+    const r = await svc(["cron", "create", "--app", "my-site", "--name", "n", "--schedule", "0", "3", "a.txt", "b.txt", "--command", "true"], env);
+    expect(r.code).toBe(2);
+    expect(r.stderr.trimEnd().split("\n")).toEqual([
+      'Error: unexpected argument "3"',
+      "  usage: svc cron create --app <app> --name <name> --schedule <expr> --command <cmd> [options]",
+      '  Hint: quote the schedule, it is one argument: --schedule "0 3 * * *" (unquoted, the shell splits it into words and turns each * into file names)',
+    ]);
+    const update = await svc(["cron", "update", "nightly", "--schedule", "30", "2", "a.txt"], env);
+    expect(update.stderr).toContain('Hint: quote the schedule, it is one argument: --schedule "0 3 * * *"');
+  });
+
+  it("takes the app as --app, -a or the first argument, alike for every command", async () => {
+    const forms = [
+      [["logs", "my-site"], ["logs", "--app", "my-site"], ["logs", "-a", "my-site"]],
+      [["env", "list", "my-site"], ["env", "list", "--app", "my-site"]],
+      [["env", "set", "my-site", "A=1"], ["env", "set", "A=1", "--app", "my-site"], ["env", "set", "-a", "my-site", "A=1"]],
+      [["cron", "create", "my-site", "--name", "n", "--schedule", "* * * * *", "--command", "true"], ["cron", "create", "--app", "my-site", "--name", "n", "--schedule", "* * * * *", "--command", "true"]],
+      [["apps", "info", "my-site"], ["apps", "info", "--app", "my-site"]],
+      [["deployments", "list", "my-site"], ["deployments", "list", "--app", "my-site"]],
+      [["disk", "attach", "uploads", "--app", "my-site"], ["disk", "attach", "uploads", "my-site"]],
+    ];
+    for (const variants of forms) {
+      const results = await Promise.all(variants.map((args) => svc(args, env)));
+      // Each reaches the API (not running here) with the same request: the same "could not …" about my-site.
+      const firstLines = results.map((r) => r.stderr.split("\n")[0]);
+      expect(firstLines[0], variants[0]!.join(" ")).toMatch(/^Error: could not .*my-site/);
+      expect(new Set(firstLines).size, variants[0]!.join(" ")).toBe(1);
+    }
+    const twice = await svc(["logs", "my-site", "--app", "other"], env);
+    expect(twice.code).toBe(2);
+    expect(twice.stderr).toContain('unexpected argument "my-site"');
+  });
+
+  it("reads times to come as in 5 minutes, never just now", () => {
+    const now = Date.parse("2026-11-23T12:00:00.000Z");
+    const at = (seconds: number) => new Date(now + seconds * 1000).toISOString();
+    expect(ago(at(300), "never", now)).toBe("in 5 minutes");
+    expect(ago(at(10), "never", now)).toBe("in 10 seconds");
+    expect(ago(at(0.3), "never", now)).toBe("in 1 second");
+    expect(ago(at(-10), "never", now)).toBe("just now");
+    expect(ago(at(-300), "never", now)).toBe("5 minutes ago");
+    expect(ago(at(3 * 3600), "never", now)).toBe("in 3 hours");
+    expect(ago(at(-2 * 86_400), "never", now)).toBe("2 days ago");
+    expect(ago(at(90 * 86_400), "never", now)).toBe("2027-02-21");
+    expect(ago(null, "never", now)).toBe("never");
+  });
+
+  describe("shell completion", () => {
+    const script = async (shell: string) => {
+      const r = await svc(["completion", shell], env);
+      expect(r.code).toBe(0);
+      const file = join(home.dir, `svc.${shell}`);
+      await writeFile(file, r.stdout);
+      return file;
+    };
+
+    it("bash: nouns, verbs, a command's options, and file names after an option taking a path", async () => {
+      const file = await script("bash");
+      const complete = async (...words: string[]) => {
+        const line = `source ${file}; COMP_WORDS=(svc ${words.map((w) => `'${w}'`).join(" ")}); COMP_CWORD=${words.length}; _svc; echo "\${COMPREPLY[*]}"`;
+        return (await run("bash", ["-c", line])).stdout.trim();
+      };
+      expect(await complete("ke")).toBe("keys");
+      expect(await complete("")).toContain("deploy");
+      expect(await complete("keys", "")).toBe("create list delete roll");
+      expect(await complete("keys", "create", "--s")).toBe("--scopes");
+      expect(await complete("deploy", "--")).toContain("--source");
+      expect(await complete("completion", "")).toBe("bash zsh fish");
+      expect(await complete("help", "de")).toBe("deploy deployments");
+      expect(await complete("deploy", "--source", "")).toBe(""); // bash falls back to file names
+    });
+
+    it("zsh: the script loads and registers _svc for svc", async () => {
+      const file = await script("zsh");
+      const { stdout } = await run("zsh", ["-fc", `autoload -U compinit && compinit -u -D && source ${file} && print -r -- \${_comps[svc]}`]);
+      expect(stdout.trim()).toBe("_svc");
+    });
+
+    it("fish: nouns, verbs and options with their descriptions", async () => {
+      const file = await script("fish");
+      const complete = async (line: string) =>
+        (await run("fish", ["--no-config", "-c", `source ${file}; complete -C '${line}'`])).stdout.trimEnd().split("\n");
+      expect(await complete("svc ke")).toEqual(["keys\tManage API keys"]);
+      expect(await complete("svc keys ")).toEqual(expect.arrayContaining([expect.stringMatching(/^create\tCreate an API key/), expect.stringMatching(/^roll\t/)]));
+      expect(await complete("svc keys create --sc")).toEqual([expect.stringMatching(/^--scopes\tcomma-separated scopes/)]);
+      expect(await complete("svc completion ")).toEqual(["bash", "fish", "zsh"]);
+    });
+
+    it("refuses a shell it does not know, suggesting the closest", async () => {
+      const r = await svc(["completion", "bsh"], env);
+      expect(r.code).toBe(2);
+      expect(r.stderr).toContain('Error: unknown shell "bsh"');
+      expect(r.stderr).toContain("Hint: did you mean bash or zsh?");
+    });
+  });
+
   it("prints a noun's verbs and a verb's options with --help at each level", async () => {
     const noun = await svc(["keys", "--help"], env);
     expect(noun.code).toBe(0);
@@ -49,28 +190,41 @@ describe("svc command line", () => {
     expect(r.stdout.trim()).toBe(pkg.version);
   });
 
-  it("rejects an unknown command with a usage error and exit code 2", async () => {
+  it("rejects an unknown command with a usage error and exit code 2, suggesting the closest ones", async () => {
     const r = await svc(["frobnicate"], env);
     expect(r.code).toBe(2);
     expect(r.stdout).toBe("");
     expect(r.stderr).toMatch(/^Error: unknown command "frobnicate"$/m);
     expect(r.stderr).toContain("usage: svc <command> [options]");
-    expect(r.stderr).toContain("svc --help");
+    expect(r.stderr).toContain("Hint: `svc help` lists the commands");
+    const typo = await svc(["depoly"], env);
+    expect(typo.code).toBe(2);
+    expect(typo.stderr).toContain("Hint: did you mean `svc deploy`? (`svc help` lists the commands)");
+    const verb = await svc(["create"], env);
+    expect(verb.stderr).toContain('Hint: "create" goes after a noun: `svc keys create`, `svc apps create`, `svc disk create`, `svc backups create` or `svc cron create`');
   });
 
-  it("rejects an unknown verb and a missing verb with usage errors", async () => {
+  it("rejects an unknown verb with suggestions, and shows a noun's verbs when none is given", async () => {
     const unknown = await svc(["keys", "rotate"], env);
     expect(unknown.code).toBe(2);
-    expect(unknown.stderr).toContain('unknown command "svc keys rotate"');
-    const missing = await svc(["apps"], env);
-    expect(missing.code).toBe(2);
-    expect(missing.stderr).toContain("usage: svc apps <command> [options]");
+    expect(unknown.stderr).toMatch(/^Error: unknown command "keys rotate"$/m);
+    expect(unknown.stderr).toContain("Hint: `svc help keys` lists the commands");
+    const typo = await svc(["keys", "creat"], env);
+    expect(typo.stderr).toContain("Hint: did you mean `svc keys create`? (`svc help keys` lists the commands)");
+    const noun = await svc(["apps"], env);
+    expect(noun.code).toBe(0);
+    expect(noun.stdout).toContain("Usage: svc apps <command> [options]");
+    expect(noun.stdout).toMatch(/^\s+delete\s+Delete an app/m);
   });
 
   it("rejects unknown options, missing flags and missing arguments before calling the API", async () => {
     const unknown = await svc(["keys", "list", "--colour"], env);
     expect(unknown.code).toBe(2);
-    expect(unknown.stderr).toContain("--colour");
+    expect(unknown.stderr.trimEnd().split("\n")).toEqual([
+      "Error: unknown option --colour for svc keys list",
+      "  usage: svc keys list [options]",
+      "  Hint: `svc keys list --help` lists the options",
+    ]);
     const flag = await svc(["keys", "create", "--name", "ci"], env);
     expect(flag.code).toBe(2);
     expect(flag.stderr).toMatch(/^Error: missing --scopes <list>$/m);
@@ -112,11 +266,28 @@ describe("svc command line", () => {
     expect(unsetPair.stderr).toContain("unset takes names only");
   });
 
-  it("refuses to delete an app without --yes when stdin is not a terminal", async () => {
-    const r = await svc(["apps", "delete", "my-app"], env);
-    expect(r.code).toBe(1);
-    expect(r.stderr).toMatch(/^Error: refusing to delete app my-app without confirmation$/m);
-    expect(r.stderr).toContain("Hint: pass --yes: svc apps delete my-app --yes");
+  it("refuses every destructive command without --yes when stdin is not a terminal, before calling the API", async () => {
+    const cases: [string[], string, string][] = [
+      [["apps", "delete", "my-app"], "delete app my-app", "svc apps delete --app my-app --yes"],
+      [["apps", "delete", "--app", "my-app"], "delete app my-app", "svc apps delete --app my-app --yes"],
+      [["disk", "delete", "uploads"], "delete disk uploads", "svc disk delete uploads --yes"],
+      [["keys", "delete", "key_x"], "delete API key key_x", "svc keys delete key_x --yes"],
+      [["backups", "restore", "uploads", "--backup", "bak_x"], "restore disk uploads", "svc backups restore uploads --backup bak_x --yes"],
+      [["backups", "delete", "uploads", "bak_x"], "delete backup bak_x of disk uploads", "svc backups delete uploads bak_x --yes"],
+      [["cron", "delete", "nightly"], "delete cron job nightly", "svc cron delete nightly --yes"],
+    ];
+    for (const [args, action, retry] of cases) {
+      const r = await svc(args, env);
+      expect(r.code, args.join(" ")).toBe(1);
+      expect(r.stderr.trimEnd().split("\n")).toEqual([
+        `Error: refusing to ${action} without confirmation`,
+        "  stdin is not a terminal, so svc cannot ask",
+        `  Hint: pass --yes: ${retry}`,
+      ]);
+    }
+    // With --yes the command goes ahead: here it reaches for the API, which is not running.
+    const yes = await svc(["disk", "delete", "uploads", "--yes"], env);
+    expect(yes.stderr).toContain("Error: could not delete disk uploads");
   });
 
   it("reports an unreachable API in three parts with the URL to check", async () => {
@@ -139,6 +310,12 @@ describe("svc command line", () => {
     const r = await svc(["login", "--api-url", "http://127.0.0.1:9"], home.env);
     expect(r.code).toBe(2);
     expect(r.stderr).toContain("missing --api-key <key> (stdin is not a terminal");
+  });
+
+  it("takes no URL or key besides --local, which reads both from the local stack", async () => {
+    const r = await svc(["login", "--local", "--api-key", "svc_x"], home.env);
+    expect(r.code).toBe(2);
+    expect(r.stderr).toContain("Error: --local takes the URL and the key from the local stack: leave out --api-url and --api-key");
   });
 
   it("rejects a login URL that is not http(s)", async () => {

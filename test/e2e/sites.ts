@@ -1,4 +1,4 @@
-import { cp, mkdtemp, rm } from "node:fs/promises";
+import { cp, mkdir, mkdtemp, rm } from "node:fs/promises";
 import { request } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -21,6 +21,15 @@ export class FixtureCopies {
     return target;
   }
 
+  /** A new empty folder named `name` (its name is what `svc init` derives the app name from). */
+  async folder(name: string): Promise<string> {
+    const dir = await mkdtemp(join(tmpdir(), "svc-site-"));
+    this.dirs.push(dir);
+    const target = join(dir, name);
+    await mkdir(target);
+    return target;
+  }
+
   async removeAll(): Promise<void> {
     await Promise.all(this.dirs.map((dir) => rm(dir, { recursive: true, force: true })));
   }
@@ -34,7 +43,7 @@ export type SiteResponse = { status: number; headers: Record<string, string | st
  * to 127.0.0.1 with `Host: <app>.localhost:<port>` (fetch cannot set Host, so node:http).
  */
 export function siteRequest(
-  stack: LocalStack,
+  stack: Pick<LocalStack, "apiUrl">,
   app: string,
   path: string,
   options: { method?: string; headers?: Record<string, string> } = {},

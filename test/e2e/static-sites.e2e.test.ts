@@ -207,7 +207,7 @@ describe("static sites: svc deploy, the builder and the edge", () => {
 
   describe("failures are clear and early", () => {
     it(
-      "a package.json with dependencies but no lockfile: names the three lockfiles, installs nothing",
+      "a package.json with dependencies but no lockfile: names the three lockfiles, uploads and installs nothing",
       async () => {
         const app = `nolock-${suffix}`;
         await createApp(app);
@@ -217,9 +217,11 @@ describe("static sites: svc deploy, the builder and the edge", () => {
         expect(r.code).toBe(1);
         const output = r.stdout + r.stderr;
         for (const lockfile of ["package-lock.json", "yarn.lock", "pnpm-lock.yaml"]) expect(output).toContain(lockfile);
-        expect(r.stderr).toMatch(/^Error: deployment dep_\w+ failed$/m);
+        // svc deploy applies the build's own rule before the upload (the builder's refusal is test/builder/build.error.test.ts).
+        expect(r.stderr).toMatch(/^Error: cannot deploy \S+$/m);
         expect(r.stderr).toContain("Hint: run npm install");
-        expect(output).not.toMatch(/installing dependencies|npm ci|added \d+ packages/);
+        expect(output).not.toMatch(/Packed|Uploaded|installing dependencies|npm ci|added \d+ packages/);
+        expect(await deployments(app)).toEqual([]);
       },
       DEPLOY_MS,
     );

@@ -14,19 +14,15 @@ import { join } from "node:path";
 import { FsImages, IMAGE_DATA_DIR } from "../fs-image.js";
 import {
   COMMON_OUTPUT_DIRS,
-  FRAMEWORK_NAMES,
-  LOCKFILES,
+  PROJECT_ROOT,
   type PackageJson,
   type PackageManager,
   type ProjectFiles,
-  describeNotStatic,
-  detectProject,
-  findLockfile,
-  hasDependencies,
+  planSite,
   readPackageJson,
 } from "../detect.js";
 import type { JobOutcome } from "../job-manager.js";
-import { type BuildResult, type BuildSpec, projectDir } from "../protocol.js";
+import type { BuildResult, BuildSpec } from "../protocol.js";
 import type { SandboxHost } from "../sandbox-host.js";
 import {
   DEFAULT_PATH,
@@ -41,10 +37,14 @@ import {
 import { downloadSource } from "../source-archive.js";
 import { projectFiles, realDirInside } from "../static/files.js";
 import { buildManifest } from "../static/manifest.js";
-import { parseSvcJson } from "../static/project-config.js";
+import { parseSvcJson, type SvcJson } from "../static/project-config.js";
 import { CONTAINER_FILES, generateServerFiles } from "../static/server-config.js";
 import { uploadMissingBlobs } from "../static/upload.js";
+import { installFailureFromLog } from "./install-error.js";
 import { failure, finish, interrupted } from "./run.js";
+
+/** The job log's file in the job's folder (job-manager.ts opens it there). */
+const JOB_LOG_FILE = "log";
 
 /** Inputs of {@link runBuild}. */
 export interface BuildJobInput {
@@ -197,8 +197,18 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
       log.note(`$ ${command}`);
       // Without NODE_ENV: NODE_ENV=production makes every package manager skip devDependencies, where build tools live.
       const { NODE_ENV: _omitted, ...appEnv } = spec.env;
+      await log.settled();
+      const installOutput = log.bytes;
       const failed = await step("install", command, { CI: "true", ...appEnv, ...registry, PATH: toolsPath });
-      if (failed) return finish(log, failed);
+      if (failed) {
+        if (failed.reason === "exit_code") {
+          // The cause is one line among many: quote it in the summary, with what to do (install-error.ts).
+          await log.settled();
+          const why = await installFailureFromLog(join(input.jobDir, JOB_LOG_FILE), installOutput, lockfile, packageManager).catch(() => null);
+          if (why !== null) failed.error = `${failed.error}: ${why}`;
+        }
+        return finish(log, failed);
+      }
     }
 
     if (plan.buildCommand !== null) {
@@ -213,12 +223,17 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
 
     const outputRoot = await realDirInside(root, plan.outputDir);
     if (outputRoot === null) return fail(await missingOutputMessage(root, plan.outputDir, plan.buildCommand !== null));
-    const scanned = await buildManifest(outputRoot);
+    const plainFolder = plan.outputDir === PROJECT_ROOT;
+    const scanned = await buildManifest(outputRoot, { plainFolder });
     if (!scanned.ok) return fail(scanned.error);
-    const { entries, skipped } = scanned.scan;
+    const { entries, skipped, leftOut } = scanned.scan;
     if (entries.length === 0) return fail(`outputDir "${plan.outputDir}" has no files; check what the build writes there`);
     const totalBytes = entries.reduce((sum, entry) => sum + entry.size, 0);
     log.note(`output ${plan.outputDir}: ${entries.length} file${entries.length === 1 ? "" : "s"}, ${formatBytes(totalBytes)}`);
+    if (plainFolder && leftOut.length > 0) {
+      const shown = leftOut.slice(0, 8).join(", ") + (leftOut.length > 8 ? ", …" : "");
+      log.note(`served the project root as a plain folder, leaving out what is not site content (svc.json, dotfiles, .gitignore'd paths): ${shown}`);
+    }
     if (skipped.length > 0) {
       const shown = skipped.slice(0, 5).join(", ") + (skipped.length > 5 ? ", …" : "");
       log.note(
@@ -295,15 +310,15 @@ async function removeScratch(host: SandboxHost, scratch: string): Promise<void> 
 }
 
 /**
- * Decides framework, build command, output folder and routing: the app's
- * settings (overrides) win over svc.json, which wins over detection. Also
- * refuses, before anything is installed, a project with dependencies but no
- * lockfile (spec rule 7).
+ * Decides framework, build command, output folder and routing ({@link planSite}:
+ * the app's settings win over svc.json, which wins over detection, and a project
+ * with dependencies but no lockfile is refused before anything is installed),
+ * then how the package manager runs here and whether the project brings its own
+ * container file.
  */
 async function planBuild(files: ProjectFiles, spec: BuildSpec, log: JobLog): Promise<Decision<BuildPlan>> {
-  const overrides = spec.overrides ?? {};
   const svcText = await files.read("svc.json");
-  let config = null;
+  let config: SvcJson | null = null;
   if (svcText === null) {
     log.note("no svc.json: detecting the framework");
   } else {
@@ -312,60 +327,24 @@ async function planBuild(files: ProjectFiles, spec: BuildSpec, log: JobLog): Pro
     config = parsed.config;
     log.note(`svc.json: ${JSON.stringify(config)}`);
   }
-
-  const pkg = await readPackageJson(files);
-  if (pkg !== null && "error" in pkg) return { ok: false, error: pkg.error };
-  const detected = await detectProject(files);
-  const chosenDir = overrides.outputDir ?? config?.outputDir ?? detected?.outputDir;
-  const outputDir = chosenDir === undefined ? null : projectDir(chosenDir);
-  if (outputDir === null) return { ok: false, error: await describeNotStatic(files) };
-
-  const lockfile = await findLockfile(files, pkg);
-  // Without a detected framework (svc.json named the folder), the project's build script is the natural command;
-  // a plain static/ folder is served as it is unless a command is configured.
-  const defaultCommand = detected
-    ? detected.buildCommand
-    : pkg?.scripts?.build
-      ? `${lockfile?.packageManager ?? "npm"} run build`
-      : null;
-  const buildCommand = overrides.buildCommand ?? config?.buildCommand ?? defaultCommand;
-  const spa = overrides.spa ?? config?.spa ?? detected?.spa ?? false;
-  const from = (override: unknown, configured: unknown, found: unknown) =>
-    override !== undefined
-      ? "app settings"
-      : configured !== undefined
-        ? "svc.json"
-        : found !== undefined
-          ? "detected"
-          : "default";
-  const framework = detected?.framework ?? null;
-  const command = buildCommand === null ? "none" : JSON.stringify(buildCommand);
-  log.note(
-    `static site${framework ? ` (${FRAMEWORK_NAMES[framework] ?? framework})` : ""}: ` +
-      `output ${outputDir} (${from(overrides.outputDir, config?.outputDir, detected?.outputDir)}), ` +
-      `build ${command} (${from(overrides.buildCommand, config?.buildCommand, defaultCommand ?? undefined)}), ` +
-      `spa ${spa} (${from(overrides.spa, config?.spa, detected?.spa)})`,
-  );
+  const planned = await planSite(files, config, spec.overrides ?? {});
+  if (!planned.ok) return planned;
+  const site = planned.value;
+  log.note(site.summary);
+  if (site.nothingToInstall !== null) log.note(site.nothingToInstall);
 
   let install: BuildPlan["install"] = null;
-  if (buildCommand !== null && pkg !== null && hasDependencies(pkg)) {
-    if (lockfile === null) {
-      const names = LOCKFILES.map((entry) => entry.file).join(", ");
-      return {
-        ok: false,
-        error: `package.json lists dependencies but no lockfile was found: commit one of ${names} (the build installs exactly what it pins)`,
-      };
-    }
-    const { packageManager, file } = lockfile;
-    const tool = await availableTool(packageManager, pkg, spec.env.PATH ?? DEFAULT_PATH);
+  if (site.install !== null) {
+    const { packageManager, lockfile } = site.install;
+    const pkg = await readPackageJson(files);
+    const tool = await availableTool(packageManager, pkg !== null && !("error" in pkg) ? pkg : {}, spec.env.PATH ?? DEFAULT_PATH);
     if (!tool.ok) return tool;
-    install = { packageManager, lockfile: file, command: INSTALL_COMMANDS[packageManager], viaNpx: tool.value };
-  } else if (buildCommand !== null) {
-    log.note(pkg === null ? "no package.json: nothing to install" : "package.json lists no dependencies: nothing to install");
+    install = { packageManager, lockfile, command: INSTALL_COMMANDS[packageManager], viaNpx: tool.value };
   }
 
   let ownContainerFile: string | null = null;
   for (const name of CONTAINER_FILES) if (ownContainerFile === null && (await files.exists(name))) ownContainerFile = name;
+  const { framework, buildCommand, outputDir, spa } = site;
   return {
     ok: true,
     value: { framework, buildCommand, outputDir, spa, port: config?.port ?? 80, install, ownContainerFile },

@@ -6,9 +6,11 @@
 import { createHash } from "node:crypto";
 import { readdir, realpath, stat } from "node:fs/promises";
 import { join } from "node:path";
+import { leftOutOfPlainFolder } from "../detect.js";
 import { MAX_MANIFEST_BYTES, MAX_MANIFEST_FILES, type ManifestEntry } from "../protocol.js";
 import { contentTypeFor } from "./content-types.js";
 import { isInside, openInside } from "./files.js";
+import { isIgnored, parseIgnoreFile, type RuleSet } from "./ignore.js";
 import { forEachLimited } from "./pool.js";
 
 /**
@@ -26,24 +28,57 @@ export interface ManifestScan {
   entries: ManifestEntry[];
   /** Relative paths left out because they lead outside the folder, or are not files or folders. */
   skipped: string[];
+  /** Paths of a plain folder that are not site content (config, dotfiles, `.gitignore`d); folders end in `/`. */
+  leftOut: string[];
+}
+
+/** Largest `.gitignore` read from a plain folder. */
+const MAX_IGNORE_FILE_BYTES = 1024 * 1024;
+
+/** The rules of `dir/.gitignore` (a file really inside `root`), or null when there is none. */
+async function ignoreRules(root: string, dir: string): Promise<RuleSet | null> {
+  const handle = await openInside(root, dir === "" ? ".gitignore" : `${dir}/.gitignore`);
+  if (!handle) return null;
+  try {
+    if ((await handle.stat()).size > MAX_IGNORE_FILE_BYTES) return null;
+    return { base: dir, rules: parseIgnoreFile(await handle.readFile("utf8")) };
+  } finally {
+    await handle.close();
+  }
 }
 
 /**
  * Walks `root` (a real path, already checked to be inside the job's folder) and
  * hashes each file chunk by chunk, never whole in memory. Symlinks are followed
  * only while they stay inside `root`; a folder reached through a link is entered
- * once, so link loops end.
+ * once, so link loops end. With `plainFolder` (the project root is the site),
+ * what is not site content is left out: `.gitignore`d paths at every level and
+ * what detect.ts's `leftOutOfPlainFolder` names (svc.json, dotfiles).
  */
-export async function buildManifest(root: string): Promise<{ ok: true; scan: ManifestScan } | { ok: false; error: string }> {
+export async function buildManifest(
+  root: string,
+  options: { plainFolder?: boolean } = {},
+): Promise<{ ok: true; scan: ManifestScan } | { ok: false; error: string }> {
   const files: string[] = [];
   const skipped: string[] = [];
+  const leftOut: string[] = [];
   const visited = new Set<string>([root]);
-  const pending: string[] = [""];
-  for (let dir = pending.pop(); dir !== undefined; dir = pending.pop()) {
+  const pending: { dir: string; rules: RuleSet[] }[] = [{ dir: "", rules: [] }];
+  for (let next = pending.pop(); next !== undefined; next = pending.pop()) {
+    const { dir } = next;
+    let rules = next.rules;
+    if (options.plainFolder) {
+      const own = await ignoreRules(root, dir);
+      if (own) rules = [...rules, own];
+    }
     const children = await readdir(join(root, dir), { withFileTypes: true });
     for (const child of children) {
       if (IGNORED_NAMES.has(child.name)) continue;
       const relative = dir === "" ? child.name : `${dir}/${child.name}`;
+      if (options.plainFolder && (leftOutOfPlainFolder(relative) || isIgnored(relative, child.isDirectory(), rules))) {
+        leftOut.push(child.isDirectory() ? `${relative}/` : relative);
+        continue;
+      }
       let kind: "file" | "dir" | null = child.isFile() ? "file" : child.isDirectory() ? "dir" : null;
       if (child.isSymbolicLink()) {
         const target = await realpath(join(root, relative)).catch(() => null);
@@ -58,7 +93,7 @@ export async function buildManifest(root: string): Promise<{ ok: true; scan: Man
           visited.add(target);
         }
       }
-      if (kind === "dir") pending.push(relative);
+      if (kind === "dir") pending.push({ dir: relative, rules });
       else if (kind === "file") files.push(relative);
       else skipped.push(relative);
       if (files.length > MAX_MANIFEST_FILES) {
@@ -73,6 +108,7 @@ export async function buildManifest(root: string): Promise<{ ok: true; scan: Man
     else skipped.push(relative);
   });
   skipped.sort();
+  leftOut.sort();
   entries.sort((a, b) => (a.path < b.path ? -1 : a.path > b.path ? 1 : 0));
   const bytes = Buffer.byteLength(JSON.stringify(entries));
   if (bytes > MAX_MANIFEST_BYTES) {
@@ -81,7 +117,7 @@ export async function buildManifest(root: string): Promise<{ ok: true; scan: Man
       error: `the output's file list takes ${Math.ceil(bytes / 1024 / 1024)} MiB, more than the ${MAX_MANIFEST_BYTES / 1024 / 1024} MiB one deployment may hold (shorter paths or fewer files)`,
     };
   }
-  return { ok: true, scan: { entries, skipped } };
+  return { ok: true, scan: { entries, skipped, leftOut } };
 }
 
 /** SHA-256 and size of one file, read in chunks; null when it cannot be opened inside `root`. */

@@ -5,7 +5,7 @@
  * by name, as are values of the wrong type.
  */
 import { z } from "zod";
-import { projectDir } from "../protocol.js";
+import { siteDir } from "../protocol.js";
 
 const FIELDS = ["name", "runtime", "buildCommand", "outputDir", "port", "spa"] as const;
 
@@ -19,7 +19,10 @@ export const SvcJson = z.strictObject({
   buildCommand: z.string({ error: "must be a string" }).min(1, "must not be empty").max(100_000).optional(),
   outputDir: z
     .string({ error: "must be a string" })
-    .refine((path) => projectDir(path) !== null, "must be a folder inside the project: relative, without .. (e.g. dist)")
+    .refine(
+      (path) => siteDir(path) !== null,
+      'must be a folder inside the project: relative, without .. (e.g. dist), or "." for a plain folder served as it is',
+    )
     .optional(),
   port: z.int({ error: "must be an integer" }).min(1, "must be 1–65535").max(65_535, "must be 1–65535").optional(),
   spa: z.boolean({ error: "must be true or false" }).optional(),

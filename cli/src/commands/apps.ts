@@ -1,9 +1,9 @@
 import type { ResponseData, Schemas } from "../../../openapi/types.js";
 import { type Call, path } from "../api.js";
-import { defineCommand, type Group } from "../command.js";
-import { ago, CliError, fields, table, when } from "../output.js";
+import { APP_ARG, defineCommand, type Group, YES_OPTION } from "../command.js";
+import { ago, fields, table, when } from "../output.js";
 import { positiveInteger } from "../parse.js";
-import { confirm } from "../prompt.js";
+import { confirmOrRefuse } from "../prompt.js";
 import { buildLogs } from "./logs.js";
 
 /** An application as the API returns it. */
@@ -84,12 +84,10 @@ const list = defineCommand({
   },
 });
 
-const APP_ARG = [{ name: "app", description: "app name or id" }] as const;
-
 const info = defineCommand({
   name: "info",
   summary: "Show an app's details",
-  args: APP_ARG,
+  args: [APP_ARG],
   options: {},
   async run({ args, out, api }) {
     const app = await (await api()).data<App>("GET", path`/v1/apps/${args.app}`, undefined, aboutApp(`show app ${args.app}`, args.app));
@@ -100,7 +98,7 @@ const info = defineCommand({
 const stop = defineCommand({
   name: "stop",
   summary: "Stop an app (its cron jobs stop running too)",
-  args: APP_ARG,
+  args: [APP_ARG],
   options: {},
   async run({ args, out, api }) {
     const app = await (await api()).data<App>("POST", path`/v1/apps/${args.app}/stop`, undefined, aboutApp(`stop app ${args.app}`, args.app));
@@ -111,7 +109,7 @@ const stop = defineCommand({
 const restart = defineCommand({
   name: "restart",
   summary: "Restart an app, starting it if stopped",
-  args: APP_ARG,
+  args: [APP_ARG],
   options: {},
   async run({ args, out, api }) {
     const app = await (await api()).data<App>(
@@ -126,17 +124,17 @@ const restart = defineCommand({
 
 const remove = defineCommand({
   name: "delete",
-  summary: "Delete an app and its env vars",
+  summary: "Delete an app with its env vars and cron jobs (disks are detached, not deleted)",
   description: "Asks for confirmation on a terminal; scripts must pass --yes.",
-  args: APP_ARG,
-  options: { yes: { type: "boolean", short: "y", description: "delete without asking" } },
+  args: [APP_ARG],
+  options: { yes: YES_OPTION },
+  examples: ["svc apps delete --app my-site", "svc apps delete --app my-site --yes"],
   async run({ args, opts, out, api, interactive }) {
-    if (!opts.yes) {
-      if (!interactive) {
-        throw new CliError(`refusing to delete app ${args.app} without confirmation`, ["stdin is not a terminal, so svc cannot ask"], `pass --yes: svc apps delete ${args.app} --yes`);
-      }
-      if (!(await confirm(`Delete app ${args.app}? This cannot be undone.`))) throw new CliError(`app ${args.app} not deleted`, ["the question was not answered with y"]);
-    }
+    await confirmOrRefuse(interactive, opts.yes, {
+      action: `delete app ${args.app}`,
+      question: `Delete app ${args.app} with its env vars and cron jobs (attached disks are only detached)? This cannot be undone.`,
+      retry: `svc apps delete --app ${args.app}`,
+    });
     const deleted = await (await api()).data<Deleted>(
       "DELETE",
       path`/v1/apps/${args.app}`,

@@ -8,9 +8,10 @@ import { pipeline } from "node:stream/promises";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { ResponseData, Schemas } from "../../../openapi/types.js";
 import { type ApiClient, type Call, path } from "../api.js";
-import { defineCommand, type Group } from "../command.js";
+import { defineCommand, type Group, YES_OPTION } from "../command.js";
 import { ago, CliError, fields, type Output, table, when } from "../output.js";
 import { formatBytes, Progress } from "../progress.js";
+import { confirmOrRefuse } from "../prompt.js";
 import { VERSION } from "../version.js";
 
 /** A disk backup as the API returns it; the optional fields appear as the backup moves on. */
@@ -196,20 +197,34 @@ async function fetchInto(url: string, handle: FileHandle, hash: Hash, progress: 
 
 const download = defineCommand({
   name: "download",
-  summary: "Download a ready backup's archive (tar.gz)",
+  summary: "Download a ready backup's archive (tar.gz); the newest ready one unless named",
   description: `Streams the archive to the file through a link valid for 1 hour, and checks its SHA-256
-against the one recorded for the backup. The file is written as <file>.part and renamed when complete.`,
-  args: BACKUP_ARGS,
+against the one recorded for the backup. The file is written as <file>.part and renamed when complete.
+Without <backup>, downloads the disk's newest ready backup.`,
+  args: [DISK_ARG],
+  optionalArg: { name: "backup", description: "backup id (bak_…), from svc backups list (default: the newest ready one)" },
   options: { output: { type: "string", short: "o", value: "file", description: "where to write it (default <disk>-<backup>.tar.gz)" } },
-  examples: ["svc backups download uploads bak_7Qm2xY9pL4sK8vN1cR6tW3zA -o uploads.tar.gz"],
+  examples: ["svc backups download uploads -o uploads.tar.gz", "svc backups download uploads bak_7Qm2xY9pL4sK8vN1cR6tW3zA -o uploads.tar.gz"],
   async run({ args, opts, out, api }) {
     const client = await api();
-    const call = aboutDisk(`download backup ${args.backup} of disk ${args.disk}`, args.disk);
-    const link = await client.data<DownloadLink>("GET", path`/v1/disks/${args.disk}/backups/${args.backup}/download`, undefined, call);
-    const backup = (await listBackups(client, args.disk)).find((b) => b.id === args.backup);
-    const file = opts.output ?? `${args.disk}-${args.backup}.tar.gz`;
+    const backups = await listBackups(client, args.disk);
+    const newest = args.backup === undefined ? backups.find((b) => b.status === "ready") : undefined;
+    const id = args.backup ?? newest?.id;
+    if (id === undefined) {
+      const creating = backups.some((b) => b.status === "creating");
+      throw new CliError(
+        `could not download a backup of disk ${args.disk}`,
+        [creating ? "its backups are still being made" : "it has no ready backup"],
+        creating ? `wait for it: svc backups list ${args.disk}` : `create one: svc backups create ${args.disk} --wait`,
+      );
+    }
+    if (newest) out.note(`Newest ready backup of disk ${args.disk}: ${newest.id} (${when(newest.createdAt)})`);
+    const call = aboutDisk(`download backup ${id} of disk ${args.disk}`, args.disk);
+    const link = await client.data<DownloadLink>("GET", path`/v1/disks/${args.disk}/backups/${id}/download`, undefined, call);
+    const backup = backups.find((b) => b.id === id);
+    const file = opts.output ?? `${args.disk}-${id}.tar.gz`;
     const partial = `${file}.part`;
-    const failed: Fail = (detail, hint) => new CliError(`could not download backup ${args.backup} to ${file}`, detail, hint);
+    const failed: Fail = (detail, hint) => new CliError(`could not download backup ${id} to ${file}`, detail, hint);
 
     let handle: FileHandle;
     try {
@@ -241,8 +256,8 @@ against the one recorded for the backup. The file is written as <file>.part and 
     await rename(partial, file);
     const verified = Boolean(backup?.sha256);
     out.result(
-      { id: args.backup, file, sizeBytes: size, sha256, verified },
-      `Downloaded backup ${args.backup} to ${file} (${formatBytes(size)}, ${verified ? "SHA-256 verified" : "no SHA-256 recorded to check"})`,
+      { id, file, sizeBytes: size, sha256, verified },
+      `Downloaded backup ${id} to ${file} (${formatBytes(size)}, ${verified ? "SHA-256 verified" : "no SHA-256 recorded to check"})`,
     );
   },
 });
@@ -336,7 +351,7 @@ async function upload(presigned: Presigned, file: string, size: number): Promise
 /** What to do about DISK_IN_USE, naming the app when the disk says which it is. */
 function inUseHint(disk: string, app: string | null): string {
   const name = app ?? "<app>";
-  return `stop the app first (svc apps stop ${name}; the restore starts it again), or detach the disk (svc disk detach ${disk}), restore, then svc disk attach ${disk} --app ${name}`;
+  return `stop the app first (svc apps stop --app ${name}; the restore starts it again), or detach the disk (svc disk detach ${disk}), restore, then svc disk attach ${disk} --app ${name}`;
 }
 
 /** The archive's size, checked before any request: a typo in --file should not cost an API round trip. */
@@ -369,19 +384,28 @@ const restore = defineCommand({
   description: `--file uploads a tar.gz archive (e.g. one from svc backups download) and restores from it;
 --backup restores a ready backup of the disk without uploading anything. The disk must not be in
 use: stop its app (the restore starts it again) or detach the disk. Waits for the restore to end;
-a failed restore leaves the disk as it was.`,
+a failed restore leaves the disk as it was. Asks for confirmation on a terminal; scripts must pass --yes.`,
   args: [DISK_ARG],
   options: {
     file: { type: "string", value: "archive", description: "tar.gz archive to upload and restore from" },
     backup: { type: "string", value: "id", description: "a ready backup of this disk to restore from" },
+    yes: YES_OPTION,
   },
-  examples: ["svc apps stop my-app && svc backups restore uploads --file uploads.tar.gz", "svc backups restore uploads --backup bak_7Qm2xY9pL4sK8vN1cR6tW3zA"],
-  async run({ args, opts, out, api, fail }) {
+  examples: [
+    "svc apps stop --app my-app && svc backups restore uploads --file uploads.tar.gz --yes",
+    "svc backups restore uploads --backup bak_7Qm2xY9pL4sK8vN1cR6tW3zA",
+  ],
+  async run({ args, opts, out, api, fail, interactive }) {
     const { file, backup } = opts;
     let from: { file: string; size: number } | { backupId: string };
     if (file !== undefined && backup === undefined) from = { file, size: await archiveSize(file) };
     else if (backup !== undefined && file === undefined) from = { backupId: backup };
     else throw fail("pass either --file <archive> or --backup <id>");
+    await confirmOrRefuse(interactive, opts.yes, {
+      action: `restore disk ${args.disk}`,
+      question: `Replace all data on disk ${args.disk} with ${"file" in from ? from.file : `backup ${from.backupId}`}? This cannot be undone.`,
+      retry: `svc backups restore ${args.disk} ${"file" in from ? `--file ${from.file}` : `--backup ${from.backupId}`}`,
+    });
     const client = await api();
     const what = `restore disk ${args.disk}`;
     const disk = await client.data<Disk>("GET", path`/v1/disks/${args.disk}`, undefined, aboutDisk(what, args.disk));
@@ -417,9 +441,16 @@ a failed restore leaves the disk as it was.`,
 const remove = defineCommand({
   name: "delete",
   summary: "Delete a backup and free its space in the quota",
+  description: "Asks for confirmation on a terminal; scripts must pass --yes.",
   args: BACKUP_ARGS,
-  options: {},
-  async run({ args, out, api }) {
+  options: { yes: YES_OPTION },
+  examples: ["svc backups delete uploads bak_7Qm2xY9pL4sK8vN1cR6tW3zA --yes"],
+  async run({ args, opts, out, api, interactive }) {
+    await confirmOrRefuse(interactive, opts.yes, {
+      action: `delete backup ${args.backup} of disk ${args.disk}`,
+      question: `Delete backup ${args.backup} of disk ${args.disk}? This cannot be undone.`,
+      retry: `svc backups delete ${args.disk} ${args.backup}`,
+    });
     const deleted = await (await api()).data<Deleted>(
       "DELETE",
       path`/v1/disks/${args.disk}/backups/${args.backup}`,

@@ -1,9 +1,10 @@
 import { setTimeout as sleep } from "node:timers/promises";
 import type { ResponseData, Schemas } from "../../../openapi/types.js";
 import { type ApiClient, type Call, path } from "../api.js";
-import { defineCommand, type Group } from "../command.js";
+import { APP_ARG, defineCommand, type Group, YES_OPTION } from "../command.js";
 import { ago, CliError, fields, type Output, table, when } from "../output.js";
 import { durationSeconds } from "../parse.js";
+import { confirmOrRefuse } from "../prompt.js";
 
 /** A cron job as created and listed. */
 type CronJob = Schemas["Cron"];
@@ -68,6 +69,11 @@ async function cronId(client: ApiClient, ref: string): Promise<string> {
 async function appNames(client: ApiClient): Promise<Map<string, string>> {
   const apps = await client.data<Schemas["App"][]>("GET", "/v1/apps", undefined, { what: "list apps" });
   return new Map(apps.map((a) => [a.id, a.name]));
+}
+
+/** A job's details as create, info and update all show them: the app by name and id. */
+async function describeWithApp(client: ApiClient, job: CronJob & Partial<CronDetail>): Promise<string> {
+  return describe(job, (await appNames(client)).get(job.appId));
 }
 
 /** `3600` → `1h`, `90` → `90s`: the largest unit that divides the value exactly. */
@@ -181,6 +187,10 @@ function runHint(run: CronRun, target: RunTarget): string {
 }
 
 const ID_ARG = { name: "id", description: "cron job id (cron_…) or name" } as const;
+
+/** Unquoted, `0 3 * * *` reaches svc as five words, each * already replaced by the names of the files around. */
+const SCHEDULE_QUOTE_HINT =
+  'quote the schedule, it is one argument: --schedule "0 3 * * *" (unquoted, the shell splits it into words and turns each * into file names)';
 const RUN_ARGS = [ID_ARG, { name: "job_name", description: "the run's name, from svc cron runs" }] as const;
 
 const create = defineCommand({
@@ -189,29 +199,29 @@ const create = defineCommand({
   description: `The schedule has five fields: minute (0-59) hour (0-23) day-of-month (1-31) month (1-12)
 day-of-week (0-7, 0 and 7 are Sunday), with *, lists (1,15), ranges (1-5) and steps (*/15).
 The command gets the app's env vars and its disk.`,
-  args: [{ name: "app", description: "app name or id" }],
+  args: [APP_ARG],
   options: {
     name: { type: "string", value: "name", description: "job name, unique in the account (a DNS label, e.g. nightly-report)", required: true },
-    schedule: { type: "string", value: "expr", description: 'five-field cron expression, e.g. "0 3 * * *"', required: true },
+    schedule: { type: "string", value: "expr", description: 'five-field cron expression, quoted, e.g. "0 3 * * *"', required: true, quoteHint: SCHEDULE_QUOTE_HINT },
     command: { type: "string", value: "cmd", description: "shell command to run", required: true },
     ...TUNING,
   },
   examples: [
-    'svc cron create my-app --name nightly-report --schedule "0 3 * * *" --command "npm run report"',
-    'svc cron create api --name sync --schedule "*/15 9-17 * * 1-5" --command "./sync.sh" --timezone Europe/Berlin --timeout 10m',
+    'svc cron create --app my-app --name nightly-report --schedule "0 3 * * *" --command "npm run report"',
+    'svc cron create --app api --name sync --schedule "*/15 9-17 * * 1-5" --command "./sync.sh" --timezone Europe/Berlin --timeout 10m',
   ],
   async run({ args, opts, out, api, fail }) {
     const body = { appId: args.app, name: opts.name, schedule: opts.schedule, command: opts.command, ...tuning(opts, fail) };
     const client = await api();
     const job = await client.data<CronJob>("POST", "/v1/crons", body, {
-      what: `create cron job ${opts.name}`,
+      what: `create cron job ${opts.name} in app ${args.app}`,
       flags: CRON_FLAGS,
       hints: {
         APP_NOT_FOUND: `no app "${args.app}" in this account: \`svc apps list\` shows the names and ids`,
         NAME_TAKEN: "this account already has a cron job with that name: choose another --name",
       },
     });
-    out.result(job, `Created cron job ${job.name} in app ${args.app}\n${describe(job, undefined)}`);
+    out.result(job, out.json ? undefined : `Created cron job ${job.name}\n${await describeWithApp(client, job)}`);
   },
 });
 
@@ -223,7 +233,7 @@ const list = defineCommand({
     const client = await api();
     const jobs = await client.data<CronJob[]>("GET", "/v1/crons", undefined, { what: "list cron jobs" });
     if (out.json || jobs.length === 0) {
-      out.result(jobs, 'No cron jobs yet. Create one: svc cron create <app> --name <name> --schedule "<expr>" --command <cmd>');
+      out.result(jobs, 'No cron jobs yet. Create one: svc cron create --app <app> --name <name> --schedule "<expr>" --command <cmd>');
       return;
     }
     const names = await appNames(client);
@@ -250,8 +260,7 @@ const info = defineCommand({
     const client = await api();
     const id = await cronId(client, args.id);
     const job = await client.data<CronDetail>("GET", path`/v1/crons/${id}`, undefined, aboutCron(`show cron job ${args.id}`, args.id));
-    if (out.json) out.result(job);
-    else out.result(job, describe(job, (await appNames(client)).get(job.appId)));
+    out.result(job, out.json ? undefined : await describeWithApp(client, job));
   },
 });
 
@@ -260,7 +269,7 @@ const update = defineCommand({
   summary: "Change a cron job; only the given options change",
   args: [ID_ARG],
   options: {
-    schedule: { type: "string", value: "expr", description: "new five-field cron expression" },
+    schedule: { type: "string", value: "expr", description: 'new five-field cron expression, quoted, e.g. "30 2 * * *"', quoteHint: SCHEDULE_QUOTE_HINT },
     command: { type: "string", value: "cmd", description: "new command" },
     ...TUNING,
     enable: { type: "boolean", description: "resume a paused job" },
@@ -279,7 +288,7 @@ const update = defineCommand({
     const client = await api();
     const id = await cronId(client, args.id);
     const job = await client.data<CronDetail>("PATCH", path`/v1/crons/${id}`, body, aboutCron(`update cron job ${args.id}`, args.id));
-    out.result(job, `Updated cron job ${job.name}\n${describe(job, undefined)}`);
+    out.result(job, out.json ? undefined : `Updated cron job ${job.name}\n${await describeWithApp(client, job)}`);
   },
 });
 
@@ -310,7 +319,7 @@ const run = defineCommand({
       path`/v1/crons/${id}/run`,
       undefined,
       aboutCron(`run cron job ${args.id}`, args.id, {
-        APP_STOPPED: `stopped apps run no cron jobs: start the app with \`svc apps restart <app>\` (\`svc cron info ${args.id}\` names it)`,
+        APP_STOPPED: `stopped apps run no cron jobs: start the app with \`svc apps restart --app <app>\` (\`svc cron info ${args.id}\` names it)`,
       }),
     );
     const target = { id, ref: args.id, jobName: started.jobName };
@@ -404,9 +413,16 @@ const cancel = defineCommand({
 const remove = defineCommand({
   name: "delete",
   summary: "Delete a cron job with its schedule, runs and logs",
+  description: "Asks for confirmation on a terminal; scripts must pass --yes.",
   args: [ID_ARG],
-  options: {},
-  async run({ args, out, api }) {
+  options: { yes: YES_OPTION },
+  examples: ["svc cron delete nightly-report --yes"],
+  async run({ args, opts, out, api, interactive }) {
+    await confirmOrRefuse(interactive, opts.yes, {
+      action: `delete cron job ${args.id}`,
+      question: `Delete cron job ${args.id} with its runs and logs? This cannot be undone.`,
+      retry: `svc cron delete ${args.id}`,
+    });
     const client = await api();
     const id = await cronId(client, args.id);
     const deleted = await client.data<Deleted>("DELETE", path`/v1/crons/${id}`, undefined, aboutCron(`delete cron job ${args.id}`, args.id));

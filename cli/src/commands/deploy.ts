@@ -2,13 +2,17 @@ import { createReadStream } from "node:fs";
 import { readFile, stat } from "node:fs/promises";
 import { join, resolve } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
+import { PROJECT_ROOT, planSite } from "../../../builder/src/detect.js";
+import { parseSvcJson, type SvcJson } from "../../../builder/src/static/project-config.js";
 import type { ResponseData, Schemas } from "../../../openapi/types.js";
 import { type ApiClient, type Call, path, RequestFailed } from "../api.js";
-import { defineCommand, type Group } from "../command.js";
+import { colouredLines, colourWanted } from "../colour.js";
+import { APP_ARG, defineCommand, type Group } from "../command.js";
 import { ago, CliError, fields, type Output, table, when } from "../output.js";
 import { MAX_UPLOAD_BYTES, packSource } from "../pack.js";
 import { formatBytes, Progress } from "../progress.js";
 import type { App } from "./apps.js";
+import { folderFiles } from "./init.js";
 
 /** A static-site deployment as the API returns it. */
 export type Deployment = Schemas["Deployment"];
@@ -28,8 +32,8 @@ export function aboutDeployments(what: string, app: string): Call {
     what,
     hints: {
       APP_NOT_FOUND: `no app "${app}" in this account: create it with \`svc apps create --name ${app} --runtime static\`, or see \`svc apps list\``,
-      DEPLOYMENT_NOT_FOUND: `\`svc deployments list ${app}\` shows the app's deployments (the last 10 are kept)`,
-      DEPLOYMENT_NOT_READY: `only a ready deployment can be served: \`svc deployments list ${app}\` shows their status`,
+      DEPLOYMENT_NOT_FOUND: `\`svc deployments list --app ${app}\` shows the app's deployments (the last 10 are kept)`,
+      DEPLOYMENT_NOT_READY: `only a ready deployment can be served: \`svc deployments list --app ${app}\` shows their status`,
       UPLOAD_INCOMPLETE: "the source did not fully arrive: run svc deploy again",
       PRESIGNED_URL_EXPIRED: "the upload took longer than its link is valid (1 hour): run svc deploy again",
       PAYLOAD_TOO_LARGE: "leave build output, media and archives out of the source with .gitignore",
@@ -57,8 +61,8 @@ export function describeDeployment(d: Deployment): string {
   return fields(rows);
 }
 
-/** `name` and `runtime` of svc.json, checked only as far as the CLI needs them; null when there is none. */
-async function readProjectConfig(source: string): Promise<{ name?: string } | null> {
+/** The folder's svc.json, checked by the builder's own rules (so a mistake fails here, before the upload); null when there is none. */
+async function readProjectConfig(source: string): Promise<SvcJson | null> {
   const file = join(source, "svc.json");
   let text: string;
   try {
@@ -67,20 +71,47 @@ async function readProjectConfig(source: string): Promise<{ name?: string } | nu
     if ((err as NodeJS.ErrnoException).code === "ENOENT") return null;
     throw new CliError(`could not read ${file}`, [err instanceof Error ? err.message : String(err)]);
   }
-  let value: unknown;
-  try {
-    value = JSON.parse(text);
-  } catch (err) {
-    throw new CliError(`${file} is not valid JSON`, [err instanceof Error ? err.message : String(err)], "fix it, or write a fresh one with `svc init --force`");
+  const parsed = parseSvcJson(text);
+  if (!parsed.ok) throw new CliError(`${file} is not valid`, [parsed.error], "fix it, or write a fresh one with `svc init --force`");
+  return parsed.config;
+}
+
+/** Whether `path` (relative to the source) is among what packing left out (folders end in `/`). */
+function leftOut(path: string, ignored: readonly string[]): boolean {
+  return ignored.some((entry) => entry === path || (entry.endsWith("/") && (path === entry.slice(0, -1) || path.startsWith(entry))));
+}
+
+/** The fix-it line for what the build would refuse, by what the plan says. */
+function planHint(error: string): string {
+  if (/no lockfile/.test(error)) return "run npm install (or yarn / pnpm install) in the project and commit the lockfile it writes";
+  if (/the project root/.test(error)) return 'set "outputDir" in svc.json to the folder the build writes';
+  if (/not a static site|server runtime/.test(error)) return "svc init says what it finds; or set outputDir (and buildCommand) in svc.json";
+  return "fix the project and deploy again";
+}
+
+/**
+ * Refuses, before any request, a source the build would refuse: the builder's
+ * own plan (detect.ts: static site found, output folder allowed, lockfile
+ * present) over the folder, then what packing left out: a lockfile or an output
+ * folder that `.gitignore` keeps from being uploaded, and an output folder that
+ * does not exist when nothing builds it.
+ */
+async function preflight(source: string, config: SvcJson | null, ignored: readonly string[]): Promise<void> {
+  const cannot = (detail: string, hint: string) => new CliError(`cannot deploy ${source}`, [detail], hint);
+  const planned = await planSite(folderFiles(source), config);
+  if (!planned.ok) throw cannot(planned.error, planHint(planned.error));
+  const { install, buildCommand, outputDir } = planned.value;
+  if (install !== null && leftOut(install.lockfile, ignored)) {
+    throw cannot(`${install.lockfile} is left out by .gitignore, so the build would install without it`, `remove it from .gitignore and commit it`);
   }
-  if (typeof value !== "object" || value === null || Array.isArray(value)) {
-    throw new CliError(`${file} is not a JSON object`, [], "write a fresh one with `svc init --force`");
+  if (buildCommand === null && outputDir !== PROJECT_ROOT) {
+    if (leftOut(outputDir, ignored)) {
+      throw cannot(`outputDir "${outputDir}" is left out by .gitignore and nothing builds it`, `take it out of .gitignore, or set "buildCommand" in svc.json`);
+    }
+    if (!(await stat(join(source, outputDir)).catch(() => null))?.isDirectory()) {
+      throw cannot(`outputDir "${outputDir}" does not exist and nothing builds it`, 'set "outputDir" to the folder holding the site, or "buildCommand" to what writes it');
+    }
   }
-  const record = value as Record<string, unknown>;
-  if (record.runtime !== "static") {
-    throw new CliError(`${file} does not describe a static site`, [`"runtime" must be "static", got ${JSON.stringify(record.runtime)}`], 'set "runtime": "static"');
-  }
-  return typeof record.name === "string" && record.name !== "" ? { name: record.name } : {};
 }
 
 /** Streams the archive to the presigned URL with exactly its size as Content-Length. */
@@ -170,7 +201,7 @@ export async function followBuild(client: ApiClient, app: string, id: string, wr
     deployment = await get();
   }
   if (!FINAL.has(deployment.status)) {
-    throw new CliError(`deployment ${id} is still ${deployment.status} after ${FOLLOW_LIMIT_MS / 60_000} minutes`, [], `\`svc deployments info ${app} ${id}\` shows where it is`);
+    throw new CliError(`deployment ${id} is still ${deployment.status} after ${FOLLOW_LIMIT_MS / 60_000} minutes`, [], `\`svc deployments info --app ${app} ${id}\` shows where it is`);
   }
   const stored = await readLog(false).catch(() => "");
   if (stored.length > shown.length && stored.startsWith(shown)) show(stored.slice(shown.length));
@@ -193,9 +224,10 @@ function why(err: unknown): string {
 function failureHint(error: string, app: string, id: string): string {
   if (/OOMKilled|memory limit .* exceeded/.test(error)) return "the build needs more memory than the app's limit: slim the build (fewer parallel workers, no source maps) or give the app more memory";
   if (/no lockfile/.test(error)) return "run npm install (or yarn / pnpm install) in the project and commit the lockfile it writes";
+  if (/^install failed/.test(error)) return `the quote above is the package manager's own reason; \`svc apps logs --app ${app} --deployment ${id}\` shows all it printed`;
   if (/outputDir/.test(error)) return "set outputDir in svc.json to the folder the build writes";
   if (/svc\.json/.test(error)) return "fix svc.json (`svc init --force` writes a fresh one)";
-  return `\`svc apps logs ${app} --deployment ${id}\` shows the whole build log`;
+  return `\`svc apps logs --app ${app} --deployment ${id}\` shows the whole build log`;
 }
 
 /** Ends a followed deployment: the URL when it is ready, the error (exit 1) when not. */
@@ -208,7 +240,7 @@ function finish(out: Output, app: string, d: Deployment): void {
   }
   if (out.json) out.result(d);
   if (d.status === "cancelled") {
-    throw new CliError(`deployment ${d.id} was cancelled`, [], `the app still serves its previous deployment; \`svc deployments list ${app}\` shows them`);
+    throw new CliError(`deployment ${d.id} was cancelled`, [], `the app still serves its previous deployment; \`svc deployments list --app ${app}\` shows them`);
   }
   throw new CliError(`deployment ${d.id} failed`, [d.error ?? "no reason recorded"], failureHint(d.error ?? "", app, d.id));
 }
@@ -221,20 +253,20 @@ exclude and always node_modules and .git; refuses a source over 100 MB compresse
 uploading anything. The app is --app, else "name" in the folder's svc.json. Then uploads,
 starts the build and streams its log; prints "Deployed: <url>" when the site is live, or the
 build's error (exit 1). With --no-follow it prints the deployment and returns at once.`,
+  optionalArg: { ...APP_ARG, description: 'app name or id (default: "name" in svc.json)' },
   options: {
     source: { type: "string", value: "path", description: "the project folder to deploy (default: the current folder)" },
-    app: { type: "string", value: "app", description: "app name or id (default: name in svc.json)" },
     "no-follow": { type: "boolean", description: "start the build and return without waiting for it" },
   },
   examples: ["svc deploy", "svc deploy --source ./site --app my-site", "svc deploy --no-follow --json | jq -r .id"],
-  async run({ opts, out, api }) {
+  async run({ args, opts, out, api, env }) {
     const source = resolve(opts.source ?? ".");
     const info = await stat(source).catch(() => null);
     if (!info?.isDirectory()) {
       throw new CliError(`cannot deploy ${source}`, [info ? "it is not a folder" : "no such folder"], "pass the project folder with --source <path>");
     }
     const config = await readProjectConfig(source);
-    const app = opts.app ?? config?.name;
+    const app = args.app ?? config?.name;
     if (!app) {
       const why = config ? `${join(source, "svc.json")} has no "name"` : `${source} has no svc.json`;
       throw new CliError("no app to deploy to", [why], "pass --app <app>, or run `svc init` to write svc.json");
@@ -245,6 +277,7 @@ build's error (exit 1). With --no-follow it prints the deployment and returns at
     let deployment: Deployment;
     const call = aboutDeployments(`deploy to app ${app}`, app);
     try {
+      await preflight(source, config, packed.ignored);
       const skipped = packed.ignored.length > 0 ? `; left out by .gitignore: ${packed.ignored.length} path${packed.ignored.length === 1 ? "" : "s"}` : "";
       out.step(`Packed ${packed.fileCount} file${packed.fileCount === 1 ? "" : "s"} (${formatBytes(packed.totalBytes)}) into ${formatBytes(packed.sizeBytes)}${skipped}`);
       const target = await client.data<App>("GET", path`/v1/apps/${app}`, undefined, call);
@@ -267,20 +300,21 @@ build's error (exit 1). With --no-follow it prints the deployment and returns at
     if (opts["no-follow"]) {
       out.result(
         deployment,
-        `Deployment ${deployment.id} ${deployment.status}\nFollow it: svc apps logs ${app} --deployment ${deployment.id} --follow`,
+        `Deployment ${deployment.id} ${deployment.status}\nFollow it: svc apps logs --app ${app} --deployment ${deployment.id} --follow`,
       );
       return;
     }
     const id = deployment.id;
     const onInterrupt = () => {
-      process.stderr.write(`\nStopped following; the build goes on. Follow it again: svc apps logs ${app} --deployment ${id} --follow\n`);
+      process.stderr.write(`\nStopped following; the build goes on. Follow it again: svc apps logs --app ${app} --deployment ${id} --follow\n`);
       process.exit(130);
     };
     process.once("SIGINT", onInterrupt);
     try {
       // With --json stdout carries only the result, so the log goes to stderr.
-      const write = out.json ? (text: string) => process.stderr.write(text) : (text: string) => process.stdout.write(text);
-      deployment = await followBuild(client, app, id, write);
+      const stream = out.json ? process.stderr : process.stdout;
+      const plain = (text: string) => void stream.write(text);
+      deployment = await followBuild(client, app, id, colourWanted(stream, env) ? colouredLines(plain) : plain);
     } finally {
       process.off("SIGINT", onInterrupt);
     }
@@ -288,7 +322,6 @@ build's error (exit 1). With --no-follow it prints the deployment and returns at
   },
 });
 
-const APP_ARG = { name: "app", description: "app name or id" } as const;
 const DEPLOYMENT_ARGS = [APP_ARG, { name: "deployment", description: "deployment id (dep_…), from svc deployments list" }] as const;
 
 const list = defineCommand({
@@ -336,7 +369,7 @@ const rollback = defineCommand({
   summary: "Serve an earlier ready deployment again (instant, no rebuild)",
   args: DEPLOYMENT_ARGS,
   options: {},
-  examples: ["svc deployments list my-site", "svc deployments rollback my-site dep_0aB1cD2eF3gH4iJ5kL6mN7oP"],
+  examples: ["svc deployments list --app my-site", "svc deployments rollback --app my-site dep_0aB1cD2eF3gH4iJ5kL6mN7oP"],
   async run({ args, out, api }) {
     const app = await (await api()).data<App>(
       "POST",

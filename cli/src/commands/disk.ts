@@ -1,8 +1,9 @@
 import type { ResponseData, Schemas } from "../../../openapi/types.js";
 import { type Call, path } from "../api.js";
-import { defineCommand, type Group } from "../command.js";
+import { APP_ARG, defineCommand, type Group, YES_OPTION } from "../command.js";
 import { ago, fields, table, when } from "../output.js";
 import { positiveInteger } from "../parse.js";
+import { confirmOrRefuse } from "../prompt.js";
 
 /** A persistent disk as the API returns it. */
 type Disk = Schemas["Disk"];
@@ -96,20 +97,20 @@ const info = defineCommand({
 const attach = defineCommand({
   name: "attach",
   summary: "Attach a disk to an app",
-  args: DISK_ARG,
-  options: { app: { type: "string", value: "app", description: "app name or id", required: true } },
+  args: [...DISK_ARG, APP_ARG],
+  options: {},
   examples: ["svc disk attach uploads --app my-site"],
-  async run({ args, opts, out, api }) {
+  async run({ args, out, api }) {
     const disk = await (await api()).data<Disk>(
       "POST",
       path`/v1/disks/${args.disk}/attach`,
-      { app: opts.app },
-      aboutDisk(`attach disk ${args.disk} to app ${opts.app}`, args.disk, {
-        APP_NOT_FOUND: `no app "${opts.app}" in this account: \`svc apps list\` shows the names and ids`,
+      { app: args.app },
+      aboutDisk(`attach disk ${args.disk} to app ${args.app}`, args.disk, {
+        APP_NOT_FOUND: `no app "${args.app}" in this account: \`svc apps list\` shows the names and ids`,
         DISK_ATTACHED: "a disk serves one app, and an app one disk per mount path: detach the disk named above first (svc disk detach <disk>)",
       }),
     );
-    out.result(disk, `Attached disk ${disk.name} to app ${disk.appName ?? opts.app} at ${disk.mountPath}`);
+    out.result(disk, `Attached disk ${disk.name} to app ${disk.appName ?? args.app} at ${disk.mountPath}`);
   },
 });
 
@@ -131,10 +132,17 @@ const detach = defineCommand({
 
 const remove = defineCommand({
   name: "delete",
-  summary: "Delete a disk and its data (refused while attached)",
+  summary: "Delete a disk, its data and its backups (refused while attached)",
+  description: "Asks for confirmation on a terminal; scripts must pass --yes.",
   args: DISK_ARG,
-  options: {},
-  async run({ args, out, api }) {
+  options: { yes: YES_OPTION },
+  examples: ["svc disk delete uploads --yes"],
+  async run({ args, opts, out, api, interactive }) {
+    await confirmOrRefuse(interactive, opts.yes, {
+      action: `delete disk ${args.disk}`,
+      question: `Delete disk ${args.disk} with all its data and all its backups? This cannot be undone.`,
+      retry: `svc disk delete ${args.disk}`,
+    });
     const deleted = await (await api()).data<Deleted>(
       "DELETE",
       path`/v1/disks/${args.disk}`,

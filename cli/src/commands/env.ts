@@ -1,6 +1,6 @@
 import type { ResponseData, Schemas } from "../../../openapi/types.js";
 import { type Call, path } from "../api.js";
-import { defineCommand, type Group } from "../command.js";
+import { APP_ARG, defineCommand, type Group } from "../command.js";
 import { ago, table } from "../output.js";
 
 /** An env var as listed; `value` only with `?reveal=true`. */
@@ -9,8 +9,6 @@ type Unset = ResponseData<"/v1/apps/{app}/env/{name}", "delete", 200>;
 
 /** Shell-style variable names, the ones a process can actually read from its environment. */
 const NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
-
-const APP_OPTION = { app: { type: "string", value: "app", description: "app name or id", required: true } } as const;
 
 function aboutApp(what: string, app: string): Call {
   return {
@@ -27,10 +25,11 @@ const set = defineCommand({
   summary: "Set env vars of an app (others are kept)",
   description: `Each argument is KEY=VALUE; the value is everything after the first "=" and may be empty.
 Values are encrypted at rest and injected into deployments and cron runs.`,
+  args: [APP_ARG],
   rest: { name: "KEY=VALUE", description: "a variable to set" },
-  options: APP_OPTION,
+  options: {},
   examples: ["svc env set DATABASE_URL=postgres://db/app NODE_ENV=production --app api"],
-  async run({ rest, opts, out, api, fail }) {
+  async run({ args, rest, out, api, fail }) {
     const vars: Record<string, string> = {};
     for (const arg of rest) {
       const eq = arg.indexOf("=");
@@ -41,21 +40,22 @@ Values are encrypted at rest and injected into deployments and cron runs.`,
     }
     const list = await (await api()).data<EnvVar[]>(
       "PATCH",
-      path`/v1/apps/${opts.app}/env`,
+      path`/v1/apps/${args.app}/env`,
       { vars },
-      aboutApp(`set env vars on app ${opts.app}`, opts.app),
+      aboutApp(`set env vars on app ${args.app}`, args.app),
     );
-    out.result(list, `Set ${Object.keys(vars).join(", ")} on app ${opts.app}`);
+    out.result(list, `Set ${Object.keys(vars).join(", ")} on app ${args.app}`);
   },
 });
 
 const unset = defineCommand({
   name: "unset",
   summary: "Remove env vars from an app",
+  args: [APP_ARG],
   rest: { name: "KEY", description: "a variable to remove" },
-  options: APP_OPTION,
+  options: {},
   examples: ["svc env unset DEBUG LOG_LEVEL --app api"],
-  async run({ rest, opts, out, api, fail }) {
+  async run({ args, rest, out, api, fail }) {
     const names = [...new Set(rest)];
     const bad = names.find((n) => !NAME.test(n));
     if (bad !== undefined) throw fail(`"${bad}" is not a variable name${bad.includes("=") ? " (unset takes names only, not KEY=VALUE)" : ""}`);
@@ -65,12 +65,12 @@ const unset = defineCommand({
       results.push(
         await client.data<Unset>(
           "DELETE",
-          path`/v1/apps/${opts.app}/env/${name}`,
+          path`/v1/apps/${args.app}/env/${name}`,
           undefined,
-          aboutApp(`unset ${name} on app ${opts.app}`, opts.app),
+          aboutApp(`unset ${name} on app ${args.app}`, args.app),
         ),
       );
-      out.step(`Unset ${name} on app ${opts.app}`);
+      out.step(`Unset ${name} on app ${args.app}`);
     }
     out.result(results);
   },
@@ -79,20 +79,20 @@ const unset = defineCommand({
 const list = defineCommand({
   name: "list",
   summary: "List an app's env vars (names only unless --reveal)",
+  args: [APP_ARG],
   options: {
-    ...APP_OPTION,
     reveal: { type: "boolean", description: "also show the values" },
   },
-  async run({ opts, out, api }) {
+  async run({ args, opts, out, api }) {
     const vars = await (await api()).data<EnvVar[]>(
       "GET",
-      `${path`/v1/apps/${opts.app}/env`}${opts.reveal ? "?reveal=true" : ""}`,
+      `${path`/v1/apps/${args.app}/env`}${opts.reveal ? "?reveal=true" : ""}`,
       undefined,
-      aboutApp(`list env vars of app ${opts.app}`, opts.app),
+      aboutApp(`list env vars of app ${args.app}`, args.app),
     );
     const human =
       vars.length === 0
-        ? `No env vars on app ${opts.app}. Set one: svc env set KEY=VALUE --app ${opts.app}`
+        ? `No env vars on app ${args.app}. Set one: svc env set KEY=VALUE --app ${args.app}`
         : table(vars, [
             ["NAME", (v) => v.name],
             ["UPDATED", (v) => ago(v.updatedAt)],

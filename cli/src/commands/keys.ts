@@ -1,8 +1,9 @@
 import type { Schemas } from "../../../openapi/types.js";
 import { path } from "../api.js";
-import { defineCommand, type Group } from "../command.js";
+import { defineCommand, type Group, YES_OPTION } from "../command.js";
 import { ago, fields, type Output, table, when } from "../output.js";
 import { durationSeconds, isoTime } from "../parse.js";
+import { confirmOrRefuse } from "../prompt.js";
 
 /** An API key as listed by `GET /v1/api-keys` (never carries the secret). */
 export type ApiKey = Schemas["ApiKey"];
@@ -86,9 +87,16 @@ const list = defineCommand({
 const remove = defineCommand({
   name: "delete",
   summary: "Delete an API key; requests with it fail at once",
+  description: "Asks for confirmation on a terminal; scripts must pass --yes.",
   args: [{ name: "id", description: "the key's id (key_…), from svc keys list" }],
-  options: {},
-  async run({ args, out, api }) {
+  options: { yes: YES_OPTION },
+  examples: ["svc keys delete key_3hY8aQ0mVfK2pR7sT1uW9xZc --yes"],
+  async run({ args, opts, out, api, interactive }) {
+    await confirmOrRefuse(interactive, opts.yes, {
+      action: `delete API key ${args.id}`,
+      question: `Delete API key ${args.id}? Every request with it fails from now on; this cannot be undone.`,
+      retry: `svc keys delete ${args.id}`,
+    });
     await (await api()).request("DELETE", path`/v1/api-keys/${args.id}`, undefined, {
       what: `delete API key ${args.id}`,
       hints: { VALIDATION_ERROR: "pass the key's id (key_…), as shown by `svc keys list`" },

@@ -1,7 +1,8 @@
 import { setTimeout as sleep } from "node:timers/promises";
 import type { Schemas } from "../../../openapi/types.js";
 import { path } from "../api.js";
-import { defineCommand } from "../command.js";
+import { colouredLines, colourWanted } from "../colour.js";
+import { APP_ARG, defineCommand } from "../command.js";
 import { CliError } from "../output.js";
 import { positiveInteger } from "../parse.js";
 import { aboutDeployments, type Deployment, followBuild } from "./deploy.js";
@@ -22,13 +23,13 @@ export const buildLogs = defineCommand({
   name: "logs",
   summary: "Show the build log of an app's deployment (default: the latest)",
   description: "Log lines read `<time> <out|err|svc> <text>`. --follow streams a build in progress until it ends\n(exit 1 if the deployment failed or was cancelled).",
-  args: [{ name: "app", description: "app name or id" }],
+  args: [APP_ARG],
   options: {
     deployment: { type: "string", value: "id", description: "the deployment (dep_…; default: the newest)" },
     follow: { type: "boolean", short: "f", description: "keep streaming while the build runs" },
   },
-  examples: ["svc apps logs my-site", "svc apps logs my-site --deployment dep_0aB1cD2eF3gH4iJ5kL6mN7oP --follow"],
-  async run({ args, opts, out, api }) {
+  examples: ["svc apps logs --app my-site", "svc apps logs --app my-site --deployment dep_0aB1cD2eF3gH4iJ5kL6mN7oP --follow"],
+  async run({ args, opts, out, api, env }) {
     const client = await api();
     const call = aboutDeployments(`show the build log of app ${args.app}`, args.app);
     let id = opts.deployment;
@@ -38,7 +39,8 @@ export const buildLogs = defineCommand({
       id = list[0]!.id;
     }
     if (opts.follow && !out.json) {
-      const deployment = await followBuild(client, args.app, id, (text) => process.stdout.write(text));
+      const plain = (text: string) => void process.stdout.write(text);
+      const deployment = await followBuild(client, args.app, id, colourWanted(process.stdout, env) ? colouredLines(plain) : plain);
       // Like svc deploy: a build that did not make it is exit 1, so scripts can wait on this command.
       if (deployment.status !== "ready") throw new CliError(`deployment ${deployment.id} ${deployment.status}`, deployment.error ? [deployment.error] : []);
       out.note(`Deployment ${deployment.id} is ready`);
@@ -57,12 +59,12 @@ export const logs = defineCommand({
   name: "logs",
   summary: "Show an app's web server log: requests and their status codes",
   description: "Lines read `<time> <method> <path> <status> <bytes> <duration>`, oldest first. --follow asks every second for new ones until Ctrl-C.",
-  args: [{ name: "app", description: "app name or id" }],
+  args: [APP_ARG],
   options: {
     follow: { type: "boolean", short: "f", description: "keep printing new requests until Ctrl-C" },
     limit: { type: "string", value: "N", description: "how many recent requests to show first (default 100, at most 1000)" },
   },
-  examples: ["svc logs my-site", "svc logs my-site --follow", "svc logs my-site --json --limit 1000 | jq '.[] | select(.status >= 400)'"],
+  examples: ["svc logs --app my-site", "svc logs --app my-site --follow", "svc logs --app my-site --json --limit 1000 | jq '.[] | select(.status >= 400)'"],
   async run({ args, opts, out, api, fail }) {
     const limit = opts.limit === undefined ? 100 : positiveInteger(opts.limit, "--limit", fail);
     if (limit > 1000) throw fail(`--limit must be at most 1000, got ${limit}`);

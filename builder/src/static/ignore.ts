@@ -1,7 +1,9 @@
 /**
- * `.gitignore` rules as git applies them, for packing a deploy's source: the
- * files git would not commit are not uploaded either (build output, caches,
- * local secrets). The pattern syntax (gitignore(5): comments, escapes,
+ * `.gitignore` rules as git applies them. The CLI and the dashboard pack a
+ * deploy's source with them (the files git would not commit are not uploaded
+ * either: build output, caches, local secrets), and the builder applies them
+ * again when a plain folder's root is served, so a source uploaded any other
+ * way cannot publish what it ignores. The pattern syntax (gitignore(5): comments, escapes,
  * negation, directory-only and anchored patterns, `*`, `?`, `[…]`, `**`) is
  * the `ignore` package's, the one eslint and prettier use; this file is the
  * policy around it: one rule set per `.gitignore` file, applied below its
