@@ -1,4 +1,4 @@
-import { readFileSync } from "node:fs";
+import { readFileSync, readdirSync } from "node:fs";
 import { readFile } from "node:fs/promises";
 import { loadavg } from "node:os";
 import { join } from "node:path";
@@ -74,14 +74,30 @@ function processCpuMs(pid: number): number {
   return (fields[11]! + fields[12]! + fields[13]! + fields[14]!) * 10;
 }
 
+/** CPU milliseconds of every process in one process group (`wrangler dev`: its Node proxy and workerd). */
+function groupCpuMs(leader: number): number {
+  let total = 0;
+  for (const name of readdirSync("/proc")) {
+    if (!/^\d+$/.test(name)) continue;
+    try {
+      const stat = readFileSync(`/proc/${name}/stat`, "latin1");
+      const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+      if (Number(fields[2]) === leader) total += (Number(fields[11]) + Number(fields[12])) * 10;
+    } catch {
+      // exited meanwhile
+    }
+  }
+  return total;
+}
+
 type Result = {
   lags: number[];
   runsPerJob: Map<number, number>;
   d1PerRun: number;
   loggedRuns: number;
   notStarted: Map<string, number>;
-  /** CPU per run while the minute's runs went: the whole machine, and the builder with its sandboxes. */
-  cpuPerRun: { machine: number; builder: number };
+  /** CPU per run while the minute's runs went: the whole machine, the builder with its sandboxes, `wrangler dev` with workerd. */
+  cpuPerRun: { machine: number; builder: number; api: number };
 };
 
 /** Creates `count` jobs due together at a minute boundary far enough ahead, and measures that minute's runs. */
@@ -103,12 +119,14 @@ async function scenario(app: string, count: number, label: string): Promise<Resu
   if (Date.now() >= due) throw new Error(`creating ${count} jobs took past their minute`);
   await new Promise((r) => setTimeout(r, due - Date.now()));
   const builderPid = stack.builderPid();
-  const before = { machine: machineCpuMs(), builder: processCpuMs(builderPid) };
+  const wranglerPid = stack.wranglerPid();
+  const before = { machine: machineCpuMs(), builder: processCpuMs(builderPid), api: groupCpuMs(wranglerPid) };
   // Every run starts and ends in this window (the runs below say when each started); the polling comes after it.
   await new Promise((r) => setTimeout(r, 5_000 + count * 10));
   const cpuPerRun = {
     machine: (machineCpuMs() - before.machine) / count,
     builder: stack.builderPid() === builderPid ? (processCpuMs(builderPid) - before.builder) / count : Number.NaN,
+    api: (groupCpuMs(wranglerPid) - before.api) / count,
   };
 
   const lags: number[] = [];
@@ -147,7 +165,7 @@ try {
   const line = (label: string, r: Result) =>
     `  ${label.padEnd(22)} n=${String(r.lags.length).padStart(4)}  p50 ${fmt(percentile(r.lags, 50), 0).padStart(5)} ms  p99 ${fmt(percentile(r.lags, 99), 0).padStart(5)} ms  max ${fmt(r.lags.at(-1) ?? Number.NaN, 0).padStart(5)} ms  ` +
     `runs per job ${[...r.runsPerJob].map(([runs, jobs]) => `${runs}:${jobs}`).join(",")}  D1 statements per run ${fmt(r.d1PerRun, 2)} (${r.loggedRuns} runs logged)  ` +
-    `CPU per run ${fmt(r.cpuPerRun.machine)} ms (builder and sandbox ${fmt(r.cpuPerRun.builder)} ms)  load ${fmt(loadavg()[0]!, 2)}`;
+    `CPU per run ${fmt(r.cpuPerRun.machine)} ms (wrangler dev and workerd ${fmt(r.cpuPerRun.api)} ms, builder and sandbox ${fmt(r.cpuPerRun.builder)} ms)  load ${fmt(loadavg()[0]!, 2)}`;
   console.log(line("1 job (baseline)", baseline));
   for (const count of counts) {
     const result = await scenario(app, count, `m${count}`);

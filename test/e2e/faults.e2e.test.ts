@@ -151,13 +151,17 @@ only("faults: the builder killed mid-operation and started again by its supervis
   it("every operation the kill cut short reaches a true final state, and the data is intact", async () => {
     const app = `faults-${randomBytes(3).toString("hex")}`;
     await client.call("POST", "/v1/apps", { name: app, runtime: "static", memoryMb: 512 });
+    // Two disks: a restore of a disk that is being backed up is refused (DISK_BUSY), so each has its own.
     await client.call("POST", "/v1/disks", { name: "kept", sizeGb: 1, mountPath: "/data" });
+    await client.call("POST", "/v1/disks", { name: "saved", sizeGb: 1, mountPath: "/saved" });
     const disks = await client.call<{ data: { id: string; name: string }[] }>("GET", "/v1/disks");
     const diskId = disks.data.find((d) => d.name === "kept")!.id;
+    const savedId = disks.data.find((d) => d.name === "saved")!.id;
     const data = diskDataPath(join(root, "state", "builder"), diskId);
-    await writeFile(join(data, "big.bin"), randomBytes(48 * 1024 * 1024));
+    await writeFile(join(data, "big.bin"), randomBytes(8 * 1024 * 1024));
     await writeFile(join(data, "note.txt"), "the disk before the restore\n");
     const before = await tree(data);
+    await writeFile(join(diskDataPath(join(root, "state", "builder"), savedId), "big.bin"), randomBytes(48 * 1024 * 1024));
 
     // A cron run, a backup, a restore and a build, all running when the builder dies.
     const cron = await client.call<{ data: { id: string } }>("POST", "/v1/crons", {
@@ -167,7 +171,7 @@ only("faults: the builder killed mid-operation and started again by its supervis
       command: "echo started; sleep 60",
     });
     const run = await client.call<{ data: { jobName: string } }>("POST", `/v1/crons/${cron.data.id}/run`);
-    const backup = await client.call<Envelope<{ id: string }>>("POST", `/v1/disks/${diskId}/backups`, { description: "cut short" });
+    const backup = await client.call<Envelope<{ id: string }>>("POST", `/v1/disks/${savedId}/backups`, { description: "cut short" });
     const archive = await archiveOf(join(root, "restore"), 32 * 1024 * 1024);
     const presigned = await client.call<Envelope<{ uploadUrl: string; uploadId: string }>>("POST", `/v1/disks/${diskId}/backups/restore/presign`, {
       sizeBytes: archive.byteLength,
@@ -211,13 +215,13 @@ only("faults: the builder killed mid-operation and started again by its supervis
     }
 
     const backedUp = await until("the backup to end", async () => {
-      const list = await client.call<Envelope<{ id: string; status: string; sha256?: string; failureReason?: string }[]>>("GET", `/v1/disks/${diskId}/backups`);
+      const list = await client.call<Envelope<{ id: string; status: string; sha256?: string; failureReason?: string }[]>>("GET", `/v1/disks/${savedId}/backups`);
       const found = list.data.find((b) => b.id === backup.data.id);
       return found && found.status !== "creating" ? found : null;
     });
     if (backedUp.status === "ready") {
       // A backup that says ready downloads, and verifies.
-      const link = await client.call<Envelope<{ url: string }>>("GET", `/v1/disks/${diskId}/backups/${backedUp.id}/download`);
+      const link = await client.call<Envelope<{ url: string }>>("GET", `/v1/disks/${savedId}/backups/${backedUp.id}/download`);
       const bytes = Buffer.from(await (await fetch(link.data.url)).arrayBuffer());
       expect(createHash("sha256").update(bytes).digest("hex")).toBe(backedUp.sha256);
     } else {
