@@ -143,7 +143,12 @@ async function scenario(app: string, count: number, label: string): Promise<Resu
       const { logs } = await api<{ logs: string }>("GET", `/v1/crons/${id}/runs/${run.jobName}/logs`);
       const first = logs.split("\n").find((l) => / out started$/.test(l));
       if (first) lags.push(Date.parse(first.slice(0, 24)) - due);
-      else notStarted.set(run.error ?? run.status, (notStarted.get(run.error ?? run.status) ?? 0) + 1);
+      else {
+        // Counted by what the run ended as and its log's first line (without the time), e.g. "success: (empty log)".
+        const said = logs.split("\n")[0]?.slice(25, 120) || "(empty log)";
+        const why = `${run.error ?? run.status}: ${said}`;
+        notStarted.set(why, (notStarted.get(why) ?? 0) + 1);
+      }
       pending.delete(id);
     });
     if (pending.size > 0) await new Promise((r) => setTimeout(r, 1000));

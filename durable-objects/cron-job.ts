@@ -419,6 +419,12 @@ export class CronJob extends DurableObject<Env> {
 
   private async completeFromBuilder(job: CronDefinition, row: RunRow, status: JobStatus, why?: string): Promise<void> {
     const log = await jobLog(this.config, status.id).catch(() => null);
+    const finishedFor = status.finishedAt === null ? 0 : Date.now() - Date.parse(status.finishedAt);
+    if (!log?.ok && why === undefined && log?.status !== 404 && finishedFor < LOST_CONTACT_GRACE_MS) {
+      // The builder keeps a finished job's log: the run stays running and the next poll fetches it
+      // again, rather than storing a run without its output (seen under a burst of 1,000 runs).
+      return;
+    }
     const text = log?.ok ? log.value : logLine("warning: the builder's log could not be fetched");
     if (status.status === "succeeded") {
       await this.complete(row.job_name, { status: "success", exitCode: status.exitCode, error: null, log: text });

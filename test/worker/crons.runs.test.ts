@@ -1,7 +1,8 @@
 import { afterEach, describe, expect, it, vi } from "vitest";
+import { runDurableObjectAlarm } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { call, type ErrorJson, json, newAccount } from "./helpers";
-import { deliverAlarm, logsOf, newApp, newCron, runs, waitForRun } from "./cron-helpers";
+import { deliverAlarm, logsOf, newApp, newCron, runs, stubOf, waitForRun } from "./cron-helpers";
 
 type Started = { data: { jobName: string; status: string } };
 
@@ -153,5 +154,37 @@ describe("cron runs on the real builder", () => {
     const logs = await logsOf(key, cron.id, run.jobName);
     // The retries carried the same key: the builder ran the command once.
     expect(logs.match(/ out ran-once$/gm)).toHaveLength(1);
+  });
+
+  it("a finished run whose log cannot be fetched yet stays running, and a later poll stores it with its output", async () => {
+    const { adminKey: key } = await newAccount();
+    const cron = await newCron(key, { appId: (await newApp(key)).id, command: "echo kept-output" });
+    // The builder runs the job, but every log request fails (as under a burst of 1,000 runs).
+    const realFetch = globalThis.fetch;
+    let refused = 0;
+    vi.spyOn(globalThis, "fetch").mockImplementation((input, init) => {
+      const url = input instanceof Request ? input.url : String(input);
+      if (url.startsWith(`${env.BUILDER_URL}/v1/jobs/`) && url.includes("/logs")) {
+        refused++;
+        return Promise.reject(new TypeError("connection reset"));
+      }
+      return realFetch(input, init);
+    });
+    const due = Math.floor(Date.now() / 1000) * 1000 - 1000;
+    const jobName = `${cron.name}-${due / 1000}`;
+    await deliverAlarm(cron.id, due);
+    // Polls until the object has seen the job finished and failed to fetch its log at least once.
+    await vi.waitFor(
+      async () => {
+        await runDurableObjectAlarm(stubOf(cron.id));
+        expect(refused).toBeGreaterThan(0);
+      },
+      { timeout: 20_000, interval: 250 },
+    );
+    expect((await runs(key, cron.id)).find((r) => r.jobName === jobName)?.status).toBe("running");
+    vi.restoreAllMocks();
+    const run = await waitForRun(key, cron.id, jobName);
+    expect(run).toMatchObject({ status: "success", exitCode: 0 });
+    expect(await logsOf(key, cron.id, jobName)).toMatch(/ out kept-output$/m);
   });
 });
