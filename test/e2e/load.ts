@@ -109,7 +109,14 @@ export async function runLoad(stack: LocalStack, options: { clients: number; sec
     else if (res.status >= 400) report.refused++;
     else report.ok++;
     if (res.status === 429) await new Promise((r) => setTimeout(r, Number(res.headers.get("Retry-After") ?? 1) * 1000));
-    return { status: res.status, json: text ? (JSON.parse(text) as unknown) : null };
+    try {
+      return { status: res.status, json: text ? (JSON.parse(text) as unknown) : null };
+    } catch {
+      // Every API answer is JSON; one that is not is the server's fault, whatever its status.
+      report.serverErrors++;
+      if (report.serverErrorSamples.length < 5) report.serverErrorSamples.push(`${method} ${path}: ${res.status} not JSON: ${text.slice(0, 300)}`);
+      return { status: res.status, json: null };
+    }
   };
 
   const client = async ({ account, key }: (typeof clientKeys)[number]): Promise<void> => {
