@@ -215,4 +215,30 @@ describe("run history", () => {
     const inD1 = await env.DB.prepare("SELECT count(*) AS n FROM cron_runs WHERE cron_id = ?").bind(cron.id).first<{ n: number }>();
     expect(inD1!.n).toBe(0);
   });
+
+  it("an object from before objects owned their runs takes its job's runs over from D1 once, deleting them there", async () => {
+    const { adminKey: key } = await newAccount();
+    const app = await newApp(key);
+    const cron = await newCron(key, { appId: app.id, command: "true", schedule: "0 0 1 1 *" });
+    const at = (Math.floor(Date.now() / 1000) - 3600) * 1000;
+    const jobName = `${cron.name}-${at / 1000}`;
+    await env.DB.prepare(
+      "INSERT INTO cron_runs (cron_id, job_name, trigger, status, scheduled_at, started_at, finished_at, exit_code) VALUES (?, ?, 'schedule', 'success', ?, ?, ?, 0)",
+    )
+      .bind(cron.id, jobName, at, at, at + 10)
+      .run();
+    // All such an object held was its job's id.
+    await runInDurableObject(stubOf(cron.id), (_i, state) => {
+      state.storage.kv.delete("job");
+      state.storage.kv.delete("target");
+      state.storage.kv.put("cronId", cron.id);
+    });
+    expect(await runDurableObjectAlarm(stubOf(cron.id))).toBe(true);
+    expect(await runs(key, cron.id)).toEqual([expect.objectContaining({ jobName, status: "success", exitCode: 0 })]);
+    const inD1 = await env.DB.prepare("SELECT count(*) AS n FROM cron_runs WHERE cron_id = ?").bind(cron.id).first<{ n: number }>();
+    expect(inD1!.n).toBe(0);
+    // And it carries on as a job of its own: the next run is armed.
+    const detail = (await json<{ data: { nextRun: string } }>(await call(`/v1/crons/${cron.id}`, { key }))).data;
+    expect(Date.parse(detail.nextRun)).toBeGreaterThan(Date.now());
+  });
 });
