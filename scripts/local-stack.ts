@@ -189,48 +189,69 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
     log: opts.output === "files" ? { file: join(opts.stateDir, "builder.log") } : "inherit",
   });
   const builderUrl = builder.url;
-  // Chosen after the builder has bound its own port 0, so the two can never collide.
-  const port = opts.port || (await freePort());
-  const apiUrl = `http://127.0.0.1:${port}`;
-  // Addresses only: the secrets reach wrangler through their file, never the command line (visible in ps).
-  const vars = { PUBLIC_URL: opts.publicUrl ?? apiUrl, BUILDER_URL: builderUrl, S3_ENDPOINT: `${apiUrl}/storage`, APPS_DOMAIN: `localhost:${port}`, APPS_URL_SCHEME: "http" };
   const secretsFile = resolve(opts.secretsFile);
   const envFile = secretsFile === join(ROOT, ".dev.vars") ? [] : ["--env-file", secretsFile];
-  const startWrangler = () => startProcess(
-    join(BIN, "wrangler"),
-    [
-      "dev",
-      "--ip",
-      "127.0.0.1",
-      "--port",
-      String(port),
-      "--persist-to",
-      opts.persistDir,
-      "--show-interactive-dev-session=false",
-      "--log-level",
-      opts.workerLogs ? "log" : "warn",
-      // Adds /__scheduled, through which the cron triggers below reach scheduled() (local-crons.ts).
-      "--test-scheduled",
-      ...envFile,
-      ...Object.entries(vars).flatMap(([k, v]) => ["--var", `${k}:${v}`]),
-    ],
-    env,
-    opts.output === "files" ? join(opts.stateDir, "wrangler.log") : "inherit",
-  );
-  let wrangler = startWrangler();
+  const startWrangler = (port: number, inspectorPort: number) => {
+    const apiUrl = `http://127.0.0.1:${port}`;
+    // Addresses only: the secrets reach wrangler through their file, never the command line (visible in ps).
+    const vars = { PUBLIC_URL: opts.publicUrl ?? apiUrl, BUILDER_URL: builderUrl, S3_ENDPOINT: `${apiUrl}/storage`, APPS_DOMAIN: `localhost:${port}`, APPS_URL_SCHEME: "http" };
+    return startProcess(
+      join(BIN, "wrangler"),
+      [
+        "dev",
+        "--ip",
+        "127.0.0.1",
+        "--port",
+        String(port),
+        "--inspector-port",
+        String(inspectorPort),
+        "--persist-to",
+        opts.persistDir,
+        "--show-interactive-dev-session=false",
+        "--log-level",
+        opts.workerLogs ? "log" : "warn",
+        // Adds /__scheduled, through which the cron triggers below reach scheduled() (local-crons.ts).
+        "--test-scheduled",
+        ...envFile,
+        ...Object.entries(vars).flatMap(([k, v]) => ["--var", `${k}:${v}`]),
+      ],
+      env,
+      opts.output === "files" ? join(opts.stateDir, "wrangler.log") : "inherit",
+    );
+  };
+  let wrangler: ChildProcess | undefined;
   let triggers: { stop(): void } | undefined;
   const stop = async () => {
     triggers?.stop();
-    await Promise.all([stopProcess(wrangler), builder.stop()]);
+    await Promise.all([wrangler ? stopProcess(wrangler) : undefined, builder.stop()]);
   };
+  // Ports are chosen after the builder has bound its own port 0, so the two can never collide. A
+  // stack starting beside this one (tests run two files at once) can still take a chosen port
+  // first; wrangler then exits during start-up, and starts again on fresh ones.
+  let port = 0;
+  let inspectorPort = 0;
+  for (let attempt = 1; ; attempt++) {
+    port = opts.port || (await freePort());
+    inspectorPort = await freePort();
+    wrangler = startWrangler(port, inspectorPort);
+    try {
+      await waitFor(`http://127.0.0.1:${port}/healthz`, wrangler, "wrangler dev", 90_000);
+      break;
+    } catch (err) {
+      if (wrangler.exitCode === null || attempt === 3) {
+        await stop();
+        throw err;
+      }
+    }
+  }
+  const apiUrl = `http://127.0.0.1:${port}`;
   /** Stops `wrangler dev` and starts it again on the same port and state, as a Worker deploy or an outage would. */
   const restartApi = async () => {
-    await stopProcess(wrangler);
-    wrangler = startWrangler();
+    if (wrangler) await stopProcess(wrangler);
+    wrangler = startWrangler(port, inspectorPort);
     await waitFor(`${apiUrl}/healthz`, wrangler, "wrangler dev", 90_000);
   };
   try {
-    await waitFor(`${apiUrl}/healthz`, wrangler, "wrangler dev", 90_000);
     const adminKey = await adminKeyFor(apiUrl, secrets, opts.stateDir);
     // `svc login --local` reads where this stack answers (the key is in local-admin-key beside it).
     await writeFile(join(opts.stateDir, "local-api-url"), `${apiUrl}\n`);
@@ -246,7 +267,7 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
         else await appendFile(join(opts.stateDir, "wrangler.log"), line);
       },
     });
-    return { apiUrl, builderUrl, builderPid: builder.pid, wranglerPid: () => wrangler.pid ?? 0, restartApi, adminKey, secrets, stop };
+    return { apiUrl, builderUrl, builderPid: builder.pid, wranglerPid: () => wrangler?.pid ?? 0, restartApi, adminKey, secrets, stop };
   } catch (err) {
     await stop();
     throw err;
