@@ -296,6 +296,42 @@ console.log("allocated", held.length * 16, "MiB");
       DEPLOY_MS,
     );
 
+    it(
+      "a followed build log arrives line by line to a client that accepts gzip (Node's fetch), as the build prints it",
+      async () => {
+        // A build printing a line a second: each must reach the client when printed, not all at the end.
+        const app = `ticks-${suffix}`;
+        await createApp(app);
+        const source = await fixtures.copy("outdir");
+        await writeFile(
+          join(source, "build.js"),
+          `import { mkdirSync, writeFileSync } from "node:fs";
+for (let i = 1; i <= 5; i++) { console.log("tick " + i); await new Promise((r) => setTimeout(r, 1000)); }
+mkdirSync("build", { recursive: true });
+writeFileSync("build/index.html", "<h1>ticked</h1>");
+`,
+        );
+        const started = expectExit(await svc(["deploy", "--source", source, "--app", app, "--no-follow", "--json"], env), 0, "deploy");
+        const deployment = JSON.parse(started.stdout) as Deployment;
+        const response = await fetch(`${stack.apiUrl}/v1/apps/${app}/deployments/${deployment.id}/logs?follow=true`, {
+          headers: { Authorization: `Bearer ${env.SVC_API_KEY}`, "Accept-Encoding": "gzip, deflate, br" },
+        });
+        expect(response.status).toBe(200);
+        const arrivals = new Map<number, number>();
+        const decoder = new TextDecoder();
+        let text = "";
+        for await (const chunk of response.body!) {
+          text += decoder.decode(chunk as Uint8Array, { stream: true });
+          for (const match of text.matchAll(/ out tick (\d)\n/g)) if (!arrivals.has(Number(match[1]))) arrivals.set(Number(match[1]), Date.now());
+        }
+        expect([...arrivals.keys()].sort()).toEqual([1, 2, 3, 4, 5]);
+        // Printed four seconds apart; a response held back by a compressor delivers them together at the end.
+        expect(arrivals.get(5)! - arrivals.get(1)!).toBeGreaterThan(2500);
+        expect(text.trimEnd().split("\n").at(-1)).toMatch(/^\S+ svc job succeeded/);
+      },
+      DEPLOY_MS,
+    );
+
     it("svc logs shows the requests made above with their status codes", async () => {
       // Requests are logged after the response; give the last ones a moment.
       let lines: string[] = [];

@@ -78,3 +78,16 @@ export const jsonBody = <T extends z.ZodType>(schema: T) => ({
   required: true,
   content: { "application/json": { schema } },
 });
+
+/**
+ * Headers of a response streamed as it is produced (a followed log). Cloudflare's
+ * edge, and Miniflare imitating it, gzip text for clients that accept it, and
+ * the compressor holds the stream until it has a block to send, so lines would
+ * arrive all at once at the end. A response that already names its encoding is
+ * left alone, and `no-transform` asks every proxy on the way to do the same.
+ */
+export const UNCOMPRESSED_STREAM = {
+  "Content-Encoding": "identity",
+  "Cache-Control": "no-store, no-transform",
+  "X-Accel-Buffering": "no",
+} as const;

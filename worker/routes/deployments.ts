@@ -4,7 +4,7 @@ import { requireScope } from "../auth/middleware";
 import { DEPLOYMENT_STATUSES, requestLogs } from "../db/schema";
 import { jobLogStream } from "../lib/builder-client";
 import { ApiError } from "../lib/errors";
-import { authErrors, errorResponse, jsonBody, newRouter } from "../lib/router";
+import { authErrors, errorResponse, jsonBody, newRouter, UNCOMPRESSED_STREAM } from "../lib/router";
 import { dataOf, Ref } from "../lib/schemas";
 import { iso } from "../lib/time";
 import { appView, resolveApp } from "../services/apps";
@@ -179,7 +179,7 @@ deploymentRoutes.openapi(
     if (!row.builderJobId) return c.body("", 200, headers);
     const live = await jobLogStream(c.get("config"), row.builderJobId, c.req.valid("query").follow === "true");
     if (!live.ok) throw new ApiError("BUILDER_UNAVAILABLE", `the builder could not return the log (HTTP ${live.status})`);
-    return c.body(live.body ?? "", 200, headers);
+    return c.body(live.body ?? "", 200, { ...headers, ...UNCOMPRESSED_STREAM });
   },
 );
 
