@@ -488,7 +488,7 @@ export interface paths {
                         "application/json": components["schemas"]["Error"];
                     };
                 };
-                /** @description The key lacks the required scope (INSUFFICIENT_SCOPE) */
+                /** @description The key lacks the required scope (INSUFFICIENT_SCOPE), or the plan's limit is reached (PLAN_LIMIT_EXCEEDED) */
                 403: {
                     headers: {
                         [name: string]: unknown;
@@ -2042,7 +2042,7 @@ export interface paths {
                         "application/json": components["schemas"]["Error"];
                     };
                 };
-                /** @description The key lacks the required scope (INSUFFICIENT_SCOPE) */
+                /** @description The key lacks the required scope (INSUFFICIENT_SCOPE), or the plan's limit is reached (PLAN_LIMIT_EXCEEDED) */
                 403: {
                     headers: {
                         [name: string]: unknown;
@@ -2875,7 +2875,7 @@ export interface paths {
                         "application/json": components["schemas"]["Error"];
                     };
                 };
-                /** @description The key lacks the required scope (INSUFFICIENT_SCOPE) */
+                /** @description The key lacks the required scope (INSUFFICIENT_SCOPE), or the plan's limit is reached (PLAN_LIMIT_EXCEEDED) */
                 403: {
                     headers: {
                         [name: string]: unknown;
@@ -2904,6 +2904,15 @@ export interface paths {
                 };
                 /** @description The builder could not be reached (BUILDER_UNAVAILABLE); nothing changed */
                 502: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description No builder has room for a disk of this size (INSUFFICIENT_STORAGE); nothing changed */
+                507: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -3066,7 +3075,7 @@ export interface paths {
                         "application/json": components["schemas"]["Error"];
                     };
                 };
-                /** @description Still attached (DISK_ATTACHED) */
+                /** @description Still attached (DISK_ATTACHED), being restored (DISK_IN_USE) or backed up (DISK_BUSY) */
                 409: {
                     headers: {
                         [name: string]: unknown;
@@ -3173,7 +3182,7 @@ export interface paths {
                         "application/json": components["schemas"]["Error"];
                     };
                 };
-                /** @description Attached to another app, or the mount path is taken (DISK_ATTACHED) */
+                /** @description Attached to another app (DISK_ATTACHED), or the app already has a disk (APP_HAS_DISK) */
                 409: {
                     headers: {
                         [name: string]: unknown;

@@ -161,6 +161,14 @@ function hintFor(err: RequestFailed): string | undefined {
       return `the API at ${target.apiUrl} does not offer this operation: is it the svc API, and up to date?`;
     case "DISK_ATTACHED":
       return "detach the disk first: svc disk detach <disk>";
+    case "APP_HAS_DISK":
+      return "an app has one disk: detach its disk first (svc disk detach <disk>)";
+    case "DISK_BUSY":
+      return "wait until the backup or job using the disk has ended (svc backups list <disk>), then try again";
+    case "PLAN_LIMIT_EXCEEDED":
+      return "ask for less, delete what you no longer need, or move to a larger plan";
+    case "INSUFFICIENT_STORAGE":
+      return "the builder has no room for a disk this size: ask for a smaller one, or ask the operator for more space";
     case "DISK_IN_USE":
       return "detach the disk or stop the app first";
     case "APP_STOPPED":

@@ -100,6 +100,48 @@ describe("/v1/disks", () => {
     await call("/v1/disks/keep", { method: "DELETE", key });
   });
 
+  it("an app has one disk: a second attach is refused with 409 APP_HAS_DISK, even when both are attached at once", async () => {
+    const { adminKey: key } = await newAccount();
+    const app = uniqueName("onedisk");
+    await call("/v1/apps", { method: "POST", key, body: { name: app, runtime: "node" } });
+    for (const [name, mountPath] of [["first", "/data"], ["second", "/big"]] as const) {
+      expect((await call("/v1/disks", { method: "POST", key, body: { name, sizeGb: 1, mountPath } })).status).toBe(201);
+    }
+    expect((await call("/v1/disks/first/attach", { method: "POST", key, body: { app } })).status).toBe(200);
+    const second = await call("/v1/disks/second/attach", { method: "POST", key, body: { app } });
+    expect(second.status).toBe(409);
+    expect((await json<ErrorJson>(second)).error).toMatchObject({
+      code: "APP_HAS_DISK",
+      message: `app ${app} already has disk first at /data; an app has one disk: detach it first`,
+    });
+    // Attaching the same disk again is not a second disk.
+    expect((await call("/v1/disks/first/attach", { method: "POST", key, body: { app } })).status).toBe(200);
+
+    await call("/v1/disks/first/detach", { method: "POST", key });
+    const racing = await Promise.all(["first", "second"].map((disk) => call(`/v1/disks/${disk}/attach`, { method: "POST", key, body: { app } })));
+    expect(racing.map((r) => r.status).sort()).toEqual([200, 409]);
+    const appInfo = (await json<Data<{ disks: { id: string }[] }>>(await call(`/v1/apps/${app}`, { key }))).data;
+    expect(appInfo.disks).toHaveLength(1);
+  });
+
+  it("deleting a disk while it is being backed up is 409 DISK_BUSY naming the backup; the disk and backup stay", async () => {
+    const { adminKey: key } = await newAccount();
+    const disk = (await json<Data<Disk>>(await call("/v1/disks", { method: "POST", key, body: { name: "busy", sizeGb: 1 } }))).data;
+    const backup = await json<{ data: { id: string; status: string } }>(
+      await call(`/v1/disks/${disk.id}/backups`, { method: "POST", key, body: { description: "during delete" } }),
+    );
+    expect(backup.data.status).toBe("creating");
+    const refused = await call(`/v1/disks/${disk.id}`, { method: "DELETE", key });
+    expect(refused.status).toBe(409);
+    expect((await json<ErrorJson>(refused)).error).toMatchObject({
+      code: "DISK_BUSY",
+      message: `disk busy is being backed up (${backup.data.id}); delete it once the backup is ready or failed`,
+    });
+    expect(await builderHasDisk(disk.id)).toBe(true);
+    const backups = await json<{ data: { id: string }[] }>(await call(`/v1/disks/${disk.id}/backups`, { key }));
+    expect(backups.data.map((b) => b.id)).toEqual([backup.data.id]);
+  });
+
   it("defines in-use as attached to a running app", () => {
     const disk = {} as Parameters<typeof isInUse>[0]["disk"];
     expect(isInUse({ disk, app: null })).toBe(false);

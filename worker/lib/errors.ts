@@ -23,6 +23,9 @@ export type ErrorCode =
   | "APP_STOPPED"
   | "DISK_IN_USE"
   | "DISK_ATTACHED"
+  | "DISK_BUSY"
+  | "APP_HAS_DISK"
+  | "PLAN_LIMIT_EXCEEDED"
   | "BACKUP_NOT_READY"
   | "DEPLOYMENT_NOT_READY"
   | "UPLOAD_INCOMPLETE"
@@ -34,9 +37,10 @@ export type ErrorCode =
   | "PAYLOAD_TOO_LARGE"
   | "RATE_LIMITED"
   | "BUILDER_UNAVAILABLE"
+  | "INSUFFICIENT_STORAGE"
   | "INTERNAL";
 
-export type ErrorStatus = 400 | 401 | 403 | 404 | 405 | 409 | 410 | 411 | 413 | 429 | 500 | 502;
+export type ErrorStatus = 400 | 401 | 403 | 404 | 405 | 409 | 410 | 411 | 413 | 429 | 500 | 502 | 507;
 
 /** One exhaustive code → status switch; adding a code without a status fails type-checking. */
 export function statusOf(code: ErrorCode): ErrorStatus {
@@ -49,6 +53,7 @@ export function statusOf(code: ErrorCode): ErrorStatus {
       return 401;
     case "INSUFFICIENT_SCOPE":
     case "FORBIDDEN":
+    case "PLAN_LIMIT_EXCEEDED":
       return 403;
     case "NOT_FOUND":
     case "APP_NOT_FOUND":
@@ -66,6 +71,8 @@ export function statusOf(code: ErrorCode): ErrorStatus {
     case "APP_STOPPED":
     case "DISK_IN_USE":
     case "DISK_ATTACHED":
+    case "DISK_BUSY":
+    case "APP_HAS_DISK":
     case "BACKUP_NOT_READY":
     case "DEPLOYMENT_NOT_READY":
     case "UPLOAD_INCOMPLETE":
@@ -84,6 +91,8 @@ export function statusOf(code: ErrorCode): ErrorStatus {
       return 500;
     case "BUILDER_UNAVAILABLE":
       return 502;
+    case "INSUFFICIENT_STORAGE":
+      return 507;
     default:
       return code satisfies never;
   }

@@ -1,13 +1,55 @@
-import type { Plan } from "../db/schema";
+import { eq } from "drizzle-orm";
+import type { Db } from "../db/client";
+import { accounts, type Plan } from "../db/schema";
+import { ApiError } from "./errors";
 
 const GIB = 1024 ** 3;
 
-/**
- * What each plan buys (DESIGN §3): backup retention (spec: 7 to 90 days) and
- * one backup space shared by disk backups and database dumps.
- */
-export const PLAN_LIMITS: Record<Plan, { backupRetentionDays: number; backupQuotaBytes: number }> = {
-  free: { backupRetentionDays: 7, backupQuotaBytes: 10 * GIB },
-  pro: { backupRetentionDays: 30, backupQuotaBytes: 100 * GIB },
-  business: { backupRetentionDays: 90, backupQuotaBytes: 1024 * GIB },
+/** What one plan allows an account (docs/api.md, "Plans and limits"). */
+export type PlanLimits = {
+  /** Backup retention (spec: 7 to 90 days, by plan). */
+  backupRetentionDays: number;
+  /** One backup space shared by disk backups and database dumps. */
+  backupQuotaBytes: number;
+  /** Disks the account may have. */
+  disks: number;
+  /** Largest single disk. */
+  diskSizeGb: number;
+  /** All the account's disks together: disks are reserved at their full size. */
+  totalDiskGb: number;
+  /** Highest memory limit of one app (its builds, runs and processes). */
+  appMemoryMb: number;
+  /** Cron jobs the account may have. */
+  cronJobs: number;
 };
+
+/**
+ * What each plan buys (DESIGN §3). What an account reserves (disk space,
+ * memory, scheduled work) is bounded here, so no account can claim more of
+ * the data plane than its plan says, whatever the hosts have free.
+ */
+export const PLAN_LIMITS: Record<Plan, PlanLimits> = {
+  free: { backupRetentionDays: 7, backupQuotaBytes: 10 * GIB, disks: 2, diskSizeGb: 10, totalDiskGb: 10, appMemoryMb: 2048, cronJobs: 20 },
+  pro: { backupRetentionDays: 30, backupQuotaBytes: 100 * GIB, disks: 10, diskSizeGb: 250, totalDiskGb: 1000, appMemoryMb: 8192, cronJobs: 200 },
+  business: {
+    backupRetentionDays: 90,
+    backupQuotaBytes: 1024 * GIB,
+    disks: 50,
+    diskSizeGb: 1000,
+    totalDiskGb: 10_000,
+    appMemoryMb: 16_384,
+    cronJobs: 5000,
+  },
+};
+
+/** The account's plan and its limits (one indexed read). */
+export async function planOf(db: Db, accountId: string): Promise<{ plan: Plan; limits: PlanLimits }> {
+  const account = await db.select({ plan: accounts.plan }).from(accounts).where(eq(accounts.id, accountId)).get();
+  if (!account) throw new ApiError("UNAUTHORIZED", "account not found");
+  return { plan: account.plan, limits: PLAN_LIMITS[account.plan] };
+}
+
+/** The refusal of something the plan does not allow: says which limit, what is in use, and the way out. */
+export function planLimitError(plan: Plan, what: string, remedy: string): ApiError {
+  return new ApiError("PLAN_LIMIT_EXCEEDED", `${what} on the ${plan} plan; ${remedy}, or upgrade the plan`);
+}

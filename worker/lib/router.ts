@@ -91,3 +91,8 @@ export const UNCOMPRESSED_STREAM = {
   "Cache-Control": "no-store, no-transform",
   "X-Accel-Buffering": "no",
 } as const;
+
+/** The 403 of a creation the account's plan may refuse, beside the scope refusal. */
+export const planLimited = {
+  403: errorResponse("The key lacks the required scope (INSUFFICIENT_SCOPE), or the plan's limit is reached (PLAN_LIMIT_EXCEEDED)"),
+} as const;

@@ -1,7 +1,7 @@
 import { createRoute, z } from "@hono/zod-openapi";
 import { requireScope } from "../auth/middleware";
 import { APP_STATUSES, RUNTIMES } from "../db/schema";
-import { authErrors, errorResponse, jsonBody, newRouter } from "../lib/router";
+import { authErrors, errorResponse, jsonBody, newRouter, planLimited } from "../lib/router";
 import { DnsLabel, Deleted, dataOf, Ref } from "../lib/schemas";
 import { appChanged } from "../services/cron-targets";
 import { deleteAppCrons } from "../services/crons";
@@ -57,7 +57,7 @@ appRoutes.openapi(
     tags: ["Apps"],
     security,
     request: { body: jsonBody(CreateAppBody) },
-    responses: { 201: appResponse("Created"), ...authErrors, 409: errorResponse("Name taken (NAME_TAKEN)") },
+    responses: { 201: appResponse("Created"), ...authErrors, ...planLimited, 409: errorResponse("Name taken (NAME_TAKEN)") },
   }),
   async (c) => {
     const row = await createApp(c.get("db"), c.get("principal").accountId, c.req.valid("json"));

@@ -4,7 +4,7 @@ import { CONCURRENCY_POLICIES, CRON_RUN_STATUSES } from "../db/schema";
 import { checkSchedule, isTimeZone, nextRuns } from "../lib/cron";
 import { ApiError } from "../lib/errors";
 import { iso } from "../lib/time";
-import { authErrors, codedIssue, errorResponse, jsonBody, newRouter } from "../lib/router";
+import { authErrors, codedIssue, errorResponse, jsonBody, newRouter, planLimited } from "../lib/router";
 import { DnsLabel, Deleted, dataOf, Ref } from "../lib/schemas";
 import { resolveApp } from "../services/apps";
 import { createCron, cronDetail, cronStub, cronView, deleteCron, listCrons, resolveCron, runView, updateCron } from "../services/crons";
@@ -121,6 +121,7 @@ cronRoutes.openapi(
     responses: {
       201: json("Created", dataOf(CronSchema)),
       ...authErrors,
+      ...planLimited,
       404: errorResponse("app not found"),
       409: errorResponse("Name taken (NAME_TAKEN)"),
     },

@@ -3,7 +3,7 @@ import { mountPathProblem } from "../../builder/src/protocol";
 import { appChanged } from "../services/cron-targets";
 import { requireScope } from "../auth/middleware";
 import { DISK_STATUSES } from "../db/schema";
-import { authErrors, errorResponse, jsonBody, newRouter } from "../lib/router";
+import { authErrors, errorResponse, jsonBody, newRouter, planLimited } from "../lib/router";
 import { DnsLabel, Deleted, dataOf, Ref } from "../lib/schemas";
 import { resolveApp } from "../services/apps";
 import { attachDisk, createDisk, deleteDisk, detachDisk, diskView, listDisks } from "../services/disks";
@@ -63,7 +63,14 @@ diskRoutes.openapi(
     tags: ["Disks"],
     security,
     request: { body: jsonBody(CreateDiskBody) },
-    responses: { 201: diskResponse("Created"), ...authErrors, 409: errorResponse("Name taken (NAME_TAKEN)"), ...builderDown },
+    responses: {
+      201: diskResponse("Created"),
+      ...authErrors,
+      ...planLimited,
+      409: errorResponse("Name taken (NAME_TAKEN)"),
+      ...builderDown,
+      507: errorResponse("No builder has room for a disk of this size (INSUFFICIENT_STORAGE); nothing changed"),
+    },
   }),
   async (c) => {
     const disk = await createDisk(c.get("db"), c.get("config"), c.get("principal").accountId, c.req.valid("json"));
@@ -111,7 +118,7 @@ diskRoutes.openapi(
       200: diskResponse("The disk, attached"),
       ...authErrors,
       404: errorResponse("No such disk (DISK_NOT_FOUND) or app (APP_NOT_FOUND)"),
-      409: errorResponse("Attached to another app, or the mount path is taken (DISK_ATTACHED)"),
+      409: errorResponse("Attached to another app (DISK_ATTACHED), or the app already has a disk (APP_HAS_DISK)"),
     },
   }),
   async (c) => {
@@ -153,7 +160,7 @@ diskRoutes.openapi(
       200: { description: "Deleted", content: { "application/json": { schema: dataOf(Deleted) } } },
       ...authErrors,
       ...notFound,
-      409: errorResponse("Still attached (DISK_ATTACHED)"),
+      409: errorResponse("Still attached (DISK_ATTACHED), being restored (DISK_IN_USE) or backed up (DISK_BUSY)"),
       ...builderDown,
     },
   }),

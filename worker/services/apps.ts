@@ -4,6 +4,7 @@ import { type AppRow, apps, type DiskRow, disks, type Runtime } from "../db/sche
 import type { Config } from "../env";
 import { ApiError } from "../lib/errors";
 import { isId, newId } from "../lib/ids";
+import { planLimitError, planOf } from "../lib/plans";
 import { iso, isoOrNull } from "../lib/time";
 
 export type AppView = {
@@ -81,6 +82,10 @@ export async function createApp(
   accountId: string,
   input: { name: string; runtime: Runtime; memoryMb: number },
 ): Promise<AppRow> {
+  const { plan, limits } = await planOf(db, accountId);
+  if (input.memoryMb > limits.appMemoryMb) {
+    throw planLimitError(plan, `an app may have at most ${limits.appMemoryMb} MB of memory (asked for ${input.memoryMb} MB)`, "ask for less");
+  }
   const now = Date.now();
   const row: AppRow = {
     id: newId("app"),

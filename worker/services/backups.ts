@@ -1,7 +1,6 @@
 import { and, desc, eq, sql } from "drizzle-orm";
 import type { Db } from "../db/client";
 import {
-  accounts,
   type BackupRow,
   backups,
   type DiskRow,
@@ -15,7 +14,7 @@ import type { Config, Env } from "../env";
 import { diskUsage } from "../lib/builder-client";
 import { ApiError } from "../lib/errors";
 import { newId } from "../lib/ids";
-import { PLAN_LIMITS } from "../lib/plans";
+import { planOf } from "../lib/plans";
 import { iso, isoOrNull } from "../lib/time";
 import { presign } from "../storage/presign";
 import { appChanged } from "./cron-targets";
@@ -107,9 +106,7 @@ export async function createBackup(
   disk: DiskRow,
   description: string,
 ): Promise<BackupRow> {
-  const account = await db.select({ plan: accounts.plan }).from(accounts).where(eq(accounts.id, accountId)).get();
-  if (!account) throw new ApiError("UNAUTHORIZED", "account not found");
-  const quota = PLAN_LIMITS[account.plan].backupQuotaBytes;
+  const quota = (await planOf(db, accountId)).limits.backupQuotaBytes;
   const usage = await diskUsage(config, disk.id);
   if (!usage.ok) throw new ApiError("BUILDER_UNAVAILABLE", `the builder could not measure the disk: ${usage.message}`);
   const reserved = Math.max(usage.value.usedBytes, MIN_RESERVATION_BYTES);

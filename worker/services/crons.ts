@@ -1,10 +1,11 @@
-import { and, desc, eq } from "drizzle-orm";
+import { and, desc, eq, sql } from "drizzle-orm";
 import { type Db, isUniqueViolation } from "../db/client";
 import { type ConcurrencyPolicy, type CronRow, type CronRunStatus, crons } from "../db/schema";
 import type { Env } from "../env";
 import { nextRuns } from "../lib/cron";
 import { ApiError } from "../lib/errors";
 import { newId } from "../lib/ids";
+import { planLimitError, planOf } from "../lib/plans";
 import { iso, isoOrNull } from "../lib/time";
 import { deletePrefix } from "../storage/objects";
 import { loadTarget } from "./cron-targets";
@@ -144,11 +145,23 @@ export async function createCron(db: Db, env: Env, accountId: string, input: Cro
     createdAt: now,
     updatedAt: now,
   };
+  const { plan, limits } = await planOf(db, accountId);
+  // Counted by the statement that inserts, so concurrent creations cannot pass the limit together.
+  const owned = sql`(select count(*) from crons where account_id = ${accountId})`;
+  let inserted: D1Result;
   try {
-    await db.insert(crons).values(row);
+    inserted = await db.run(sql`
+      insert into crons (id, account_id, app_id, name, schedule, command, timezone, concurrency_policy, timeout_seconds, enabled,
+        last_run_at, next_run_at, target_version, created_at, updated_at)
+      select ${row.id}, ${accountId}, ${row.appId}, ${row.name}, ${row.schedule}, ${row.command}, ${row.timezone},
+        ${row.concurrencyPolicy}, ${row.timeoutSeconds}, ${row.enabled ? 1 : 0}, null, null, null, ${now}, ${now}
+      where ${owned} < ${limits.cronJobs}`);
   } catch (err) {
     if (isUniqueViolation(err)) throw new ApiError("NAME_TAKEN", `a cron job named "${input.name}" already exists`);
     throw err;
+  }
+  if (inserted.meta.changes !== 1) {
+    throw planLimitError(plan, `an account may have ${limits.cronJobs} cron jobs`, "delete one (or disable it: disabled jobs count too)");
   }
   try {
     const target = await loadTarget(db, row.appId);

@@ -1,10 +1,11 @@
-import { and, desc, eq } from "drizzle-orm";
+import { and, desc, eq, sql } from "drizzle-orm";
 import { type Db, isUniqueViolation } from "../db/client";
-import { type AppRow, apps, type DiskRow, disks } from "../db/schema";
+import { type AppRow, apps, backups, type DiskRow, disks } from "../db/schema";
 import type { Config } from "../env";
 import { destroyDisk, provisionDisk } from "../lib/builder-client";
 import { ApiError } from "../lib/errors";
 import { isId, newId } from "../lib/ids";
+import { planLimitError, planOf } from "../lib/plans";
 import { iso } from "../lib/time";
 import { deletePrefix } from "../storage/objects";
 
@@ -97,11 +98,31 @@ export async function createDisk(
     createdAt: now,
     updatedAt: now,
   };
+  const { plan, limits } = await planOf(db, accountId);
+  if (input.sizeGb > limits.diskSizeGb) {
+    throw planLimitError(plan, `a disk may have at most ${limits.diskSizeGb} GB (asked for ${input.sizeGb} GB)`, "ask for less");
+  }
+  // The plan's limits are checked by the statement that inserts, so concurrent creations cannot both squeeze in.
+  const owned = sql`(select count(*) from disks where account_id = ${accountId})`;
+  const reserved = sql`(select coalesce(sum(size_gb), 0) from disks where account_id = ${accountId})`;
+  let inserted: D1Result;
   try {
-    await db.insert(disks).values(row);
+    inserted = await db.run(sql`
+      insert into disks (id, account_id, name, size_gb, mount_path, app_id, status, created_at, updated_at)
+      select ${row.id}, ${accountId}, ${row.name}, ${row.sizeGb}, ${row.mountPath}, null, ${row.status}, ${now}, ${now}
+      where ${owned} < ${limits.disks} and ${reserved} + ${row.sizeGb} <= ${limits.totalDiskGb}`);
   } catch (err) {
     if (isUniqueViolation(err)) throw new ApiError("NAME_TAKEN", `a disk named "${input.name}" already exists`);
     throw err;
+  }
+  if (inserted.meta.changes !== 1) {
+    const usage = await db.get<{ count: number; gb: number }>(sql`select ${owned} as count, ${reserved} as gb`);
+    if (usage.count >= limits.disks) throw planLimitError(plan, `an account may have ${limits.disks} disks and has ${usage.count}`, "delete one");
+    throw planLimitError(
+      plan,
+      `an account's disks may hold ${limits.totalDiskGb} GB in all; ${usage.gb} GB are taken and this disk asks for ${row.sizeGb} GB`,
+      "delete or shrink a disk",
+    );
   }
   const provisioned = await provisionDisk(config, row.id, { sizeBytes: row.sizeGb * GIB, tenant: row.accountId }).catch(async (err: unknown) => {
     await db.delete(disks).where(eq(disks.id, row.id));
@@ -109,9 +130,20 @@ export async function createDisk(
   });
   if (!provisioned.ok) {
     await db.delete(disks).where(eq(disks.id, row.id));
-    throw new ApiError("BUILDER_UNAVAILABLE", `the builder could not create the disk: ${provisioned.message}`);
+    throw builderRefusal(provisioned, "the builder could not create the disk");
   }
   return viewOf({ disk: row, app: null });
+}
+
+/**
+ * A builder's refusal as the API reports it: a disk busy with a job is the
+ * user's to wait for (409), a host without room the platform's (507); anything
+ * else means the data plane failed us (502).
+ */
+function builderRefusal(refusal: { code: string; message: string }, what: string): ApiError {
+  if (refusal.code === "DISK_BUSY") return new ApiError("DISK_BUSY", `${what}: ${refusal.message}`);
+  if (refusal.code === "INSUFFICIENT_STORAGE") return new ApiError("INSUFFICIENT_STORAGE", `${what}: ${refusal.message}`);
+  return new ApiError("BUILDER_UNAVAILABLE", `${what}: ${refusal.message}`);
 }
 
 export async function attachDisk(db: Db, accountId: string, ref: string, app: AppRow): Promise<DiskView> {
@@ -120,15 +152,18 @@ export async function attachDisk(db: Db, accountId: string, ref: string, app: Ap
     throw new ApiError("DISK_ATTACHED", `disk ${disk.name} is attached to app ${current.name}; detach it first`);
   }
   if (disk.status === "restoring") throw new ApiError("DISK_IN_USE", `disk ${disk.name} is being restored; attach it when the restore ends`);
-  const clash = await db
-    .select({ name: disks.name })
-    .from(disks)
-    .where(and(eq(disks.appId, app.id), eq(disks.mountPath, disk.mountPath)))
-    .get();
-  if (clash && clash.name !== disk.name) {
-    throw new ApiError("DISK_ATTACHED", `app ${app.name} already has disk ${clash.name} at ${disk.mountPath}`);
+  // One disk per app, as on Render and Fly: its runs, backups and restores name exactly one. The
+  // update checks it itself, so two disks attached at once cannot both land on the app.
+  const attached = await db.run(sql`
+    update disks set app_id = ${app.id}, updated_at = ${Date.now()}
+    where id = ${disk.id} and not exists (select 1 from disks other where other.app_id = ${app.id} and other.id != ${disk.id})`);
+  if (attached.meta.changes !== 1) {
+    const other = await db.select({ name: disks.name, mountPath: disks.mountPath }).from(disks).where(eq(disks.appId, app.id)).get();
+    throw new ApiError(
+      "APP_HAS_DISK",
+      `app ${app.name} already has disk ${other?.name ?? "another disk"}${other ? ` at ${other.mountPath}` : ""}; an app has one disk: detach it first`,
+    );
   }
-  await db.update(disks).set({ appId: app.id, updatedAt: Date.now() }).where(eq(disks.id, disk.id));
   return diskView(db, accountId, disk.id);
 }
 
@@ -148,8 +183,16 @@ export async function deleteDisk(db: Db, config: Config, bucket: R2Bucket, accou
   const { disk, app } = await resolveDisk(db, accountId, ref);
   if (app) throw new ApiError("DISK_ATTACHED", `disk ${disk.name} is attached to app ${app.name}; detach it first`);
   if (disk.status === "restoring") throw new ApiError("DISK_IN_USE", `disk ${disk.name} is being restored`);
+  const backup = await db
+    .select({ id: backups.id })
+    .from(backups)
+    .where(and(eq(backups.diskId, disk.id), eq(backups.status, "creating")))
+    .get();
+  if (backup) {
+    throw new ApiError("DISK_BUSY", `disk ${disk.name} is being backed up (${backup.id}); delete it once the backup is ready or failed`);
+  }
   const destroyed = await destroyDisk(config, disk.id);
-  if (!destroyed.ok) throw new ApiError("BUILDER_UNAVAILABLE", `the builder could not delete the disk: ${destroyed.message}`);
+  if (!destroyed.ok) throw builderRefusal(destroyed, "the builder could not delete the disk");
   await deletePrefix(bucket, `backups/${disk.id}/`);
   await deletePrefix(bucket, `restore-uploads/${disk.id}/`);
   await db.delete(disks).where(eq(disks.id, disk.id));

@@ -107,7 +107,8 @@ const attach = defineCommand({
       { app: args.app },
       aboutDisk(`attach disk ${args.disk} to app ${args.app}`, args.disk, {
         APP_NOT_FOUND: `no app "${args.app}" in this account: \`svc apps list\` shows the names and ids`,
-        DISK_ATTACHED: "a disk serves one app, and an app one disk per mount path: detach the disk named above first (svc disk detach <disk>)",
+        DISK_ATTACHED: "a disk serves one app: detach it from the app named above first (svc disk detach <disk>)",
+        APP_HAS_DISK: `an app has one disk: detach the disk named above first (svc disk detach <disk>), then attach ${args.disk}`,
       }),
     );
     out.result(disk, `Attached disk ${disk.name} to app ${disk.appName ?? args.app} at ${disk.mountPath}`);
