@@ -7,6 +7,14 @@
  * loopback and link-local ranges (cloud metadata, the host's LAN), except DNS to
  * the host's resolvers. Loopback inside the namespace is the job's own.
  *
+ * Runs never reach each other: frames between two ports of the bridge are
+ * switched, not routed, so the host's inet rules see them only when
+ * br_netfilter is loaded with bridge-nf-call-iptables=1, a host setting nobody
+ * guarantees. Every port is therefore an isolated bridge port (the kernel
+ * forwards its frames only to the bridge itself), and a `bridge` family table
+ * drops whatever the bridge would still forward between ports; both hold
+ * whatever br_netfilter says.
+ *
  * Namespaces are created ahead of need (as many as jobs may run at once) and
  * reused (a job's processes are all dead when its namespace returns to the
  * pool, and a job has no privilege over the namespace's addresses or routes),
@@ -114,7 +122,7 @@ export class RunNetwork {
   }
 
   get description(): string {
-    return `own network namespace per run, NAT through bridge ${this.#bridge} (10.213.${this.#index}.0/24); host and private addresses blocked`;
+    return `own network namespace per run, NAT through bridge ${this.#bridge} (10.213.${this.#index}.0/24, isolated ports); host, private addresses and other runs blocked`;
   }
 
   get #bridge(): string {
@@ -153,7 +161,16 @@ export class RunNetwork {
     const name = `svc${this.#index}-${slot}`;
     const host = `svc${this.#index}v${slot}`;
     const net = `10.213.${this.#index}`;
-    await ip([`netns add ${name}`, `link add ${host} type veth peer name eth0 netns ${name}`, `link set ${host} master ${this.#bridge} up`].join("\n"));
+    await ip(
+      [
+        `netns add ${name}`,
+        `link add ${host} type veth peer name eth0 netns ${name}`,
+        // An isolated bridge port forwards only to the bridge itself (the host's rules), never to another run.
+        `link set ${host} master ${this.#bridge}`,
+        `link set dev ${host} type bridge_slave isolated on`,
+        `link set ${host} up`,
+      ].join("\n"),
+    );
     await ip([`addr add ${net}.${slot + 1}/24 dev eth0`, "link set lo up", "link set eth0 up", `route add default via ${net}.1`].join("\n"), name);
     return name;
   }
@@ -192,6 +209,12 @@ table inet svc_${this.#index} {
     type nat hook postrouting priority 100; policy accept;
     ip saddr ${net}.0/24 oifname != "${bridge}" masquerade
   }
+}
+table bridge svc_${this.#index} {
+  chain forward {
+    type filter hook forward priority -10; policy accept;
+    iifname "svc${this.#index}v*" oifname "svc${this.#index}v*" drop
+  }
 }`);
   }
 
@@ -212,6 +235,7 @@ async function removeSubnet(index: number): Promise<void> {
   child.child.stdin?.end(commands.join("\n"));
   await child.catch(() => undefined);
   await run("nft", ["delete", "table", "inet", `svc_${index}`]).catch(() => undefined);
+  await run("nft", ["delete", "table", "bridge", `svc_${index}`]).catch(() => undefined);
 }
 
 /** Subnets claimed by builders that died without closing (SIGKILL, a crash): freed for good. */

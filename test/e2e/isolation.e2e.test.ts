@@ -1,4 +1,5 @@
 import { randomBytes } from "node:crypto";
+import { readFile, writeFile } from "node:fs/promises";
 import { networkInterfaces } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -168,4 +169,43 @@ only("two accounts on one builder", () => {
     await finished(victim, whoami.id, whoami.jobName);
     expect(await logsOf(victim, whoami.id, whoami.jobName)).not.toMatch(new RegExp(` out ${seen.uid}$`, "m"));
   }, 300_000);
+
+  it("a run cannot connect to a server in another account's run, with the host's bridge netfilter off", async () => {
+    // Runs share a bridge; with br_netfilter off (a fresh VM without Docker) the host's inet rules never see
+    // bridged traffic, so isolation must hold at the bridge itself.
+    const sysctl = "/proc/sys/net/bridge/bridge-nf-call-iptables";
+    const before = await readFile(sysctl, "utf8").catch(() => null);
+    if (before !== null) await writeFile(sysctl, "0");
+    try {
+      const victimApp = `server-${randomBytes(3).toString("hex")}`;
+      const attackerApp = `client-${randomBytes(3).toString("hex")}`;
+      await api(victim, "POST", "/v1/apps", { name: victimApp, runtime: "node", memoryMb: 256 });
+      await api(attacker, "POST", "/v1/apps", { name: attackerApp, runtime: "node", memoryMb: 256 });
+      const connect = (host: string) =>
+        `require('net').connect(8765,${host}).on('data',(d)=>{console.log(String(d));process.exit()}).on('error',(e)=>{console.log(e.code);process.exit()});setTimeout(()=>{console.log('timeout');process.exit()},3000)`;
+      const server = await startRun(
+        victim,
+        victimApp,
+        "server",
+        `node -e "const ip=require('os').networkInterfaces().eth0.find((a)=>a.family==='IPv4').address;require('net').createServer((c)=>c.end('open')).listen(8765,'0.0.0.0',()=>console.log('ip='+ip));setTimeout(()=>process.exit(),40000)" &
+sleep 1; echo "self=$(node -e "${connect("require('os').networkInterfaces().eth0[0].address")}")"; wait`,
+      );
+      const deadline = Date.now() + 60_000;
+      let address: string | undefined;
+      while (!address) {
+        address = / out ip=(\d+\.\d+\.\d+\.\d+)$/m.exec(await logsOf(victim, server.id, server.jobName))?.[1];
+        if (Date.now() > deadline) throw new Error("the victim's server never started");
+        if (!address) await sleep(200);
+      }
+      const probe = await startRun(attacker, attackerApp, "probe", `echo "peer=$(node -e "${connect(`'${address}'`)}")"`);
+      const probeRun = await finished(attacker, probe.id, probe.jobName);
+      const probeLog = await logsOf(attacker, probe.id, probe.jobName);
+      expect(probeRun.status, probeLog).toBe("success");
+      expect(results(probeLog).peer, probeLog).toMatch(/^(timeout|ECONNREFUSED|EHOSTUNREACH|ENETUNREACH)$/);
+      // The server was there all along: its own run reached it.
+      expect(results(await logsOf(victim, server.id, server.jobName)).self).toBe("open");
+    } finally {
+      if (before !== null) await writeFile(sysctl, before);
+    }
+  }, 180_000);
 });
