@@ -1,6 +1,7 @@
 import { runDurableObjectAlarm } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { afterEach, describe, expect, it } from "vitest";
+import { type JobStatus, signRequest } from "../../builder/src/protocol";
 import { configOf } from "../../worker/env";
 import { findJob } from "../../worker/lib/builder-client";
 import { PLAN_LIMITS } from "../../worker/lib/plans";
@@ -41,6 +42,13 @@ async function builderState(cronId: string, jobName: string) {
   const found = await findJob(configOf(env), `${cronId}/${jobName}`);
   if (!found.ok) throw new Error(`builder has no job for ${jobName}: ${found.message}`);
   return found.value;
+}
+
+/** Delivers a status the way the builder's callback does (signed); answers the HTTP status. */
+async function callback(status: JobStatus): Promise<number> {
+  const body = JSON.stringify(status);
+  const headers = await signRequest({ secret: env.BUILDER_SECRET!, method: "POST", path: "/internal/builder/callback", body });
+  return (await call("/internal/builder/callback", { method: "POST", body, headers: { ...headers, "Content-Type": "application/json" } })).status;
 }
 
 /** An account (free plan) with a job that sleeps, whose runs are cancelled after the test. */
@@ -87,6 +95,25 @@ describe("runs and the account's share of the builder", () => {
     expect(run).toMatchObject({ status: "running", phase: "running", waiting: null });
     expect(Date.parse(run.startedAt)).toBeGreaterThanOrEqual(freedAt - 1_000);
     expect(Date.parse(run.startedAt)).toBeGreaterThan(Date.parse(run.queuedAt));
+  }, 30_000);
+
+  it("the builder's start callback moves a queued run to running at once (no poll), and a late queued answer does not move it back", async () => {
+    const a = await sleeper("allow");
+    const limit = PLAN_LIMITS.free.concurrentJobs;
+    const started = [];
+    for (let i = 0; i <= limit; i++) started.push(await manualRun(a.key, a.cron.id));
+    const extra = started[limit]!.jobName;
+    const queuedStatus = await builderState(a.cron.id, extra);
+    expect(queuedStatus.status).toBe("queued");
+    await call(`/v1/crons/${a.cron.id}/runs/${started[0]!.jobName}/cancel`, { method: "POST", key: a.key });
+    const runningStatus = await builderState(a.cron.id, extra);
+    expect(runningStatus.status).toBe("running");
+    expect(await callback(runningStatus)).toBe(204);
+    const run = await runOf(a.key, a.cron.id, extra);
+    expect(run).toMatchObject({ status: "running", phase: "running", waiting: null, startedAt: runningStatus.startedAt });
+    // A retried or slow report of the queued state, arriving after the start, changes nothing.
+    expect(await callback(queuedStatus)).toBe(204);
+    expect(await runOf(a.key, a.cron.id, extra)).toMatchObject({ status: "running", phase: "running", startedAt: runningStatus.startedAt });
   }, 30_000);
 
   it("a finished run has no phase; its queuedAt and startedAt stay", async () => {

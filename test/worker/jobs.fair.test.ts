@@ -1,6 +1,7 @@
 import { runDurableObjectAlarm } from "cloudflare:test";
 import { env, exports } from "cloudflare:workers";
 import { afterEach, describe, expect, it } from "vitest";
+import { type JobStatus, signRequest } from "../../builder/src/protocol";
 import { configOf } from "../../worker/env";
 import { findJob } from "../../worker/lib/builder-client";
 import { PLAN_LIMITS } from "../../worker/lib/plans";
@@ -37,6 +38,13 @@ async function busyAccount() {
   }
   const free = () => call(`/v1/crons/${cron.id}/runs/${started.shift()}/cancel`, { method: "POST", key });
   return { key, free };
+}
+
+/** Delivers a status the way the builder's callback does (signed). */
+async function callback(status: JobStatus): Promise<number> {
+  const body = JSON.stringify(status);
+  const headers = await signRequest({ secret: env.BUILDER_SECRET!, method: "POST", path: "/internal/builder/callback", body });
+  return (await call("/internal/builder/callback", { method: "POST", body, headers: { ...headers, "Content-Type": "application/json" } })).status;
 }
 
 async function builderStatus(key: string) {
@@ -96,7 +104,14 @@ describe("a backup waiting for a slot", () => {
     expect(await list()).toMatchObject({ status: "creating", phase: "queued" });
 
     await free();
-    expect((await builderStatus(backup.id)).startedAt).not.toBeNull();
+    const running = await builderStatus(backup.id);
+    expect(running.startedAt).not.toBeNull();
+    if (running.status === "running") {
+      // The builder's start callback: running at once, and a start is no end (the backup is still being made).
+      expect(await callback(running)).toBe(204);
+      const now = await list();
+      expect(now.status === "creating" ? now.phase : "ended").not.toBe("queued");
+    }
     let now = await list();
     for (let i = 0; i < 40 && now.phase === "queued"; i++) {
       await runDurableObjectAlarm(backupStub(env, backup.id));
