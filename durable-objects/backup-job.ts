@@ -1,7 +1,7 @@
 import { eq } from "drizzle-orm";
 import { accounts, backups, disks } from "../worker/db/schema";
 import { submitSnapshot } from "../worker/lib/builder-client";
-import { PLAN_LIMITS } from "../worker/lib/plans";
+import { builderShare, PLAN_LIMITS } from "../worker/lib/plans";
 import { GIB } from "../worker/services/disks";
 import { presign } from "../worker/storage/presign";
 import { type Ending, failureOf, SingleBuilderJob } from "./single-job";
@@ -25,8 +25,14 @@ const DAY_MS = 86_400_000;
  */
 export class BackupJob extends SingleBuilderJob {
   async start(backupId: string): Promise<void> {
-    const backup = await this.db.select().from(backups).where(eq(backups.id, backupId)).get();
-    if (backup?.status !== "creating" || this.ctx.storage.kv.get("multipartUploadId")) return;
+    const found = await this.db
+      .select({ backup: backups, plan: accounts.plan })
+      .from(backups)
+      .innerJoin(accounts, eq(accounts.id, backups.accountId))
+      .where(eq(backups.id, backupId))
+      .get();
+    const backup = found?.backup;
+    if (!found || backup?.status !== "creating" || this.ctx.storage.kv.get("multipartUploadId")) return;
     const disk = await this.db.select({ sizeGb: disks.sizeGb }).from(disks).where(eq(disks.id, backup.diskId)).get();
     const upload = await this.env.BUCKET.createMultipartUpload(backup.objectKey, {
       httpMetadata: { contentType: "application/gzip" },
@@ -43,6 +49,8 @@ export class BackupJob extends SingleBuilderJob {
       partUrlEndpoint: new URL(`/internal/backups/${backupId}/part-url`, base).href,
       callbackUrl: new URL("/internal/builder/callback", base).href,
       labels: { kind: "backup", backupId },
+      tenant: backup.accountId,
+      ...builderShare(found.plan),
     }).catch((err: unknown) => ({ ok: false as const, message: err instanceof Error ? err.message : String(err) }));
     await this.submitted(backupId, submitted, "the snapshot");
   }

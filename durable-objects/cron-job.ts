@@ -2,11 +2,12 @@ import { DurableObject } from "cloudflare:workers";
 import { and, asc, eq } from "drizzle-orm";
 import type { JobSpec, JobStatus } from "../builder/src/protocol";
 import { countingD1, openDb } from "../worker/db/client";
-import { cronRuns, crons } from "../worker/db/schema";
+import { cronRuns, crons, type Plan } from "../worker/db/schema";
 import { configOf, type Env } from "../worker/env";
-import { cancelJob, findJob, getJob, jobLog, submitJob } from "../worker/lib/builder-client";
+import { cancelJob, describeWait, findJob, getJob, jobLog, submitJob } from "../worker/lib/builder-client";
 import { nextRuns } from "../worker/lib/cron";
 import { randomBase62 } from "../worker/lib/ids";
+import { builderShare, PLAN_LIMITS } from "../worker/lib/plans";
 import { type CronTarget, loadTarget } from "../worker/services/cron-targets";
 import type { CronDefinition, CronRunRecord } from "../worker/services/crons";
 import { logKey, RUN_HISTORY } from "../worker/services/crons";
@@ -22,7 +23,14 @@ type RunRow = {
   job_name: string;
   trigger: "schedule" | "manual";
   status: "running" | "success" | "failed";
+  /** While `running`: whether the builder has started the command or holds it queued (null in rows from before phases). */
+  phase: "queued" | "running" | null;
+  /** Why a queued run waits, in words. */
+  waiting: string | null;
   scheduled_at: number;
+  /** When the run was dispatched (null in rows from before phases: then `started_at`). */
+  queued_at: number | null;
+  /** The builder's start of the command; until it starts (and for a run that never did), when it was dispatched. */
   started_at: number;
   finished_at: number | null;
   exit_code: number | null;
@@ -41,6 +49,11 @@ const DISPATCH_GRACE_MS = 60_000;
 const LOST_CONTACT_GRACE_MS = 5 * 60_000;
 /** The alarm is this late (or missing) before the job's detail calls it late. */
 export const LATE_AFTER_MS = 2 * 60_000;
+
+/** What a manual run request comes to: the run (queued or running), or why it was refused. */
+export type ManualRun =
+  | { ok: true; jobName: string; status: RunRow["status"]; phase: RunRow["phase"] }
+  | { ok: false; code: "RUN_IN_PROGRESS" | "TOO_MANY_JOBS"; message: string };
 
 const logLine = (text: string, at = Date.now()) => `${new Date(at).toISOString()} svc ${text}\n`;
 
@@ -66,7 +79,10 @@ const recordOf = (row: RunRow): CronRunRecord => ({
   jobName: row.job_name,
   trigger: row.trigger,
   status: row.status,
+  phase: row.status === "running" ? (row.phase ?? "running") : null,
+  waiting: row.status === "running" && row.phase === "queued" ? row.waiting : null,
   scheduledAt: row.scheduled_at,
+  queuedAt: row.queued_at ?? row.started_at,
   startedAt: row.started_at,
   finishedAt: row.finished_at,
   exitCode: row.exit_code,
@@ -105,6 +121,15 @@ export class CronJob extends DurableObject<Env> {
       log_key TEXT
     )`);
     ctx.storage.sql.exec("CREATE INDEX IF NOT EXISTS runs_running ON runs (status) WHERE status = 'running'");
+    // Columns added with the builder's fair queue (issue 17); objects made before get them on first use.
+    const columns = new Set(ctx.storage.sql.exec<{ name: string }>("PRAGMA table_info(runs)").toArray().map((c) => c.name));
+    for (const [column, type] of [
+      ["phase", "TEXT"],
+      ["waiting", "TEXT"],
+      ["queued_at", "INTEGER"],
+    ] as const) {
+      if (!columns.has(column)) ctx.storage.sql.exec(`ALTER TABLE runs ADD COLUMN ${column} ${type}`);
+    }
   }
 
   /** D1 statements this object ran while handling the current alarm (logged with each run: issue 11 counts them). */
@@ -151,19 +176,48 @@ export class CronJob extends DurableObject<Env> {
     if (!current || current.version <= target.version) this.kv.put("target", target);
   }
 
-  /** Starts a manual run now, whatever the schedule and concurrency policy say. */
-  async runNow(): Promise<{ jobName: string; status: RunRow["status"] } | null> {
+  /**
+   * Starts a manual run now, whatever the schedule says, within the job's
+   * concurrency policy (forbid: refused while a run is queued or running;
+   * replace: that run is cancelled; allow: another run) and the account's
+   * plan: refused while `manualRunQueueLimit` of its jobs wait for a slot.
+   */
+  async runNow(plan: Plan): Promise<ManualRun | null> {
     const job = this.job();
     const target = this.target();
     if (!job || !target) return null;
+    const running = this.runningRows();
+    const busy = running[0];
+    if (busy && job.concurrencyPolicy === "forbid") {
+      const phase = busy.phase ?? "running";
+      return {
+        ok: false,
+        code: "RUN_IN_PROGRESS",
+        message: `run ${busy.job_name} of cron job ${job.name} is still ${phase === "queued" ? "queued (waiting for a slot)" : "running"}, and the job's concurrency policy is forbid; wait for it, cancel it (POST /v1/crons/${job.id}/runs/${busy.job_name}/cancel, or svc cron cancel ${job.name} ${busy.job_name}), or set concurrencyPolicy to allow or replace`,
+      };
+    }
     const now = Date.now();
     const jobName = `manual-${randomBase62(6).toLowerCase()}-${Math.floor(now / 1000)}`;
     this.insertRun(jobName, "manual", now);
+    const refused = await this.dispatch(job, { ...target, plan }, jobName, PLAN_LIMITS[plan].manualRunQueueLimit);
+    if (refused) {
+      // Refused before it existed anywhere: no run to list, as for a stopped app.
+      this.ctx.storage.sql.exec("DELETE FROM runs WHERE job_name = ? AND builder_job_id IS NULL", jobName);
+      const { concurrentJobs, manualRunQueueLimit } = PLAN_LIMITS[plan];
+      return {
+        ok: false,
+        code: "TOO_MANY_JOBS",
+        message: `the account already has ${manualRunQueueLimit} jobs waiting for a slot (the ${plan} plan runs ${concurrentJobs} at once, and refuses manual runs while ${manualRunQueueLimit} wait); wait for some to start, or cancel queued runs`,
+      };
+    }
     this.kv.put("lastRunAt", now);
-    await this.dispatch(job, target, jobName);
+    if (job.concurrencyPolicy === "replace") {
+      for (const row of running) await this.stopRun(job, row, `replaced by manual run ${jobName}`);
+    }
     await this.reschedule();
     await this.recordInD1(job);
-    return { jobName, status: this.row(jobName)?.status ?? "running" };
+    const run = this.row(jobName);
+    return { ok: true, jobName, status: run?.status ?? "running", phase: run?.status === "running" ? (run.phase ?? "running") : null };
   }
 
   /** The newest runs first (the last {@link RUN_HISTORY} are kept). */
@@ -222,13 +276,21 @@ export class CronJob extends DurableObject<Env> {
     return this.kv.get<number>("scheduledFor") ?? null;
   }
 
-  /** The builder's signed completion callback lands here (see worker/routes/internal.ts). */
+  /**
+   * The builder's signed callback lands here (see worker/routes/internal.ts):
+   * a run's final status, or the `running` status of a run that had waited in
+   * the builder's queue (which only records its start).
+   */
   async jobFinished(status: JobStatus): Promise<void> {
     const job = this.job();
     const jobName = status.labels.jobName;
     const row = jobName ? this.row(jobName) : null;
     if (!job || !row || row.status !== "running") return;
     if (row.builder_job_id !== null && row.builder_job_id !== status.id) return;
+    if (status.finishedAt === null) {
+      this.noteStatus(row.job_name, status);
+      return;
+    }
     await this.completeFromBuilder(job, row, status);
     await this.reschedule();
   }
@@ -276,16 +338,41 @@ export class CronJob extends DurableObject<Env> {
     return this.ctx.storage.sql.exec<RunRow>("SELECT * FROM runs WHERE status = 'running' ORDER BY seq").toArray();
   }
 
-  /** Inserts a `running` run; false when one of that name exists (a duplicate alarm delivery). */
+  /** Inserts a `running` run, `queued` until the builder says it started; false when one of that name exists (a duplicate alarm delivery). */
   private insertRun(jobName: string, trigger: RunRow["trigger"], scheduledAt: number): boolean {
+    const now = Date.now();
     const cursor = this.ctx.storage.sql.exec(
-      "INSERT INTO runs (job_name, trigger, status, scheduled_at, started_at) VALUES (?, ?, 'running', ?, ?) ON CONFLICT (job_name) DO NOTHING",
+      "INSERT INTO runs (job_name, trigger, status, phase, scheduled_at, queued_at, started_at) VALUES (?, ?, 'running', 'queued', ?, ?, ?) ON CONFLICT (job_name) DO NOTHING",
       jobName,
       trigger,
       scheduledAt,
-      Date.now(),
+      now,
+      now,
     );
     return cursor.rowsWritten > 0;
+  }
+
+  /**
+   * Takes what the builder said of a run before its end: still queued (and
+   * why), or started at its `startedAt`. Only a running run changes, and never
+   * from started back to queued (a slow poll's answer arriving after the start).
+   */
+  private noteStatus(jobName: string, status: JobStatus): void {
+    if (status.finishedAt !== null) return;
+    if (status.status === "queued") {
+      this.ctx.storage.sql.exec(
+        "UPDATE runs SET waiting = ? WHERE job_name = ? AND status = 'running' AND phase = 'queued'",
+        describeWait(status),
+        jobName,
+      );
+      return;
+    }
+    const startedAt = status.startedAt === null ? Date.now() : Date.parse(status.startedAt);
+    this.ctx.storage.sql.exec(
+      "UPDATE runs SET phase = 'running', waiting = NULL, started_at = max(coalesce(queued_at, started_at), ?) WHERE job_name = ? AND status = 'running' AND phase = 'queued'",
+      startedAt,
+      jobName,
+    );
   }
 
   /**
@@ -335,14 +422,20 @@ export class CronJob extends DurableObject<Env> {
     return dispatchedAt;
   }
 
-  /** Sends the run to the builder with the app's env vars, disk and source; a refusal or an outage fails it. */
-  private async dispatch(job: CronDefinition, target: CronTarget, jobName: string): Promise<void> {
+  /**
+   * Sends the run to the builder with the app's env vars, disk and source,
+   * counted against the account's share (its plan's concurrency); a refusal
+   * or an outage fails it. With `maxQueued` (manual runs), a builder refusing
+   * it because the account has that many jobs waiting leaves the run as it is
+   * and answers true.
+   */
+  private async dispatch(job: CronDefinition, target: CronTarget, jobName: string, maxQueued?: number): Promise<boolean> {
     const config = this.config;
     const { disk } = target;
     if (disk?.restoring) {
       const error = `disk ${disk.name} is being restored; the run did not start`;
       await this.complete(jobName, { status: "failed", exitCode: null, error, log: logLine(`error: ${error}`) });
-      return;
+      return false;
     }
     try {
       const spec: JobSpec = {
@@ -354,6 +447,9 @@ export class CronJob extends DurableObject<Env> {
         memoryMb: target.memoryMb,
         callbackUrl: new URL("/internal/builder/callback", config.PUBLIC_URL).href,
         labels: { kind: "cron", cronId: job.id, jobName },
+        // A target stored before it carried the plan leaves the builder's default.
+        ...(target.plan ? builderShare(target.plan) : {}),
+        ...(maxQueued === undefined ? {} : { tenantMaxQueued: maxQueued }),
         ...(disk ? { disk: { id: disk.id, mountPath: disk.mountPath, sizeBytes: disk.sizeGb * GIB } } : {}),
         // The app's environment: the source of its active deployment, extracted as the working directory.
         ...(target.sourceKey
@@ -365,16 +461,19 @@ export class CronJob extends DurableObject<Env> {
       };
       const submitted = await submitJob(config, spec);
       if (!submitted.ok) {
+        if (maxQueued !== undefined && submitted.code === "TENANT_QUEUE_FULL") return true;
         const error = `the builder refused the run: ${submitted.message}`;
         await this.complete(jobName, { status: "failed", exitCode: null, error, log: logLine(`error: ${error}`) });
-        return;
+        return false;
       }
       this.ctx.storage.sql.exec("UPDATE runs SET builder_job_id = ? WHERE job_name = ?", submitted.value.id, jobName);
+      this.noteStatus(jobName, submitted.value);
     } catch (err) {
       // Unreachable even after retries. The key lets the next poll find the run if the builder did get it.
       const error = `the builder could not be reached: ${err instanceof Error ? err.message : String(err)}`;
       this.kv.put(`unreachable:${jobName}`, error);
     }
+    return false;
   }
 
   /** Asks the builder about every running run; a lost callback or a lost submission reply loses nothing. */
@@ -389,6 +488,7 @@ export class CronJob extends DurableObject<Env> {
       if (found?.ok) {
         if (!row.builder_job_id) this.ctx.storage.sql.exec("UPDATE runs SET builder_job_id = ? WHERE job_name = ?", found.value.id, row.job_name);
         if (found.value.finishedAt !== null) await this.completeFromBuilder(job, { ...row, builder_job_id: found.value.id }, found.value);
+        else this.noteStatus(row.job_name, found.value);
         continue;
       }
       const unreachable = this.kv.get<string>(`unreachable:${row.job_name}`);

@@ -1,8 +1,9 @@
 import { and, desc, eq, inArray, ne } from "drizzle-orm";
 import { type BlobsRequest, type BlobsResponse, GENERATED_WEB_SERVER_CONFIG_PATH } from "../builder/src/protocol";
-import { apps, deployments } from "../worker/db/schema";
+import { accounts, apps, deployments } from "../worker/db/schema";
 import type { Env } from "../worker/env";
 import { cancelJob, jobLog, submitBuild } from "../worker/lib/builder-client";
+import { builderShare } from "../worker/lib/plans";
 import { parseHeadersFile } from "../worker/sites/headers";
 import { blobKey, blobPrefix, type Manifest, manifestKey } from "../worker/sites/serve";
 import { presign } from "../worker/storage/presign";
@@ -29,6 +30,10 @@ const VERIFY_PER_INVOCATION = 800;
  * switches the app's active deployment in one UPDATE, forward only (an older
  * build finishing late never replaces a newer one). Keeps the last
  * {@link KEPT_DEPLOYMENTS} deployments for rollback.
+ *
+ * A deployment stays `queued` until the builder really starts its build (its
+ * account may be at its plan's concurrency, or the builder full); then it is
+ * `building`, with the builder's start as `startedAt`.
  */
 export class Deployment extends SingleBuilderJob {
   constructor(ctx: DurableObjectState, env: Env) {
@@ -38,14 +43,30 @@ export class Deployment extends SingleBuilderJob {
   }
 
   async start(deploymentId: string): Promise<void> {
+    const kv = this.ctx.storage.kv;
+    // Submitted once: a repeated start (the client retrying) changes nothing.
+    if (kv.get("jobKey") !== undefined || kv.get("starting")) return;
+    kv.put("starting", true);
+    try {
+      await this.submit(deploymentId);
+    } finally {
+      kv.delete("starting");
+    }
+  }
+
+  private async submit(deploymentId: string): Promise<void> {
     const row = await this.db.select().from(deployments).where(eq(deployments.id, deploymentId)).get();
     if (row?.status !== "queued" || row.startedAt !== null) return;
-    const app = await this.db.select().from(apps).where(eq(apps.id, row.appId)).get();
-    if (!app) return;
+    const found = await this.db
+      .select({ app: apps, plan: accounts.plan })
+      .from(apps)
+      .innerJoin(accounts, eq(accounts.id, apps.accountId))
+      .where(eq(apps.id, row.appId))
+      .get();
+    if (!found) return;
+    const { app, plan } = found;
     this.ctx.storage.kv.put("deploymentId", deploymentId);
     this.ctx.storage.kv.put("accountId", app.accountId);
-    const now = Date.now();
-    await this.db.update(deployments).set({ status: "building", startedAt: now }).where(eq(deployments.id, deploymentId));
     const config = this.config;
     const source = await presign(config, { method: "GET", key: row.sourceKey, expiresInSeconds: config.PRESIGNED_URL_TTL_SECONDS });
     const submitted = await submitBuild(config, {
@@ -59,6 +80,7 @@ export class Deployment extends SingleBuilderJob {
       blobsEndpoint: new URL(`/internal/deployments/${deploymentId}/blobs`, config.PUBLIC_URL).href,
       callbackUrl: new URL("/internal/builder/callback", config.PUBLIC_URL).href,
       labels: { kind: "deployment", deploymentId },
+      ...builderShare(plan),
     }).catch((err: unknown) => ({ ok: false as const, message: err instanceof Error ? err.message : String(err) }));
     if (submitted.ok) await this.db.update(deployments).set({ builderJobId: submitted.value.id }).where(eq(deployments.id, deploymentId));
     await this.submitted(deploymentId, submitted, "the build");
@@ -96,6 +118,16 @@ export class Deployment extends SingleBuilderJob {
     return { missing };
   }
 
+  /** The builder started the build: `building` from now on, with its start (only from `queued`: a late report changes nothing). */
+  protected override async started(startedAt: number): Promise<void> {
+    const deploymentId = this.ctx.storage.kv.get<string>("deploymentId");
+    if (!deploymentId) return;
+    await this.db
+      .update(deployments)
+      .set({ status: "building", startedAt })
+      .where(and(eq(deployments.id, deploymentId), eq(deployments.status, "queued")));
+  }
+
   async cancel(): Promise<void> {
     const jobId = this.ctx.storage.kv.get<string>("jobId");
     if (jobId) await cancelJob(this.config, jobId).catch(() => undefined);
@@ -114,6 +146,8 @@ export class Deployment extends SingleBuilderJob {
       if (log?.ok) await this.env.BUCKET.put(buildLogKey(row.id), log.value, { httpMetadata: { contentType: "text/plain; charset=utf-8" } });
     }
     const now = Date.now();
+    // A build that ended before a poll saw it running still gets its start.
+    const startedAt = row.startedAt ?? ("id" in ending && ending.startedAt !== null ? Date.parse(ending.startedAt) : null);
     const result = "id" in ending ? ending.result : null;
     let error = failureOf(ending);
     if (!error && result?.kind !== "build") error = "the builder reported no build result";
@@ -121,7 +155,7 @@ export class Deployment extends SingleBuilderJob {
       const cancelled = "id" in ending && ending.status === "cancelled";
       await this.db
         .update(deployments)
-        .set({ status: cancelled ? "cancelled" : "failed", error, finishedAt: now })
+        .set({ status: cancelled ? "cancelled" : "failed", error, startedAt, finishedAt: now })
         .where(eq(deployments.id, row.id));
       return;
     }
@@ -129,6 +163,7 @@ export class Deployment extends SingleBuilderJob {
       .update(deployments)
       .set({
         status: "deploying",
+        startedAt,
         builtAt: now,
         framework: result.framework,
         outputDir: result.outputDir,

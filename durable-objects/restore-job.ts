@@ -1,6 +1,7 @@
 import { eq } from "drizzle-orm";
-import { apps, disks, restores } from "../worker/db/schema";
+import { accounts, apps, disks, restores } from "../worker/db/schema";
 import { submitRestore } from "../worker/lib/builder-client";
+import { builderShare } from "../worker/lib/plans";
 import { setAppStatus } from "../worker/services/apps";
 import { appChanged } from "../worker/services/cron-targets";
 import { GIB } from "../worker/services/disks";
@@ -20,8 +21,14 @@ const TAR_OVERHEAD_PER_ENTRY = 1536;
  */
 export class RestoreJob extends SingleBuilderJob {
   async start(restoreId: string): Promise<void> {
-    const restore = await this.db.select().from(restores).where(eq(restores.id, restoreId)).get();
-    if (restore?.status !== "running") return;
+    const found = await this.db
+      .select({ restore: restores, plan: accounts.plan })
+      .from(restores)
+      .innerJoin(accounts, eq(accounts.id, restores.accountId))
+      .where(eq(restores.id, restoreId))
+      .get();
+    const restore = found?.restore;
+    if (!found || restore?.status !== "running") return;
     this.ctx.storage.kv.put("restoreId", restoreId);
     const disk = await this.db.select().from(disks).where(eq(disks.id, restore.diskId)).get();
     if (!disk) {
@@ -44,6 +51,8 @@ export class RestoreJob extends SingleBuilderJob {
       maxExpandedBytes: disk.sizeGb * GIB + TAR_OVERHEAD_PER_ENTRY * RESTORE_MAX_ENTRIES,
       callbackUrl: new URL("/internal/builder/callback", this.config.PUBLIC_URL).href,
       labels: { kind: "restore", restoreId },
+      tenant: restore.accountId,
+      ...builderShare(found.plan),
     }).catch((err: unknown) => ({ ok: false as const, message: err instanceof Error ? err.message : String(err) }));
     if (submitted.ok) await this.db.update(restores).set({ builderJobId: submitted.value.id }).where(eq(restores.id, restoreId));
     await this.submitted(restoreId, submitted, "the restore");

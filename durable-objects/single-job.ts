@@ -2,7 +2,7 @@ import { DurableObject } from "cloudflare:workers";
 import type { JobStatus } from "../builder/src/protocol";
 import { openDb } from "../worker/db/client";
 import { configOf, type Env } from "../worker/env";
-import { type BuilderResult, findJob, getJob } from "../worker/lib/builder-client";
+import { type BuilderResult, describeWait, findJob, getJob } from "../worker/lib/builder-client";
 
 const FAST_POLL_MS = 2_000;
 const SLOW_POLL_MS = 15_000;
@@ -14,6 +14,13 @@ const FINISH_RETRY_MS = 5_000;
 export type Ending = JobStatus | { error: string };
 
 /**
+ * Where a job that has not ended stands (issue 17): waiting for a slot on the
+ * builder (`queued`, with the reason in words) or running since `startedAt`
+ * (epoch ms, the builder's start). Before the builder answered, `queued`.
+ */
+export type JobProgress = { phase: "queued" | "running"; startedAt: number | null; waiting: string | null };
+
+/**
  * Shared shape of the objects that own one builder job each (a backup, a
  * restore, a deployment): submit it under the object's own key, remember it,
  * learn its end from the signed callback or, if that is lost, from the alarm
@@ -23,6 +30,10 @@ export type Ending = JobStatus | { error: string };
  * Alarms, callbacks and polls all arrive more than once and may race: the
  * object claims the finish synchronously (before its first await), so a second
  * arrival returns at once instead of finishing twice.
+ *
+ * Until the job ends the object also knows whether the builder has started it
+ * or holds it queued (the builder's answer to the submission, its start
+ * callback, or a poll), and never goes back from running to queued.
  */
 export abstract class SingleBuilderJob extends DurableObject<Env> {
   protected get db() {
@@ -39,6 +50,36 @@ export abstract class SingleBuilderJob extends DurableObject<Env> {
   /** Gives up on a job the builder cannot report on after this long. */
   protected abstract maxRuntimeMs(): number;
 
+  /** Called once when the builder starts the job (epoch ms); a subclass records it where its views read it. */
+  protected async started(_startedAt: number): Promise<void> {}
+
+  /** Where the job stands, for the views; null once it has ended. */
+  async progress(): Promise<JobProgress | null> {
+    const kv = this.ctx.storage.kv;
+    if (kv.get("finished") || kv.get("finishing")) return null;
+    return {
+      phase: kv.get<"queued" | "running">("phase") ?? "queued",
+      startedAt: kv.get<number>("startedAt") ?? null,
+      waiting: kv.get<string>("waiting") ?? null,
+    };
+  }
+
+  /** Takes what the builder said of the job before its end: still queued (and why), or started. */
+  protected async noteStatus(status: JobStatus): Promise<void> {
+    const kv = this.ctx.storage.kv;
+    if (kv.get("finished") || kv.get("finishing") || status.finishedAt !== null || kv.get("phase") === "running") return;
+    if (status.status === "queued") {
+      kv.put("phase", "queued");
+      kv.put("waiting", describeWait(status) ?? "waiting for a free slot on the builder");
+      return;
+    }
+    const startedAt = status.startedAt === null ? Date.now() : Date.parse(status.startedAt);
+    kv.put("phase", "running");
+    kv.put("startedAt", startedAt);
+    kv.delete("waiting");
+    await this.started(startedAt);
+  }
+
   /**
    * Takes the outcome of a submission: watches the job it started, or fails.
    * A submission whose reply was lost is remembered by its key; the alarm asks
@@ -47,6 +88,7 @@ export abstract class SingleBuilderJob extends DurableObject<Env> {
   protected async submitted(key: string, result: BuilderResult<JobStatus> | { ok: false; message: string }, what: string): Promise<void> {
     this.ctx.storage.kv.put("jobKey", key);
     if (result.ok) {
+      await this.noteStatus(result.value);
       await this.watch(result.value.id);
       return;
     }
@@ -71,13 +113,18 @@ export abstract class SingleBuilderJob extends DurableObject<Env> {
     await this.finishOnce({ error });
   }
 
-  /** The builder's completion callback. */
+  /**
+   * The builder's callback (worker/routes/internal.ts): the final status, or
+   * the `running` status of a job that had waited in its queue (it asked for
+   * that with `startCallback`), which only records the start.
+   */
   async jobFinished(status: JobStatus): Promise<void> {
     const jobId = this.ctx.storage.kv.get<string>("jobId");
     const key = this.ctx.storage.kv.get<string>("jobKey");
     if (jobId !== status.id && (key === undefined || status.key !== key)) return;
     if (jobId === undefined) this.ctx.storage.kv.put("jobId", status.id);
-    await this.finishOnce(status);
+    if (status.finishedAt === null) await this.noteStatus(status);
+    else await this.finishOnce(status);
   }
 
   override async alarm(): Promise<void> {
@@ -96,6 +143,7 @@ export abstract class SingleBuilderJob extends DurableObject<Env> {
         await this.finishOnce(job.value);
         return;
       }
+      await this.noteStatus(job.value);
     } else if (job?.status === 404) {
       // The builder answers, and has no such job: it was lost (a restart without its records), or never arrived.
       const lost =

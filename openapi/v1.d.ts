@@ -1327,7 +1327,7 @@ export interface paths {
             };
             requestBody?: never;
             responses: {
-                /** @description Building */
+                /** @description Building, or queued for a build slot */
                 202: {
                     headers: {
                         [name: string]: unknown;
@@ -2331,7 +2331,7 @@ export interface paths {
         put?: never;
         /**
          * Run a cron job once, now
-         * @description Manual runs start regardless of the schedule and the concurrency policy.
+         * @description Starts regardless of the schedule, within the job's concurrency policy: `forbid` refuses while a run of the job is queued or running (RUN_IN_PROGRESS), `replace` cancels that run, `allow` adds another. The run counts against the account's concurrent jobs (it may wait `queued`), and is refused while the plan's limit of jobs already wait (TOO_MANY_JOBS).
          */
         post: {
             parameters: {
@@ -2344,7 +2344,7 @@ export interface paths {
             };
             requestBody?: never;
             responses: {
-                /** @description Started */
+                /** @description Started (or queued for a slot) */
                 202: {
                     headers: {
                         [name: string]: unknown;
@@ -2353,6 +2353,11 @@ export interface paths {
                         "application/json": {
                             data: {
                                 jobName: string;
+                                /**
+                                 * @description While status is `running`: `queued` until the builder starts the command (the account runs as many jobs as its plan allows, or the builder is full), then `running`; null once the run has ended
+                                 * @enum {string|null}
+                                 */
+                                phase: "queued" | "running" | null;
                                 /** @enum {string} */
                                 status: "running" | "success" | "failed";
                             };
@@ -2395,7 +2400,7 @@ export interface paths {
                         "application/json": components["schemas"]["Error"];
                     };
                 };
-                /** @description The app is stopped (APP_STOPPED) */
+                /** @description The app is stopped (APP_STOPPED), or the policy is forbid and a run is queued or running (RUN_IN_PROGRESS) */
                 409: {
                     headers: {
                         [name: string]: unknown;
@@ -2404,7 +2409,7 @@ export interface paths {
                         "application/json": components["schemas"]["Error"];
                     };
                 };
-                /** @description Too many requests with this key (RATE_LIMITED); Retry-After says when to try again */
+                /** @description The account has its plan's limit of jobs waiting for a slot (TOO_MANY_JOBS), or too many requests (RATE_LIMITED) */
                 429: {
                     headers: {
                         [name: string]: unknown;
@@ -4133,6 +4138,11 @@ export interface components {
             failureReason?: string;
             /** @example bak_0aB1cD2eF3gH4iJ5kL6mN7oP */
             id: string;
+            /**
+             * @description Only while `creating`: `queued` until the builder starts the snapshot (the account runs as many jobs as its plan allows, or the builder is full), then `running`
+             * @enum {string}
+             */
+            phase?: "queued" | "running";
             /** @description SHA-256 of the .tar.gz, checked on restore */
             sha256?: string;
             sizeBytes: number;
@@ -4141,6 +4151,8 @@ export interface components {
              * @enum {string}
              */
             status: "creating" | "ready" | "failed";
+            /** @description Only while queued: why the snapshot waits */
+            waiting?: string;
         };
         /**
          * @example {
@@ -4288,11 +4300,21 @@ export interface components {
             finishedAt: string | null;
             /** @example nightly-report-1795237200 */
             jobName: string;
+            /**
+             * @description While status is `running`: `queued` until the builder starts the command (the account runs as many jobs as its plan allows, or the builder is full), then `running`; null once the run has ended
+             * @enum {string|null}
+             */
+            phase: "queued" | "running" | null;
+            /** @description When the run was handed to the builder */
+            queuedAt: string;
+            /** @description When the command started on the builder; while the run is queued (and for a run that ended before it started), when it was queued */
             startedAt: string;
             /** @enum {string} */
             status: "running" | "success" | "failed";
             /** @enum {string} */
             trigger: "schedule" | "manual";
+            /** @description Why a queued run waits, e.g. `waiting for a slot: 2 of 2 concurrent jobs of the account's plan running`; null otherwise */
+            waiting: string | null;
         };
         CronSchedulePreview: {
             /**
@@ -4321,13 +4343,19 @@ export interface components {
             outputDir: string | null;
             peakMemoryBytes: number | null;
             spa: boolean | null;
+            /** @description When the builder started the build (null while queued) */
             startedAt: string | null;
-            /** @enum {string} */
+            /**
+             * @description `queued` until the builder starts the build (also while the account runs as many jobs as its plan allows, or the builder is full), then `building`, `deploying` and `ready`, or `failed`/`cancelled`
+             * @enum {string}
+             */
             status: "queued" | "building" | "deploying" | "ready" | "failed" | "cancelled";
             totalBytes: number | null;
             /** @description Files whose content storage did not have yet */
             uploadedBlobs: number | null;
             url: string;
+            /** @description Why a queued deployment has not started building, e.g. `waiting for a slot: 2 of 2 concurrent jobs of the account's plan running`; null otherwise */
+            waiting: string | null;
         };
         Disk: {
             appId: string | null;
@@ -4395,8 +4423,15 @@ export interface components {
             error: string | null;
             finishedAt: string | null;
             jobId: string;
+            /**
+             * @description Only while `running`: `queued` until the builder starts the restore, then `running`
+             * @enum {string}
+             */
+            phase?: "queued" | "running";
             /** @enum {string} */
             status: "running" | "succeeded" | "failed";
+            /** @description Only while queued: why the restore waits */
+            waiting?: string;
         };
         RollApiKey: {
             /** @description How long the old secret keeps working (default 0, max 24 h) */

@@ -56,10 +56,12 @@ function sendError(response: ServerResponse, status: number, code: BuilderErrorC
   sendJson(response, status, body);
 }
 
+const ADMISSION_STATUS = { DISK_BUSY: 409, TENANT_QUEUE_FULL: 429, UNAVAILABLE: 503 } as const;
+
 /** Answers a job submission: 201 with the new job's status (200 when its key named one already), or the refusal's error. */
 function sendAdmission(response: ServerResponse, admission: Admission): void {
   if (admission.ok) sendJson(response, admission.existing ? 200 : 201, admission.status);
-  else sendError(response, admission.code === "DISK_BUSY" ? 409 : 503, admission.code, admission.message);
+  else sendError(response, ADMISSION_STATUS[admission.code], admission.code, admission.message);
 }
 
 /** Parses and validates a JSON body; on failure the 400 is already sent and null returned. */

@@ -15,6 +15,12 @@ export interface BuilderConfig {
   /** Absolute; holds `jobs/` and `disks/`. */
   dataDir: string;
   maxConcurrentJobs: number;
+  /**
+   * Jobs one tenant (account) runs at once when its submission names no limit
+   * (the Worker sends its plan's). Whatever the limit, a tenant never gets
+   * every slot of a builder with more than one.
+   */
+  tenantConcurrency: number;
   /** First uid (and gid) given to tenants, when the builder is root; null when it is not (jobs keep its user). */
   tenantUidBase: number | null;
   /** Room a build gets for project, dependencies and output. */
@@ -31,6 +37,7 @@ const EnvSchema = z.object({
   BUILDER_PORT: z.coerce.number().int().min(0).max(65_535).default(8788),
   BUILDER_DATA_DIR: z.string().min(1).default(".svc/builder"),
   BUILDER_MAX_CONCURRENT_JOBS: z.coerce.number().int().min(1).max(1024).default(8),
+  BUILDER_TENANT_MAX_CONCURRENT_JOBS: z.coerce.number().int().min(1).max(1024).optional(),
   BUILDER_TENANT_UID_BASE: z.coerce.number().int().min(1000).max(4_000_000_000).default(2_000_000),
   BUILDER_BUILD_SCRATCH_MB: z.coerce.number().int().min(64).max(1_048_576).default(4096),
   BUILDER_SHUTDOWN_GRACE_SECONDS: z.coerce.number().int().min(0).max(3600).default(20),
@@ -55,6 +62,8 @@ export function loadConfig(
       port: values.BUILDER_PORT,
       dataDir: resolve(cwd, values.BUILDER_DATA_DIR),
       maxConcurrentJobs: values.BUILDER_MAX_CONCURRENT_JOBS,
+      // Half the slots by default: one account alone never fills the builder.
+      tenantConcurrency: values.BUILDER_TENANT_MAX_CONCURRENT_JOBS ?? Math.ceil(values.BUILDER_MAX_CONCURRENT_JOBS / 2),
       tenantUidBase: process.getuid?.() === 0 ? values.BUILDER_TENANT_UID_BASE : null,
       buildScratchBytes: values.BUILDER_BUILD_SCRATCH_MB * 1024 * 1024,
       shutdownGraceMs: values.BUILDER_SHUTDOWN_GRACE_SECONDS * 1000,

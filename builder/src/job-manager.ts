@@ -1,5 +1,6 @@
 /**
- * The builder's jobs: admission (at most N at once, the rest queued in order),
+ * The builder's jobs: admission (at most N at once, each tenant at most its
+ * own limit, the rest queued per tenant and started fairly across tenants),
  * records that outlive the process (`jobs/<id>/status.json` + `jobs/<id>/log`,
  * kept 24 h so the Worker can poll after a lost callback), cancellation, and the
  * completion callback. Running one job is `runJob`'s business, not this file's.
@@ -77,6 +78,14 @@ interface JobWork {
   key: string | undefined;
   labels: Record<string, string> | undefined;
   callbackUrl: string | undefined;
+  /** The account whose share the job counts against. */
+  tenant: string;
+  /** Its plan's concurrency as the submission gave it; the builder's default when absent. */
+  tenantConcurrency: number | undefined;
+  /** Refuse the job when it would wait and the tenant already has this many waiting; no bound when absent. */
+  tenantMaxQueued: number | undefined;
+  /** Report the start of a job that had to wait through its callback, too. */
+  startCallback: boolean;
   /**
    * The disk the job uses. An exclusive job (a restore) is refused while any
    * other job uses the disk, and every other job is refused while it holds it.
@@ -89,10 +98,18 @@ interface JobWork {
 /** Answer to a submission (`existing`: its key named a job already submitted); refusals are values, mapped to HTTP by the routes. */
 export type Admission =
   | { ok: true; status: JobStatus; existing: boolean }
-  | { ok: false; code: "UNAVAILABLE" | "DISK_BUSY"; message: string };
+  | { ok: false; code: "UNAVAILABLE" | "DISK_BUSY" | "TENANT_QUEUE_FULL"; message: string };
 
 interface JobEntry {
   status: JobStatus;
+  /** Whose share the job counts against ("" for records recovered from a previous process, which never queue). */
+  tenant: string;
+  /** The most jobs of its tenant that may run while this one starts (the submission's limit, capped). */
+  limit: number;
+  /** Admission order: between tenants with as many jobs running, the job that waited longest starts first. */
+  seq: number;
+  /** Send the `running` status through the callback when it starts (it was answered `queued` and asked for this). */
+  notifyStart: boolean;
   dir: string;
   /** Where the final status goes; kept on disk (callback.json) so a restarted builder can still report it. */
   callbackUrl: string | null;
@@ -111,7 +128,10 @@ interface JobEntry {
 /** What the manager needs from the server. */
 export interface JobManagerOptions {
   dataDir: string;
+  /** Slots: jobs running at once, all tenants together. */
   maxConcurrent: number;
+  /** Jobs one tenant runs at once when its submission names no limit. */
+  tenantConcurrency: number;
   secret: string;
   disks: DiskStore;
   host: SandboxHost;
@@ -124,6 +144,24 @@ export interface JobManagerOptions {
 
 const isFinal = (status: JobStatus["status"]) => status === "succeeded" || status === "failed" || status === "cancelled";
 
+/** Snapshots and restores of a disk without a recorded owner (made before tenants existed) share this tenant. */
+const UNKNOWN_TENANT = "";
+
+/** One tenant's part of the builder: its jobs running now, and its queue in submission order. */
+interface TenantShare {
+  running: number;
+  queue: JobEntry[];
+}
+
+/** What the submission routes pass on about fair sharing. */
+type FairShareSpec = { tenantConcurrency?: number | undefined; tenantMaxQueued?: number | undefined; startCallback?: boolean | undefined };
+
+const fairShareOf = (spec: FairShareSpec) => ({
+  tenantConcurrency: spec.tenantConcurrency,
+  tenantMaxQueued: spec.tenantMaxQueued,
+  startCallback: spec.startCallback ?? false,
+});
+
 /** Owns every job of this builder process. */
 export class JobManager {
   readonly #options: JobManagerOptions;
@@ -132,7 +170,9 @@ export class JobManager {
   readonly #byKey = new Map<string, JobEntry>();
   /** Callbacks under way, awaited (up to a bound) by a shutdown. */
   readonly #deliveries = new Set<Promise<boolean>>();
-  readonly #queue: JobEntry[] = [];
+  /** Tenants with queued or running jobs; a tenant leaves once it has neither. */
+  readonly #shares = new Map<string, TenantShare>();
+  #admitted = 0;
   readonly #diskUse = new Map<string, number>();
   /** Disks an exclusive job (a restore) holds. */
   readonly #exclusiveDisks = new Set<string>();
@@ -170,6 +210,8 @@ export class JobManager {
       key: spec.key,
       labels: spec.labels,
       callbackUrl: spec.callbackUrl,
+      tenant: spec.tenant,
+      ...fairShareOf(spec),
       disk: spec.disk ? { id: spec.disk.id, exclusive: false } : null,
       execute: async (context) => runJob({ ...context, spec, disks, host, user: await tenants.userOf(spec.tenant) }),
     });
@@ -182,6 +224,8 @@ export class JobManager {
       key: spec.key,
       labels: spec.labels,
       callbackUrl: spec.callbackUrl,
+      tenant: spec.tenant,
+      ...fairShareOf(spec),
       disk: null,
       execute: async (context) =>
         runBuild({ ...context, spec, host, user: await tenants.userOf(spec.tenant), scratchBytes: buildScratchBytes, secret, npmRegistry }),
@@ -192,12 +236,14 @@ export class JobManager {
    * Accepts a disk snapshot (jobs/snapshot.ts). It only reads the disk, so runs
    * and other snapshots may share it; deleting or restoring the disk may not.
    */
-  submitSnapshot(spec: SnapshotSpec): Promise<Admission> {
+  async submitSnapshot(spec: SnapshotSpec): Promise<Admission> {
     const { disks, secret } = this.#options;
     return this.#admit({
       key: spec.key,
       labels: spec.labels,
       callbackUrl: spec.callbackUrl,
+      tenant: spec.tenant ?? (await disks.tenantOf(spec.diskId)) ?? UNKNOWN_TENANT,
+      ...fairShareOf(spec),
       disk: { id: spec.diskId, exclusive: false },
       execute: (context) => snapshotJob({ ...context, spec, disks, secret }),
     });
@@ -207,12 +253,14 @@ export class JobManager {
    * Accepts a disk restore (jobs/restore.ts): refused while any job uses the
    * disk, and refusing every job naming it until it has ended.
    */
-  submitRestore(spec: RestoreSpec): Promise<Admission> {
+  async submitRestore(spec: RestoreSpec): Promise<Admission> {
     const { disks } = this.#options;
     return this.#admit({
       key: spec.key,
       labels: spec.labels,
       callbackUrl: spec.callbackUrl,
+      tenant: spec.tenant ?? (await disks.tenantOf(spec.diskId)) ?? UNKNOWN_TENANT,
+      ...fairShareOf(spec),
       disk: { id: spec.diskId, exclusive: true },
       execute: async (context) => restoreJob({ ...context, spec, disks, user: await disks.owner(spec.diskId) }),
     });
@@ -222,6 +270,9 @@ export class JobManager {
     const known = work.key === undefined ? undefined : this.#byKey.get(work.key);
     if (known) return { ok: true, status: this.#snapshot(known), existing: true };
     if (this.#closing) return { ok: false, code: "UNAVAILABLE", message: "builder is shutting down; retry on another instance" };
+    const limit = this.#limitOf(work.tenantConcurrency);
+    const full = this.#queueFull(work, limit);
+    if (full) return { ok: false, code: "TENANT_QUEUE_FULL", message: full };
     const { disk } = work;
     if (disk) {
       if (this.#exclusiveDisks.has(disk.id)) {
@@ -260,10 +311,15 @@ export class JobManager {
         logTruncated: false,
         createdAt: new Date().toISOString(),
         startedAt: null,
+        waiting: null,
         finishedAt: null,
         labels: work.labels ?? {},
         result: null,
       },
+      tenant: work.tenant,
+      limit,
+      seq: this.#admitted++,
+      notifyStart: false,
       dir,
       callbackUrl: work.callbackUrl ?? null,
       work,
@@ -277,10 +333,49 @@ export class JobManager {
     this.#jobs.set(id, entry);
     if (work.key !== undefined) this.#byKey.set(work.key, entry);
     if (entry.callbackUrl) await writeFile(join(dir, "callback.json"), JSON.stringify({ url: entry.callbackUrl }), { mode: 0o600 });
-    this.#queue.push(entry);
+    this.#shareOf(work.tenant).queue.push(entry);
     this.#pump();
-    if (entry.status.status === "queued") await this.#persist(entry);
+    if (entry.status.status === "queued") {
+      // Only a job answered `queued` has a start the Worker has not heard of.
+      entry.notifyStart = work.startCallback && entry.callbackUrl !== null;
+      await this.#persist(entry);
+    }
     return { ok: true, status: this.#snapshot(entry), existing: false };
+  }
+
+  /**
+   * The tenant's limit for a job: what its submission asked for (its plan's)
+   * or the builder's default, and never every slot when there is more than
+   * one, so that one tenant alone never makes another's job wait.
+   */
+  #limitOf(requested: number | undefined): number {
+    const { maxConcurrent, tenantConcurrency } = this.#options;
+    return Math.min(requested ?? tenantConcurrency, Math.max(1, maxConcurrent - 1));
+  }
+
+  /** Why a job with a bound on its tenant's queue is refused (it would wait, and enough already do), or null. */
+  #queueFull(work: JobWork, limit: number): string | null {
+    if (work.tenantMaxQueued === undefined) return null;
+    const share = this.#shares.get(work.tenant);
+    const queued = share?.queue.length ?? 0;
+    const wouldWait = this.#running >= this.#options.maxConcurrent || (share?.running ?? 0) >= limit || queued > 0;
+    if (!wouldWait || queued < work.tenantMaxQueued) return null;
+    return `tenant ${work.tenant} already has ${queued} job${queued === 1 ? "" : "s"} waiting for a slot (at most ${work.tenantMaxQueued}) and ${share?.running ?? 0} running; retry once some have started`;
+  }
+
+  #shareOf(tenant: string): TenantShare {
+    let share = this.#shares.get(tenant);
+    if (!share) {
+      share = { running: 0, queue: [] };
+      this.#shares.set(tenant, share);
+    }
+    return share;
+  }
+
+  /** Forgets a tenant with nothing queued or running. */
+  #settle(tenant: string): void {
+    const share = this.#shares.get(tenant);
+    if (share && share.running === 0 && share.queue.length === 0) this.#shares.delete(tenant);
   }
 
   /** The job submitted with this key, or null. */
@@ -300,7 +395,9 @@ export class JobManager {
     const entry = this.#entry(id);
     if (!entry) return null;
     if (entry.status.status === "queued") {
-      this.#queue.splice(this.#queue.indexOf(entry), 1);
+      const share = this.#shares.get(entry.tenant);
+      share?.queue.splice(share.queue.indexOf(entry), 1);
+      this.#settle(entry.tenant);
       await this.#finish(entry, { exitCode: null, signal: null, reason: "cancelled", error: "cancelled", peakMemoryBytes: 0 });
     } else if (entry.status.status === "running") {
       entry.abort.abort("cancelled");
@@ -343,7 +440,11 @@ export class JobManager {
       error: "builder shut down before the job started",
       peakMemoryBytes: 0,
     };
-    for (const entry of this.#queue.splice(0)) await this.#finish(entry, outcome);
+    const queued = [...this.#shares.values()].flatMap((share) => share.queue.splice(0));
+    for (const entry of queued) {
+      this.#settle(entry.tenant);
+      await this.#finish(entry, outcome);
+    }
     const running = () => [...this.#jobs.values()].filter((entry) => entry.status.status === "running");
     const within = (ms: number, work: Promise<unknown>) =>
       Promise.race([work, new Promise((resolve) => setTimeout(resolve, ms).unref())]);
@@ -363,20 +464,56 @@ export class JobManager {
     const { status, log } = entry;
     return {
       ...status,
+      waiting: this.#waiting(entry),
       logBytes: log ? log.bytes : status.logBytes,
       logTruncated: log ? log.truncated : status.logTruncated,
       labels: { ...status.labels },
     };
   }
 
+  /** Why a queued job waits (live, not stored); null for every other job. */
+  #waiting(entry: JobEntry): JobStatus["waiting"] {
+    if (entry.status.status !== "queued") return null;
+    const share = this.#shares.get(entry.tenant);
+    const ahead = share ? share.queue.indexOf(entry) : -1;
+    if (!share || ahead < 0) return null;
+    return {
+      reason: share.running >= entry.limit ? "tenant_limit" : "builder_full",
+      tenantRunning: share.running,
+      tenantLimit: entry.limit,
+      ahead,
+    };
+  }
+
+  /** Starts queued jobs while slots are free, each going to {@link #nextShare}'s tenant. */
   #pump(): void {
-    while (this.#running < this.#options.maxConcurrent && this.#queue.length > 0) {
-      const entry = this.#queue.shift()!;
+    while (this.#running < this.#options.maxConcurrent) {
+      const share = this.#nextShare();
+      if (!share) return;
+      const entry = share.queue.shift()!;
+      share.running++;
       this.#running++;
       entry.status.status = "running";
       entry.status.startedAt = new Date().toISOString();
+      if (entry.notifyStart) this.#report(entry);
       void this.#execute(entry);
     }
+  }
+
+  /**
+   * The tenant whose first queued job takes the next free slot: of those below
+   * their limit, the one running the fewest jobs (so a tenant with a backlog
+   * never goes before one waiting for its first slot), and between equals the
+   * one whose job has waited longest (first come, first served, in turns).
+   */
+  #nextShare(): TenantShare | undefined {
+    let best: TenantShare | undefined;
+    for (const share of this.#shares.values()) {
+      const head = share.queue[0];
+      if (head === undefined || share.running >= head.limit) continue;
+      if (!best || share.running < best.running || (share.running === best.running && head.seq < best.queue[0]!.seq)) best = share;
+    }
+    return best;
   }
 
   async #execute(entry: JobEntry): Promise<void> {
@@ -397,6 +534,9 @@ export class JobManager {
     await entry.log?.close().catch((error: unknown) => console.error(`builder: closing log failed: ${String(error)}`));
     await recorded;
     this.#running--;
+    const share = this.#shares.get(entry.tenant);
+    if (share) share.running--;
+    this.#settle(entry.tenant);
     await this.#finish(entry, outcome);
     this.#pump();
   }
@@ -484,6 +624,10 @@ export class JobManager {
       );
       const entry: JobEntry = {
         status,
+        tenant: UNKNOWN_TENANT,
+        limit: 1,
+        seq: 0,
+        notifyStart: false,
         dir,
         callbackUrl: typeof callback === "string" ? callback : null,
         work: null,

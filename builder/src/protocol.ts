@@ -231,6 +231,21 @@ export const JOB_KEY_PATTERN = /^[A-Za-z0-9_.:/-]{1,200}$/;
 const key = z.string().regex(JOB_KEY_PATTERN, "must be 1-200 characters of letters, digits and _.:/-");
 
 /**
+ * Fair share between tenants (issue 17): every submission counts against its
+ * tenant, which runs at most `tenantConcurrency` jobs at once (its plan's
+ * limit; the builder's default when absent, and never every slot of the
+ * builder). Free slots go to the tenant with the fewest running jobs, so one
+ * tenant's backlog never holds up another's next job.
+ */
+const fairShare = {
+  tenantConcurrency: z.int().min(1).max(1024).optional(),
+  /** Refuse the submission (429 TENANT_QUEUE_FULL) when the tenant already has this many jobs queued; no bound when absent. */
+  tenantMaxQueued: z.int().min(0).max(100_000).optional(),
+  /** Also POST the status to `callbackUrl` when a job that was answered `queued` starts (its `running` status). */
+  startCallback: z.boolean().optional(),
+};
+
+/**
  * Directories of a job's sandbox (the host's system directories it sees
  * read-only, and its own /proc, /dev, /tmp, /work, /home, /run): a disk may not
  * be mounted on or under them.
@@ -299,10 +314,11 @@ export const JobSpec = z.object({
   callbackUrl: httpUrl.optional(),
   /** Opaque to the builder; echoed in every status so callbacks can be routed. */
   labels: z.record(z.string(), z.string()).optional(),
+  ...fairShare,
 });
 export type JobSpec = z.infer<typeof JobSpec>;
 
-/** `queued` only while the builder is at its concurrency limit. */
+/** `queued` while the builder, or the job's tenant, is at its concurrency limit. */
 export const JobState = z.enum(["queued", "running", "succeeded", "failed", "cancelled"]);
 export type JobState = z.infer<typeof JobState>;
 
@@ -328,6 +344,21 @@ export const JobStatus = z.object({
   createdAt: z.iso.datetime(),
   /** Null while queued. */
   startedAt: z.iso.datetime().nullable(),
+  /**
+   * While queued, why: the tenant runs as many jobs as it may (`tenant_limit`),
+   * or every slot of the builder is busy (`builder_full`); `ahead` counts the
+   * tenant's own jobs queued before this one. Null otherwise (absent in records
+   * written before tenants had limits).
+   */
+  waiting: z
+    .object({
+      reason: z.enum(["tenant_limit", "builder_full"]),
+      tenantRunning: z.int().nonnegative(),
+      tenantLimit: z.int().positive(),
+      ahead: z.int().nonnegative(),
+    })
+    .nullable()
+    .optional(),
   finishedAt: z.iso.datetime().nullable(),
   labels: z.record(z.string(), z.string()),
   /**
@@ -363,6 +394,7 @@ export const BuilderErrorCode = z.enum([
   "JOB_NOT_FOUND",
   "DISK_NOT_FOUND",
   "DISK_BUSY",
+  "TENANT_QUEUE_FULL",
   "PAYLOAD_TOO_LARGE",
   "INTERNAL",
   "UNAVAILABLE",
@@ -429,6 +461,9 @@ export const SnapshotSpec = z.object({
   partUrlEndpoint: httpUrl,
   callbackUrl: httpUrl.optional(),
   labels: z.record(z.string(), z.string()).optional(),
+  /** The account the snapshot counts against; the disk's owner when absent. */
+  tenant: tenant.optional(),
+  ...fairShare,
 });
 export type SnapshotSpec = z.infer<typeof SnapshotSpec>;
 
@@ -478,6 +513,9 @@ export const RestoreSpec = z.object({
   maxExpandedBytes: z.int().min(1),
   callbackUrl: httpUrl.optional(),
   labels: z.record(z.string(), z.string()).optional(),
+  /** The account the restore counts against; the disk's owner when absent. */
+  tenant: tenant.optional(),
+  ...fairShare,
 });
 export type RestoreSpec = z.infer<typeof RestoreSpec>;
 
@@ -588,6 +626,7 @@ export const BuildSpec = z.object({
       spa: z.boolean().optional(),
     })
     .optional(),
+  ...fairShare,
 });
 export type BuildSpec = z.infer<typeof BuildSpec>;
 

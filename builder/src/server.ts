@@ -43,6 +43,7 @@ const disks = await DiskStore.open(join(config.dataDir, "disks"), tenants, host.
 const jobs = await JobManager.open({
   dataDir: config.dataDir,
   maxConcurrent: config.maxConcurrentJobs,
+  tenantConcurrency: config.tenantConcurrency,
   secret: config.secret,
   disks,
   host,
@@ -73,6 +74,9 @@ server.listen(config.port, config.host, () => {
   for (const line of host.summary) console.log(`builder ${line}`);
   console.log(
     `builder users: ${tenants.separateUsers ? `one unprivileged uid per account, from ${config.tenantUidBase}` : `jobs run as the builder's own uid ${process.getuid?.()} (per-account uids need root)`}`,
+  );
+  console.log(
+    `builder slots: ${config.maxConcurrentJobs} jobs at once; per account the plan's limit the Worker sends (${config.tenantConcurrency} when it sends none), never all slots when there are several`,
   );
   console.log(`builder listening on http://${where}:${address.port}`);
 });

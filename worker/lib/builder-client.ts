@@ -134,3 +134,18 @@ export function submitBuild(config: Config, spec: BuildSpec): Promise<BuilderRes
 export async function jobLogStream(config: Config, id: string, follow: boolean): Promise<Response> {
   return builderFetch(config, "GET", `/v1/jobs/${encodeURIComponent(id)}/logs?offset=0${follow ? "&follow=1" : ""}`);
 }
+
+/**
+ * Why a queued job waits, in words for the API's `waiting` fields (null when
+ * it does not wait): its account runs as many jobs as its plan allows, or the
+ * builder has no free slot; it starts when one of those ends.
+ */
+export function describeWait(status: Pick<JobStatus, "status" | "waiting">): string | null {
+  const waiting = status.status === "queued" ? status.waiting : null;
+  if (!waiting) return status.status === "queued" ? "waiting for a free slot on the builder" : null;
+  const ahead = waiting.ahead > 0 ? `; ${waiting.ahead} of the account's jobs are queued ahead of it` : "";
+  if (waiting.reason === "tenant_limit") {
+    return `waiting for a slot: ${waiting.tenantRunning} of ${waiting.tenantLimit} concurrent jobs of the account's plan running${ahead}`;
+  }
+  return `waiting for a free slot on the builder: every slot is busy${ahead}`;
+}

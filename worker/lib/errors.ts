@@ -31,11 +31,13 @@ export type ErrorCode =
   | "UPLOAD_INCOMPLETE"
   | "BACKUP_QUOTA_EXCEEDED"
   | "NAME_TAKEN"
+  | "RUN_IN_PROGRESS"
   | "PRESIGNED_URL_EXPIRED"
   | "LENGTH_REQUIRED"
   | "CHECKSUM_MISMATCH"
   | "PAYLOAD_TOO_LARGE"
   | "RATE_LIMITED"
+  | "TOO_MANY_JOBS"
   | "BUILDER_UNAVAILABLE"
   | "INSUFFICIENT_STORAGE"
   | "INTERNAL";
@@ -78,6 +80,7 @@ export function statusOf(code: ErrorCode): ErrorStatus {
     case "UPLOAD_INCOMPLETE":
     case "BACKUP_QUOTA_EXCEEDED":
     case "NAME_TAKEN":
+    case "RUN_IN_PROGRESS":
       return 409;
     case "PRESIGNED_URL_EXPIRED":
       return 410;
@@ -86,6 +89,7 @@ export function statusOf(code: ErrorCode): ErrorStatus {
     case "PAYLOAD_TOO_LARGE":
       return 413;
     case "RATE_LIMITED":
+    case "TOO_MANY_JOBS":
       return 429;
     case "INTERNAL":
       return 500;

@@ -21,16 +21,46 @@ export type PlanLimits = {
   appMemoryMb: number;
   /** Cron jobs the account may have. */
   cronJobs: number;
+  /**
+   * The account's share of the builder: this many of its jobs (cron runs,
+   * builds, backups, restores) run at once, the rest wait `queued` in the
+   * account's own queue.
+   */
+  concurrentJobs: number;
+  /** A manual cron run is refused (429 TOO_MANY_JOBS) while this many of the account's jobs already wait. */
+  manualRunQueueLimit: number;
 };
 
 /**
  * What each plan buys (DESIGN §3). What an account reserves (disk space,
- * memory, scheduled work) is bounded here, so no account can claim more of
- * the data plane than its plan says, whatever the hosts have free.
+ * memory, scheduled work, builder slots) is bounded here, so no account can
+ * claim more of the data plane than its plan says, whatever the hosts have
+ * free. The largest plan's `concurrentJobs` stays below the builder's default
+ * 8 slots, so one account at its limit never fills a default builder.
  */
 export const PLAN_LIMITS: Record<Plan, PlanLimits> = {
-  free: { backupRetentionDays: 7, backupQuotaBytes: 10 * GIB, disks: 2, diskSizeGb: 10, totalDiskGb: 10, appMemoryMb: 2048, cronJobs: 20 },
-  pro: { backupRetentionDays: 30, backupQuotaBytes: 100 * GIB, disks: 10, diskSizeGb: 250, totalDiskGb: 1000, appMemoryMb: 8192, cronJobs: 200 },
+  free: {
+    backupRetentionDays: 7,
+    backupQuotaBytes: 10 * GIB,
+    disks: 2,
+    diskSizeGb: 10,
+    totalDiskGb: 10,
+    appMemoryMb: 2048,
+    cronJobs: 20,
+    concurrentJobs: 2,
+    manualRunQueueLimit: 8,
+  },
+  pro: {
+    backupRetentionDays: 30,
+    backupQuotaBytes: 100 * GIB,
+    disks: 10,
+    diskSizeGb: 250,
+    totalDiskGb: 1000,
+    appMemoryMb: 8192,
+    cronJobs: 200,
+    concurrentJobs: 4,
+    manualRunQueueLimit: 16,
+  },
   business: {
     backupRetentionDays: 90,
     backupQuotaBytes: 1024 * GIB,
@@ -39,6 +69,8 @@ export const PLAN_LIMITS: Record<Plan, PlanLimits> = {
     totalDiskGb: 10_000,
     appMemoryMb: 16_384,
     cronJobs: 5000,
+    concurrentJobs: 6,
+    manualRunQueueLimit: 24,
   },
 };
 
@@ -52,4 +84,13 @@ export async function planOf(db: Db, accountId: string): Promise<{ plan: Plan; l
 /** The refusal of something the plan does not allow: says which limit, what is in use, and the way out. */
 export function planLimitError(plan: Plan, what: string, remedy: string): ApiError {
   return new ApiError("PLAN_LIMIT_EXCEEDED", `${what} on the ${plan} plan; ${remedy}, or upgrade the plan`);
+}
+
+/**
+ * The fair-share fields of a submission to the builder for an account on
+ * `plan`: its concurrency, and a report of the start of a job that had to
+ * wait (runs, deployments and backups show `queued` until then).
+ */
+export function builderShare(plan: Plan): { tenantConcurrency: number; startCallback: true } {
+  return { tenantConcurrency: PLAN_LIMITS[plan].concurrentJobs, startCallback: true };
 }

@@ -7,7 +7,7 @@ import { Ref } from "../lib/schemas";
 import {
   backupArchive,
   backupStub,
-  backupView,
+  backupViews,
   createBackup,
   deleteBackup,
   listBackups,
@@ -15,7 +15,7 @@ import {
   requireReady,
   resolveBackup,
   resolveRestore,
-  restoreView,
+  restoreViewOf,
   startRestore,
   uploadedArchive,
 } from "../services/backups";
@@ -35,6 +35,11 @@ const BackupSchema = z
     diskId: z.string(),
     sizeBytes: z.number().int(),
     status: z.enum(BACKUP_STATUSES).openapi({ description: "`failed` (not in the spec) carries failureReason" }),
+    phase: z.enum(["queued", "running"]).optional().openapi({
+      description:
+        "Only while `creating`: `queued` until the builder starts the snapshot (the account runs as many jobs as its plan allows, or the builder is full), then `running`",
+    }),
+    waiting: z.string().optional().openapi({ description: "Only while queued: why the snapshot waits" }),
     description: z.string(),
     createdAt: z.string(),
     completedAt: z.string().optional(),
@@ -49,6 +54,10 @@ const RestoreSchema = z
     jobId: z.string(),
     diskId: z.string(),
     status: z.enum(RESTORE_STATUSES),
+    phase: z.enum(["queued", "running"]).optional().openapi({
+      description: "Only while `running`: `queued` until the builder starts the restore, then `running`",
+    }),
+    waiting: z.string().optional().openapi({ description: "Only while queued: why the restore waits" }),
     error: z.string().nullable(),
     createdAt: z.string(),
     finishedAt: z.string().nullable(),
@@ -88,7 +97,8 @@ backupRoutes.openapi(
     const { disk } = await resolveDisk(db, accountId, c.req.valid("param").diskId);
     const backup = await createBackup(db, c.get("config"), accountId, disk, c.req.valid("json").description);
     await backupStub(c.env, backup.id).start(backup.id);
-    return c.json({ data: backupView(backup), status: 201 }, 201);
+    const [view] = await backupViews(c.env, [backup]);
+    return c.json({ data: view!, status: 201 }, 201);
   },
 );
 
@@ -104,7 +114,7 @@ backupRoutes.openapi(
   }),
   async (c) => {
     const { disk } = await resolveDisk(c.get("db"), c.get("principal").accountId, c.req.valid("param").diskId);
-    return c.json({ data: (await listBackups(c.get("db"), disk.id)).map(backupView), status: 200 }, 200);
+    return c.json({ data: await backupViews(c.env, await listBackups(c.get("db"), disk.id)), status: 200 }, 200);
   },
 );
 
@@ -236,7 +246,7 @@ backupRoutes.openapi(
   async (c) => {
     const { diskId, jobId } = c.req.valid("param");
     const { disk } = await resolveDisk(c.get("db"), c.get("principal").accountId, diskId);
-    return c.json({ data: restoreView(await resolveRestore(c.get("db"), disk.id, jobId)), status: 200 }, 200);
+    return c.json({ data: await restoreViewOf(c.env, await resolveRestore(c.get("db"), disk.id, jobId)), status: 200 }, 200);
   },
 );
 

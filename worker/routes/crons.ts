@@ -7,7 +7,18 @@ import { iso } from "../lib/time";
 import { authErrors, codedIssue, errorResponse, jsonBody, newRouter, planLimited } from "../lib/router";
 import { DnsLabel, Deleted, dataOf, Ref } from "../lib/schemas";
 import { resolveApp } from "../services/apps";
-import { createCron, cronDetail, cronStub, cronView, deleteCron, listCrons, resolveCron, runView, updateCron } from "../services/crons";
+import {
+  accountPlan,
+  createCron,
+  cronDetail,
+  cronStub,
+  cronView,
+  deleteCron,
+  listCrons,
+  resolveCron,
+  runView,
+  updateCron,
+} from "../services/crons";
 
 const Schedule = z
   .string()
@@ -73,12 +84,24 @@ const CronDetailSchema = CronSchema.extend({
   }),
 }).openapi("CronDetail");
 
+const RunPhase = z.enum(["queued", "running"]).nullable().openapi({
+  description:
+    "While status is `running`: `queued` until the builder starts the command (the account runs as many jobs as its plan allows, or the builder is full), then `running`; null once the run has ended",
+});
+
 const RunSchema = z
   .object({
     jobName: z.string().openapi({ example: "nightly-report-1795237200" }),
     status: z.enum(CRON_RUN_STATUSES),
+    phase: RunPhase,
+    waiting: z.string().nullable().openapi({
+      description: "Why a queued run waits, e.g. `waiting for a slot: 2 of 2 concurrent jobs of the account's plan running`; null otherwise",
+    }),
     trigger: z.enum(["schedule", "manual"]),
-    startedAt: z.string(),
+    queuedAt: z.string().openapi({ description: "When the run was handed to the builder" }),
+    startedAt: z.string().openapi({
+      description: "When the command started on the builder; while the run is queued (and for a run that ended before it started), when it was queued",
+    }),
     finishedAt: z.string().nullable(),
     exitCode: z.number().int().nullable(),
     error: z.string().nullable(),
@@ -225,15 +248,17 @@ cronRoutes.openapi(
     method: "post",
     path: "/{id}/run",
     summary: "Run a cron job once, now",
-    description: "Manual runs start regardless of the schedule and the concurrency policy.",
+    description:
+      "Starts regardless of the schedule, within the job's concurrency policy: `forbid` refuses while a run of the job is queued or running (RUN_IN_PROGRESS), `replace` cancels that run, `allow` adds another. The run counts against the account's concurrent jobs (it may wait `queued`), and is refused while the plan's limit of jobs already wait (TOO_MANY_JOBS).",
     tags: ["Cron jobs"],
     security,
     request: { params: IdParam },
     responses: {
-      202: json("Started", dataOf(z.object({ jobName: z.string(), status: z.enum(CRON_RUN_STATUSES) }))),
+      202: json("Started (or queued for a slot)", dataOf(z.object({ jobName: z.string(), status: z.enum(CRON_RUN_STATUSES), phase: RunPhase }))),
       ...authErrors,
       ...cronNotFound,
-      409: errorResponse("The app is stopped (APP_STOPPED)"),
+      409: errorResponse("The app is stopped (APP_STOPPED), or the policy is forbid and a run is queued or running (RUN_IN_PROGRESS)"),
+      429: errorResponse("The account has its plan's limit of jobs waiting for a slot (TOO_MANY_JOBS), or too many requests (RATE_LIMITED)"),
     },
   }),
   async (c) => {
@@ -244,9 +269,10 @@ cronRoutes.openapi(
     if (app.status === "stopped") {
       throw new ApiError("APP_STOPPED", `app ${app.name} is stopped; restart it (svc apps restart ${app.name}) to run its cron jobs`);
     }
-    const started = await cronStub(c.env, cron.id).runNow();
+    const started = await cronStub(c.env, cron.id).runNow(await accountPlan(db, accountId));
     if (!started) throw new ApiError("CRON_NOT_FOUND", `cron job ${cron.id} not found`);
-    return c.json({ data: started }, 202);
+    if (!started.ok) throw new ApiError(started.code, started.message);
+    return c.json({ data: { jobName: started.jobName, status: started.status, phase: started.phase } }, 202);
   },
 );
 

@@ -17,6 +17,7 @@ import {
   createDeployment,
   deploymentStub,
   deploymentView,
+  deploymentViews,
   listDeployments,
   resolveAppDeployment,
   resolveDeployment,
@@ -28,7 +29,14 @@ const DeploymentSchema = z
   .object({
     id: z.string().openapi({ example: "dep_0aB1cD2eF3gH4iJ5kL6mN7oP" }),
     appId: z.string(),
-    status: z.enum(DEPLOYMENT_STATUSES),
+    status: z.enum(DEPLOYMENT_STATUSES).openapi({
+      description:
+        "`queued` until the builder starts the build (also while the account runs as many jobs as its plan allows, or the builder is full), then `building`, `deploying` and `ready`, or `failed`/`cancelled`",
+    }),
+    waiting: z.string().nullable().openapi({
+      description:
+        "Why a queued deployment has not started building, e.g. `waiting for a slot: 2 of 2 concurrent jobs of the account's plan running`; null otherwise",
+    }),
     active: z.boolean().openapi({ description: "Whether the app serves this deployment now" }),
     error: z.string().nullable(),
     framework: z.string().nullable(),
@@ -40,7 +48,7 @@ const DeploymentSchema = z
     peakMemoryBytes: z.number().int().nullable(),
     url: z.string(),
     createdAt: z.string(),
-    startedAt: z.string().nullable(),
+    startedAt: z.string().nullable().openapi({ description: "When the builder started the build (null while queued)" }),
     builtAt: z.string().nullable(),
     finishedAt: z.string().nullable(),
     buildMs: z.number().int().nullable(),
@@ -104,7 +112,7 @@ deploymentRoutes.openapi(
     security,
     request: { params: DeploymentParam },
     responses: {
-      202: json("Building", dataOf(DeploymentSchema)),
+      202: json("Building, or queued for a build slot", dataOf(DeploymentSchema)),
       ...authErrors,
       ...notFound,
       409: errorResponse("The source was not uploaded, or differs in size (UPLOAD_INCOMPLETE)"),
@@ -116,7 +124,8 @@ deploymentRoutes.openapi(
     const { app: ref, id } = c.req.valid("param");
     const found = await resolveAppDeployment(db, c.get("principal").accountId, ref, id);
     const row = await startDeployment(db, c.env, found.row);
-    return c.json({ data: deploymentView(c.get("config"), found.app, row) }, 202);
+    const [view] = await deploymentViews(c.env, c.get("config"), found.app, [row]);
+    return c.json({ data: view! }, 202);
   },
 );
 
@@ -133,7 +142,7 @@ deploymentRoutes.openapi(
   async (c) => {
     const db = c.get("db");
     const app = await resolveApp(db, c.get("principal").accountId, c.req.valid("param").app);
-    return c.json({ data: (await listDeployments(db, app.id)).map((d) => deploymentView(c.get("config"), app, d)) }, 200);
+    return c.json({ data: await deploymentViews(c.env, c.get("config"), app, await listDeployments(db, app.id)) }, 200);
   },
 );
 
@@ -151,7 +160,8 @@ deploymentRoutes.openapi(
     const db = c.get("db");
     const { app: ref, id } = c.req.valid("param");
     const { app, row } = await resolveAppDeployment(db, c.get("principal").accountId, ref, id);
-    return c.json({ data: deploymentView(c.get("config"), app, row) }, 200);
+    const [view] = await deploymentViews(c.env, c.get("config"), app, [row]);
+    return c.json({ data: view! }, 200);
   },
 );
 
@@ -224,7 +234,8 @@ deploymentRoutes.openapi(
     const { app: ref, id } = c.req.valid("param");
     const { app, row } = await resolveAppDeployment(db, c.get("principal").accountId, ref, id);
     if (row.status === "building" || row.status === "queued") await deploymentStub(c.env, row.id).cancel();
-    return c.json({ data: deploymentView(c.get("config"), app, await resolveDeployment(db, app, id)) }, 200);
+    const [view] = await deploymentViews(c.env, c.get("config"), app, [await resolveDeployment(db, app, id)]);
+    return c.json({ data: view! }, 200);
   },
 );
 

@@ -10,6 +10,7 @@ import {
   restoreUploads,
   restores,
 } from "../db/schema";
+import type { JobProgress } from "../../durable-objects/single-job";
 import type { Config, Env } from "../env";
 import { diskUsage } from "../lib/builder-client";
 import { ApiError } from "../lib/errors";
@@ -33,6 +34,10 @@ export type BackupView = {
   diskId: string;
   sizeBytes: number;
   status: BackupRow["status"];
+  /** While `creating`: `queued` until the builder starts the snapshot, then `running`. */
+  phase?: "queued" | "running";
+  /** Why a queued backup waits, in words. */
+  waiting?: string;
   description: string;
   createdAt: string;
   completedAt?: string;
@@ -41,12 +46,21 @@ export type BackupView = {
   expiresAt?: string;
 };
 
-export function backupView(row: BackupRow): BackupView {
+/**
+ * The API's backup. A backup still `creating` also says whether its snapshot
+ * waits for a slot on the builder (`phase: "queued"`, with the reason) or runs:
+ * `progress` is its object's (a finishing one, null, runs).
+ */
+export function backupView(row: BackupRow, progress?: JobProgress | null): BackupView {
+  const creating = row.status === "creating" && progress !== undefined;
+  const phase = progress?.phase ?? "running";
   return {
     id: row.id,
     diskId: row.diskId,
     sizeBytes: row.sizeBytes,
     status: row.status,
+    ...(creating ? { phase } : {}),
+    ...(creating && phase === "queued" && progress?.waiting ? { waiting: progress.waiting } : {}),
     description: row.description,
     createdAt: iso(row.createdAt),
     ...(row.completedAt !== null ? { completedAt: iso(row.completedAt) } : {}),
@@ -60,16 +74,23 @@ export type RestoreView = {
   jobId: string;
   diskId: string;
   status: RestoreRow["status"];
+  /** While `running`: `queued` until the builder starts the restore, then `running`. */
+  phase?: "queued" | "running";
+  waiting?: string;
   error: string | null;
   createdAt: string;
   finishedAt: string | null;
 };
 
-export function restoreView(row: RestoreRow): RestoreView {
+export function restoreView(row: RestoreRow, progress?: JobProgress | null): RestoreView {
+  const running = row.status === "running" && progress !== undefined;
+  const phase = progress?.phase ?? "running";
   return {
     jobId: row.id,
     diskId: row.diskId,
     status: row.status,
+    ...(running ? { phase } : {}),
+    ...(running && phase === "queued" && progress?.waiting ? { waiting: progress.waiting } : {}),
     error: row.error,
     createdAt: iso(row.createdAt),
     finishedAt: isoOrNull(row.finishedAt),
@@ -78,6 +99,18 @@ export function restoreView(row: RestoreRow): RestoreView {
 
 export const backupStub = (env: Env, backupId: string) => env.BACKUP_JOB.get(env.BACKUP_JOB.idFromName(backupId));
 export const restoreStub = (env: Env, restoreId: string) => env.RESTORE_JOB.get(env.RESTORE_JOB.idFromName(restoreId));
+
+/** Backups as the API shows them: those still `creating` ask their object where the snapshot stands (in parallel). */
+export async function backupViews(env: Env, rows: BackupRow[]): Promise<BackupView[]> {
+  return Promise.all(
+    rows.map(async (row) => (row.status === "creating" ? backupView(row, await backupStub(env, row.id).progress()) : backupView(row))),
+  );
+}
+
+/** A restore as the API shows it; one still `running` asks its object whether the builder has started it. */
+export async function restoreViewOf(env: Env, row: RestoreRow): Promise<RestoreView> {
+  return row.status === "running" ? restoreView(row, await restoreStub(env, row.id).progress()) : restoreView(row);
+}
 
 /**
  * Bytes counted against the account's backup space: ready backups, the

@@ -1,6 +1,6 @@
 import { and, asc, eq, inArray, isNull, lt, or, sql } from "drizzle-orm";
 import type { Db } from "../db/client";
-import { apps, crons, deployments, disks, envVars } from "../db/schema";
+import { accounts, apps, crons, deployments, disks, envVars, type Plan } from "../db/schema";
 import type { Env } from "../env";
 import { cronStub } from "./crons";
 
@@ -21,6 +21,8 @@ export type CronTarget = {
   version: number;
   stopped: boolean;
   memoryMb: number;
+  /** The account's plan: its share of the builder (absent in copies pushed before plans set one). */
+  plan?: Plan;
   /** Name → AES-GCM ciphertext as stored in D1 (decrypted only at dispatch, never stored in the clear). */
   env: Record<string, string>;
   disk: { id: string; name: string; mountPath: string; sizeGb: number; restoring: boolean } | null;
@@ -32,8 +34,9 @@ export type CronTarget = {
 export async function loadTarget(db: Db, appId: string): Promise<CronTarget | null> {
   const [row, vars] = await Promise.all([
     db
-      .select({ app: apps, disk: disks, sourceKey: deployments.sourceKey })
+      .select({ app: apps, disk: disks, sourceKey: deployments.sourceKey, plan: accounts.plan })
       .from(apps)
+      .innerJoin(accounts, eq(accounts.id, apps.accountId))
       .leftJoin(disks, eq(disks.appId, apps.id))
       .leftJoin(deployments, eq(deployments.id, apps.activeDeploymentId))
       .where(eq(apps.id, appId))
@@ -43,12 +46,13 @@ export async function loadTarget(db: Db, appId: string): Promise<CronTarget | nu
   ]);
   const found = row[0];
   if (!found) return null;
-  const { app, disk, sourceKey } = found;
+  const { app, disk, sourceKey, plan } = found;
   return {
     appId,
     version: app.updatedAt,
     stopped: app.status === "stopped",
     memoryMb: app.memoryMb,
+    plan,
     env: Object.fromEntries(vars.map((v) => [v.name, v.value])),
     disk: disk
       ? { id: disk.id, name: disk.name, mountPath: disk.mountPath, sizeGb: disk.sizeGb, restoring: disk.status === "restoring" }

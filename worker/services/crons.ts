@@ -1,6 +1,6 @@
 import { and, desc, eq, sql } from "drizzle-orm";
 import { type Db, isUniqueViolation } from "../db/client";
-import { type ConcurrencyPolicy, type CronRow, type CronRunStatus, crons } from "../db/schema";
+import { accounts, type ConcurrencyPolicy, type CronRow, type CronRunStatus, crons, type Plan } from "../db/schema";
 import type { Env } from "../env";
 import { nextRuns } from "../lib/cron";
 import { ApiError } from "../lib/errors";
@@ -37,7 +37,14 @@ export type CronRunRecord = {
   jobName: string;
   trigger: "schedule" | "manual";
   status: CronRunStatus;
+  /** While `running`: whether the builder runs the command or holds it queued for a slot; null once ended. */
+  phase: "queued" | "running" | null;
+  /** Why a queued run waits, in words; null otherwise. */
+  waiting: string | null;
   scheduledAt: number;
+  /** When the run was handed to the builder. */
+  queuedAt: number;
+  /** When the builder started the command; until then (and for a run that never started), when it was queued. */
   startedAt: number;
   finishedAt: number | null;
   exitCode: number | null;
@@ -47,7 +54,10 @@ export type CronRunRecord = {
 export type CronRunView = {
   jobName: string;
   status: CronRunStatus;
+  phase: CronRunRecord["phase"];
+  waiting: string | null;
   trigger: CronRunRecord["trigger"];
+  queuedAt: string;
   startedAt: string;
   finishedAt: string | null;
   exitCode: number | null;
@@ -86,12 +96,21 @@ export function runView(row: CronRunRecord): CronRunView {
   return {
     jobName: row.jobName,
     status: row.status,
+    phase: row.phase,
+    waiting: row.waiting,
     trigger: row.trigger,
+    queuedAt: iso(row.queuedAt),
     startedAt: iso(row.startedAt),
     finishedAt: isoOrNull(row.finishedAt),
     exitCode: row.exitCode,
     error: row.error,
   };
+}
+
+/** The account's plan, which bounds its manual runs (one indexed read, off the scheduled path). */
+export async function accountPlan(db: Db, accountId: string): Promise<Plan> {
+  const row = await db.select({ plan: accounts.plan }).from(accounts).where(eq(accounts.id, accountId)).get();
+  return row?.plan ?? "free";
 }
 
 export function definitionOf(row: CronRow): CronDefinition {

@@ -23,6 +23,8 @@ export type DeploymentView = {
   id: string;
   appId: string;
   status: DeploymentRow["status"];
+  /** Why a `queued` deployment has not started building (the builder holds it for a slot), in words; null otherwise. */
+  waiting: string | null;
   active: boolean;
   error: string | null;
   framework: string | null;
@@ -40,11 +42,12 @@ export type DeploymentView = {
   buildMs: number | null;
 };
 
-export function deploymentView(config: Config, app: AppRow, row: DeploymentRow): DeploymentView {
+export function deploymentView(config: Config, app: AppRow, row: DeploymentRow, waiting: string | null = null): DeploymentView {
   return {
     id: row.id,
     appId: row.appId,
     status: row.status,
+    waiting: row.status === "queued" ? waiting : null,
     active: app.activeDeploymentId === row.id,
     error: row.error,
     framework: row.framework,
@@ -64,6 +67,20 @@ export function deploymentView(config: Config, app: AppRow, row: DeploymentRow):
 }
 
 export const deploymentStub = (env: Env, id: string) => env.DEPLOYMENT.get(env.DEPLOYMENT.idFromName(id));
+
+/**
+ * Deployments as the API shows them: one handed to the builder and still
+ * `queued` asks its object why it waits (in parallel); the rest need nothing.
+ */
+export async function deploymentViews(env: Env, config: Config, app: AppRow, rows: DeploymentRow[]): Promise<DeploymentView[]> {
+  return Promise.all(
+    rows.map(async (row) => {
+      const submitted = row.status === "queued" && row.builderJobId !== null;
+      const waiting = submitted ? ((await deploymentStub(env, row.id).progress())?.waiting ?? null) : null;
+      return deploymentView(config, app, row, waiting);
+    }),
+  );
+}
 
 /** A deployment waiting for its source, with a presigned PUT signed for exactly `sizeBytes`. */
 export async function createDeployment(
@@ -133,9 +150,13 @@ export async function listDeployments(db: Db, appId: string): Promise<Deployment
   return db.select().from(deployments).where(eq(deployments.appId, appId)).orderBy(desc(deployments.createdAt), desc(deployments.id));
 }
 
-/** Checks the source arrived whole, then hands the deployment to its Durable Object. */
+/**
+ * Checks the source arrived whole, then hands the deployment to its Durable
+ * Object. It stays `queued` until the builder starts the build (a slot of the
+ * account's plan, or of the builder, may not be free yet).
+ */
 export async function startDeployment(db: Db, env: Env, row: DeploymentRow): Promise<DeploymentRow> {
-  if (row.status !== "queued" || row.startedAt !== null) return row;
+  if (row.status !== "queued" || row.startedAt !== null || row.builderJobId !== null) return row;
   const source = await env.BUCKET.head(row.sourceKey);
   if (!source) {
     if (Date.now() > row.uploadExpiresAt) {

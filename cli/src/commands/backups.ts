@@ -69,11 +69,18 @@ function reason(err: unknown): string {
   return err instanceof Error ? err.message : String(err);
 }
 
+/** A backup's status as people read it: a backup still being made says whether its snapshot waits for a slot. */
+function statusOf(backup: Backup, long = false): string {
+  if (backup.failureReason) return `${backup.status}: ${backup.failureReason}`;
+  if (backup.status === "creating" && backup.phase === "queued") return long && backup.waiting ? `creating (queued: ${backup.waiting})` : "creating (queued)";
+  return backup.status;
+}
+
 function describe(backup: Backup): string {
   const rows: [string, string][] = [
     ["id", backup.id],
     ["disk", backup.diskId],
-    ["status", backup.failureReason ? `${backup.status}: ${backup.failureReason}` : backup.status],
+    ["status", statusOf(backup, true)],
     ["size", backup.status === "ready" ? formatBytes(backup.sizeBytes) : "-"],
     ["description", backup.description || "-"],
     ["created", when(backup.createdAt)],
@@ -105,11 +112,12 @@ const create = defineCommand({
     const client = await api();
     const body = opts.description === undefined ? {} : { description: opts.description };
     let backup = await client.data<Backup>("POST", path`/v1/disks/${args.disk}/backups`, body, aboutDisk(`back up disk ${args.disk}`, args.disk));
+    const queued = backup.phase === "queued" ? ` (queued: ${backup.waiting ?? "waiting for a slot"})` : "";
     if (!opts.wait) {
-      out.result(backup, `Creating backup ${backup.id} of disk ${args.disk}; \`svc backups list ${args.disk}\` shows when it is ready`);
+      out.result(backup, `Creating backup ${backup.id} of disk ${args.disk}${queued}; \`svc backups list ${args.disk}\` shows when it is ready`);
       return;
     }
-    out.note(`Creating backup ${backup.id} of disk ${args.disk}…`);
+    out.note(`Creating backup ${backup.id} of disk ${args.disk}${queued}…`);
     while (backup.status === "creating") {
       await sleep(POLL_INTERVAL_MS);
       const found = (await listBackups(client, args.disk)).find((b) => b.id === backup.id);
@@ -136,7 +144,7 @@ const list = defineCommand({
         ? `No backups of disk ${args.disk} yet. Create one: svc backups create ${args.disk}`
         : table(backups, [
             ["ID", (b) => b.id],
-            ["STATUS", (b) => (b.failureReason ? `${b.status}: ${b.failureReason}` : b.status)],
+            ["STATUS", (b) => statusOf(b)],
             ["SIZE", (b) => (b.status === "ready" ? formatBytes(b.sizeBytes) : "-")],
             ["CREATED", (b) => ago(b.createdAt)],
             ["EXPIRES", (b) => ago(b.expiresAt, "-")],

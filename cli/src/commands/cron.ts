@@ -106,8 +106,13 @@ function describe(job: CronJob & Partial<CronDetail>, appName: string | undefine
   return fields(rows);
 }
 
+/** A run's state as people read it: `queued` while the builder holds it for a slot, else its status. */
+function state(run: Pick<CronRun, "status" | "phase">): string {
+  return run.status === "running" && run.phase === "queued" ? "queued" : run.status;
+}
+
 function outcome(run: CronRun): string {
-  if (run.status === "running") return "running";
+  if (run.status === "running") return state(run);
   const detail = run.error ?? (run.exitCode === null ? undefined : `exit code ${run.exitCode}`);
   return detail ? `${run.status} (${detail})` : run.status;
 }
@@ -320,15 +325,21 @@ const run = defineCommand({
       undefined,
       aboutCron(`run cron job ${args.id}`, args.id, {
         APP_STOPPED: `stopped apps run no cron jobs: start the app with \`svc apps restart --app <app>\` (\`svc cron info ${args.id}\` names it)`,
+        RUN_IN_PROGRESS: `the job's concurrency policy is forbid: wait for that run (\`svc cron runs ${args.id}\`), cancel it (\`svc cron cancel ${args.id} <run>\`), or let runs overlap: \`svc cron update ${args.id} --concurrency allow\``,
+        TOO_MANY_JOBS: `the account's queued jobs start as its running ones end: \`svc cron runs ${args.id}\` shows them; cancel some, or wait`,
       }),
     );
     const target = { id, ref: args.id, jobName: started.jobName };
+    const begun =
+      started.phase === "queued"
+        ? `Queued run ${started.jobName}: the account runs as many jobs as its plan allows at once; it starts when one ends`
+        : `Started run ${started.jobName}`;
     if (!opts.wait) {
-      out.result(started, `Started run ${started.jobName}`);
+      out.result(started, begun);
       if (!out.json) out.note(`Follow it: svc cron logs ${args.id} ${started.jobName} --follow`);
       return;
     }
-    out.step(`Started run ${started.jobName}`);
+    out.step(begun);
     await waitForRun(client, out, target);
   },
 });
@@ -347,7 +358,7 @@ const runs = defineCommand({
         ? `No runs of cron job ${args.id} yet. Start one: svc cron run ${args.id}`
         : table(list, [
             ["JOB NAME", (r) => r.jobName],
-            ["STATUS", (r) => r.status],
+            ["STATUS", state],
             ["TRIGGER", (r) => r.trigger],
             ["STARTED", (r) => ago(r.startedAt)],
             ["DURATION", duration],

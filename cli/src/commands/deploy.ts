@@ -47,7 +47,7 @@ const kib = (n: number | null) => (n === null ? "-" : formatBytes(n));
 export function describeDeployment(d: Deployment): string {
   const rows: [string, string][] = [
     ["id", d.id],
-    ["status", d.error ? `${d.status}: ${d.error}` : d.status],
+    ["status", d.error ? `${d.status}: ${d.error}` : d.waiting ? `${d.status} (${d.waiting})` : d.status],
     ["active", d.active ? "yes (served now)" : "no"],
     ["framework", d.framework ?? "-"],
     ["output", d.outputDir ? `${d.outputDir}${d.spa ? " (spa)" : ""}` : "-"],
@@ -297,13 +297,16 @@ build's error (exit 1). With --no-follow it prints the deployment and returns at
       await packed.remove();
     }
 
+    const waiting = deployment.status === "queued" && deployment.waiting ? ` (${deployment.waiting})` : "";
     if (opts["no-follow"]) {
       out.result(
         deployment,
-        `Deployment ${deployment.id} ${deployment.status}\nFollow it: svc apps logs --app ${app} --deployment ${deployment.id} --follow`,
+        `Deployment ${deployment.id} ${deployment.status}${waiting}\nFollow it: svc apps logs --app ${app} --deployment ${deployment.id} --follow`,
       );
       return;
     }
+    // The build starts when the account (or the builder) has a free slot; the log follows from then.
+    if (waiting) out.step(`Deployment ${deployment.id} is queued${waiting}`);
     const id = deployment.id;
     const onInterrupt = () => {
       process.stderr.write(`\nStopped following; the build goes on. Follow it again: svc apps logs --app ${app} --deployment ${id} --follow\n`);

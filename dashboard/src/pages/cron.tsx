@@ -69,7 +69,7 @@ function RunLog({ cronId, run }: { cronId: string; run: CronRun }) {
   return (
     <section class="card" aria-label={`Log of ${run.jobName}`}>
       <h3>
-        Log of <code>{run.jobName}</code> <Badge status={run.status} />
+        Log of <code>{run.jobName}</code> <Badge status={stateOf(run)} />
       </h3>
       {log.data === undefined ? <Pending error={log.error} /> : <LogView text={log.data} label={`Log of ${run.jobName}`} empty="(the run printed nothing)" />}
       <ErrorNote error={log.data === undefined ? null : log.error} />
@@ -77,8 +77,11 @@ function RunLog({ cronId, run }: { cronId: string; run: CronRun }) {
   );
 }
 
+/** `queued` while the builder holds the run for a slot (its status is still `running`), else the run's status. */
+const stateOf = (run: CronRun) => (run.status === "running" && run.phase === "queued" ? "queued" : run.status);
+
 function outcome(run: CronRun): string {
-  if (run.status === "running") return "";
+  if (run.status === "running") return run.waiting ?? "";
   return run.error ?? (run.exitCode === null ? "" : `exit code ${run.exitCode}`);
 }
 
@@ -197,7 +200,7 @@ export function CronPage({ id }: { id: string }) {
                       <code>{r.jobName}</code>
                     </td>
                     <td>
-                      <Badge status={r.status} />
+                      <Badge status={stateOf(r)} />
                     </td>
                     <td>{r.trigger}</td>
                     <td>

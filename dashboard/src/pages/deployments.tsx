@@ -288,6 +288,7 @@ export function Deployments({ app, onAppChange }: { app: App; onAppChange: (app:
                 </td>
                 <td>
                   <Badge status={d.status} />
+                  {d.waiting && <div class="muted">{d.waiting}</div>}
                   {d.error && <div class="error-text">{d.error}</div>}
                 </td>
                 <td>

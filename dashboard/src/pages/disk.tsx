@@ -229,6 +229,7 @@ function Backups({ disk, onDiskChange }: { disk: Disk; onDiskChange: () => void 
                 </td>
                 <td>
                   <Badge status={b.status} />
+                  {b.phase === "queued" && <div class="muted">queued: {b.waiting ?? "waiting for a slot"}</div>}
                   {b.failureReason && <div class="error-text">{b.failureReason}</div>}
                 </td>
                 <td>{b.status === "ready" ? <Bytes value={b.sizeBytes} /> : "-"}</td>
