@@ -143,6 +143,16 @@ export class Deployment extends SingleBuilderJob {
     const prefix = blobPrefix(row.accountId);
     const headersFile = result.manifest.find((f) => f.path === HEADERS_FILE);
     const headersText = headersFile ? await (await this.env.BUCKET.get(blobKey(prefix, headersFile.sha256)))?.text() : undefined;
+    const headers = headersText ? parseHeadersFile(headersText) : null;
+    if (headers && !headers.ok) {
+      // A file the edge would have to ignore in part is refused whole, before anything is published.
+      const where = headers.line === null ? "_headers" : `_headers line ${headers.line}`;
+      await this.db
+        .update(deployments)
+        .set({ status: "failed", error: `${where}: ${headers.message}`, finishedAt: Date.now() })
+        .where(eq(deployments.id, row.id));
+      return;
+    }
     const manifest: Manifest = {
       spa: result.spa,
       blobs: prefix,
@@ -151,7 +161,7 @@ export class Deployment extends SingleBuilderJob {
           .filter((f) => f.path !== HEADERS_FILE)
           .map((f) => [f.path, { sha256: f.sha256, size: f.size, contentType: f.contentType }]),
       ),
-      ...(headersText ? { headers: parseHeadersFile(headersText) } : {}),
+      ...(headers ? { headers: headers.rules } : {}),
     };
     // Written now, read by the edge only once the app points at this deployment.
     await this.env.BUCKET.put(manifestKey(row.id), JSON.stringify(manifest), { httpMetadata: { contentType: "application/json" } });
