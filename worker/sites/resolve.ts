@@ -33,7 +33,15 @@ export function normalisePath(pathname: string): string | null {
  * has one (ignored when `spa`), else a plain 404.
  */
 export function decide(pathname: string, lookup: Lookup, spa: boolean): Decision {
-  const path = normalisePath(pathname);
+  return decidePath(normalisePath(pathname), lookup, spa);
+}
+
+/**
+ * {@link decide} for a path {@link normalisePath} already read (null when it
+ * refused it): the edge normalises once, and matches `_headers` rules against
+ * the same path that chooses the file, never a second decoding of it.
+ */
+export function decidePath(path: string | null, lookup: Lookup, spa: boolean): Decision {
   if (path !== null) {
     const candidates = path.endsWith("/") ? [`${path}index.html`] : [path, `${path}.html`, `${path}/index.html`];
     for (const candidate of candidates) {

@@ -3,8 +3,8 @@ import { openDb } from "../db/client";
 import { apps } from "../db/schema";
 import type { Env } from "../env";
 import { BlobCache } from "./blob-cache";
-import { type HeaderRule, headersFor } from "./headers";
-import { cacheControl, type Decision, decide, type ManifestEntry, matchesEtag } from "./resolve";
+import { HEADERS_LIMITS, type HeaderRule, headersFor } from "./headers";
+import { cacheControl, type Decision, decidePath, type ManifestEntry, matchesEtag, normalisePath } from "./resolve";
 import { logRequest } from "./request-log";
 
 /**
@@ -168,6 +168,29 @@ async function respond(
 }
 
 /**
+ * One request against a manifest. The path is normalised once; the file and
+ * the `_headers` rules are both chosen from that path, and a rule applies when
+ * it matches the path asked for or the file that answers it (`/admin` serves
+ * `/admin/index.html` with the rules of `/admin/*`). A path that cannot be
+ * normalised, or longer than any file's, is answered without the site's files.
+ */
+async function serveFrom(
+  request: Request,
+  env: Env,
+  manifest: Manifest,
+  pathname: string,
+  waitUntil: (promise: Promise<unknown>) => void,
+): Promise<Response> {
+  const path = normalisePath(pathname);
+  if (path === null) return page(404, "Not found");
+  if (path.length > HEADERS_LIMITS.pathChars) return page(414, "URI too long");
+  const decision = decidePath(path, (p) => manifest.files[p], manifest.spa);
+  if (decision.kind === "not-found") return page(404, "Not found", headersFor(manifest.headers, path));
+  const extra = headersFor(manifest.headers, path, decision.path);
+  return respond(request, env, manifest.blobs ?? LEGACY_BLOB_PREFIX, decision, extra, waitUntil);
+}
+
+/**
  * Edge serving for `Host: <app>.<APPS_DOMAIN>`: app → active deployment's
  * manifest (cached per isolate) → blob in R2. Every answer is logged for
  * `svc logs <app>` after the response, never before it.
@@ -188,14 +211,7 @@ export async function serveSite(
   else {
     const manifest = app.activeDeploymentId ? await manifestOf(env, app.activeDeploymentId) : null;
     if (!manifest) response = page(404, "Nothing deployed yet");
-    else {
-      const decision = decide(pathname, (p) => manifest.files[p], manifest.spa);
-      const extra = headersFor(manifest.headers, pathname);
-      response =
-        decision.kind === "not-found"
-          ? page(404, "Not found", extra)
-          : await respond(request, env, manifest.blobs ?? LEGACY_BLOB_PREFIX, decision, extra, waitUntil);
-    }
+    else response = await serveFrom(request, env, manifest, pathname, waitUntil);
   }
   if (app) {
     const length = Number(response.headers.get("Content-Length") ?? 0);
