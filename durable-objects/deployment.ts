@@ -3,6 +3,7 @@ import { type BlobsRequest, type BlobsResponse, GENERATED_WEB_SERVER_CONFIG_PATH
 import { apps, deployments } from "../worker/db/schema";
 import type { Env } from "../worker/env";
 import { cancelJob, jobLog, submitBuild } from "../worker/lib/builder-client";
+import { isImmutable } from "../worker/sites/fingerprint";
 import { parseHeadersFile } from "../worker/sites/headers";
 import { blobKey, blobPrefix, type Manifest, manifestKey } from "../worker/sites/serve";
 import { presign } from "../worker/storage/presign";
@@ -156,10 +157,14 @@ export class Deployment extends SingleBuilderJob {
     const manifest: Manifest = {
       spa: result.spa,
       blobs: prefix,
+      immutableMarked: true,
       files: Object.fromEntries(
         result.manifest
           .filter((f) => f.path !== HEADERS_FILE)
-          .map((f) => [f.path, { sha256: f.sha256, size: f.size, contentType: f.contentType }]),
+          .map((f) => [
+            f.path,
+            { sha256: f.sha256, size: f.size, contentType: f.contentType, ...(isImmutable(f.path, result.framework) ? { immutable: true } : {}) },
+          ]),
       ),
       ...(headers ? { headers: headers.rules } : {}),
     };

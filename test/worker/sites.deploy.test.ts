@@ -112,3 +112,26 @@ describe("deploying a site's _headers file", () => {
     expect(row.error).toMatch(/^_headers line 201: more than 100 rules/);
   });
 });
+
+describe("deploying a site: which files are immutable", () => {
+  it("marks the files of the framework's immutable folder and names with a content hash, and no other", async () => {
+    const { row, manifest } = await finishBuild(
+      {
+        "/index.html": "<h1>home</h1>",
+        "/favicon.ico": "icon",
+        "/_next/static/chunks/0cz1d0mv5g_q7.js": "chunk",
+        "/_next/static/tLIE13poBlR2QdNcl3tTj/_buildManifest.js": "manifest",
+        "/vendor/jquery-3.7.1.min.js": "jquery",
+        "/fonts/font-awesome-webfont.woff2": "font",
+        "/img/hero-C49xKYgQ.png": "hero",
+      },
+      "nextjs",
+    );
+    expect(row.status).toBe("ready");
+    expect(manifest?.immutableMarked).toBe(true);
+    const marked = Object.entries(manifest?.files ?? {})
+      .filter(([, e]) => e.immutable)
+      .map(([p]) => p);
+    expect(marked.sort()).toEqual(["/_next/static/chunks/0cz1d0mv5g_q7.js", "/_next/static/tLIE13poBlR2QdNcl3tTj/_buildManifest.js", "/img/hero-C49xKYgQ.png"]);
+  });
+});

@@ -3,7 +3,10 @@
  * pure function: it takes the request path and a manifest lookup and decides
  * what to answer, so every rule is unit-tested without R2 or D1 (STYLE 10).
  */
-export type ManifestEntry = { sha256: string; size: number; contentType: string };
+import { hasContentHash } from "./fingerprint";
+
+/** `immutable`: the deployment found the file fingerprinted (fingerprint.ts); absent for every other file. */
+export type ManifestEntry = { sha256: string; size: number; contentType: string; immutable?: true };
 
 export type Lookup = (path: string) => ManifestEntry | undefined;
 
@@ -59,18 +62,18 @@ export function decidePath(path: string | null, lookup: Lookup, spa: boolean): D
   return { kind: "not-found", status: 404 };
 }
 
-/** Build tools put a content hash in asset names (`app.3f9a1c2b.js`, `index-B4xZ_k9q.css`). */
-const FINGERPRINT = /[.-][A-Za-z0-9_-]{8,}\.[a-z0-9]+$/;
-
 /**
  * HTML and every fallback must revalidate (a missing hashed asset must never be
- * cached as immutable); fingerprinted assets are immutable for a year.
+ * cached as immutable); fingerprinted assets are immutable for a year. Which
+ * files are fingerprinted the deployment decided (`marked`: the manifest's
+ * entries carry `immutable`); manifests stored before that are read by name.
  */
-export function cacheControl(decision: Exclude<Decision, { kind: "not-found" }>): string {
+export function cacheControl(decision: Exclude<Decision, { kind: "not-found" }>, marked = false): string {
   if (decision.kind !== "file") return "no-cache";
   if (decision.entry.contentType.startsWith("text/html")) return "no-cache";
   const name = decision.path.slice(decision.path.lastIndexOf("/") + 1);
-  return FINGERPRINT.test(name) && /\d/.test(name) ? "public, max-age=31536000, immutable" : "no-cache";
+  const immutable = marked ? decision.entry.immutable === true : hasContentHash(name);
+  return immutable ? "public, max-age=31536000, immutable" : "no-cache";
 }
 
 /** Weak comparison of an If-None-Match header against our strong ETag. */

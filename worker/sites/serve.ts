@@ -11,8 +11,16 @@ import { logRequest } from "./request-log";
  * The manifest a deployment publishes; immutable for the deployment's life.
  * `blobs` is where its files live: the account's own content-addressed folder
  * (absent in manifests written before blobs were kept per account).
+ * `immutableMarked`: its entries say which files are fingerprinted (absent in
+ * manifests written before, whose files are judged by name).
  */
-export type Manifest = { spa: boolean; files: Record<string, ManifestEntry>; headers?: HeaderRule[]; blobs?: string };
+export type Manifest = {
+  spa: boolean;
+  files: Record<string, ManifestEntry>;
+  headers?: HeaderRule[];
+  blobs?: string;
+  immutableMarked?: true;
+};
 
 export const manifestKey = (deploymentId: string) => `manifests/${deploymentId}.json`;
 /** An account's blobs: content-addressed, deduplicated within the account only. */
@@ -125,6 +133,7 @@ async function respond(
   env: Env,
   blobs: string,
   decision: Exclude<Decision, { kind: "not-found" }>,
+  marked: boolean,
   extra: Record<string, string>,
   waitUntil: (promise: Promise<unknown>) => void,
 ): Promise<Response> {
@@ -132,7 +141,7 @@ async function respond(
   const etag = `"${entry.sha256}"`;
   const headers: Record<string, string> = {
     "Content-Type": entry.contentType,
-    "Cache-Control": cacheControl(decision),
+    "Cache-Control": cacheControl(decision, marked),
     ...extra,
     ETag: etag,
     "Accept-Ranges": "bytes",
@@ -187,7 +196,7 @@ async function serveFrom(
   const decision = decidePath(path, (p) => manifest.files[p], manifest.spa);
   if (decision.kind === "not-found") return page(404, "Not found", headersFor(manifest.headers, path));
   const extra = headersFor(manifest.headers, path, decision.path);
-  return respond(request, env, manifest.blobs ?? LEGACY_BLOB_PREFIX, decision, extra, waitUntil);
+  return respond(request, env, manifest.blobs ?? LEGACY_BLOB_PREFIX, decision, manifest.immutableMarked === true, extra, waitUntil);
 }
 
 /**
