@@ -82,6 +82,15 @@ describe("_headers patterns: hostile input (ReDoS)", () => {
   });
 });
 
+describe("_headers files: hostile input at deploy", () => {
+  it("reads a file of long runs of spaces in linear time (the deployment must not stall on it)", () => {
+    const text = `/*\n${" ".repeat(HEADERS_LIMITS.fileBytes - 100)}x\n`;
+    let result: ReturnType<typeof parseHeadersFile> = { ok: true, rules: [] };
+    expect(timed(() => (result = parseHeadersFile(text)))).toBeLessThan(200);
+    expect(result).toMatchObject({ ok: false, line: 2 });
+  });
+});
+
 describe("_headers files: parsing and limits", () => {
   const parsed = (text: string) => {
     const result = parseHeadersFile(text);

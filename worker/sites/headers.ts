@@ -185,7 +185,8 @@ export function parseHeadersFile(text: string): ParsedHeaders {
   let current: HeaderRule | null = null;
   for (const [index, raw] of text.split(/\r?\n/).entries()) {
     const lineNumber = index + 1;
-    const line = raw.replace(/\s+$/, "");
+    // trimEnd, not /\s+$/: that regular expression is quadratic on a long run of spaces.
+    const line = raw.trimEnd();
     if (line.trim() === "" || line.trim().startsWith("#")) continue;
     if (line.length > HEADERS_LIMITS.lineChars) {
       return { ok: false, line: lineNumber, message: `the line is ${line.length} characters long; a line may have at most ${HEADERS_LIMITS.lineChars.toLocaleString("en-US")} characters` };
