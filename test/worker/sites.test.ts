@@ -75,7 +75,7 @@ describe("edge serving on <app>.<APPS_DOMAIN>", () => {
     expect(rollback.status).toBe(200);
     await new Promise((r) => setTimeout(r, 2100));
     expect(await (await get(name, "/")).text()).toBe("<h1>home</h1>");
-  });
+  }, 20_000); // two 2.1 s waits for the app cache: the 5 s default left no room when two test files share the cores
 
   it("logs each request off the serving path, readable through GET /v1/apps/:app/logs", async () => {
     const { name, key } = await newSite(false, files());
