@@ -4,6 +4,7 @@ import { accounts, apps, deployments } from "../worker/db/schema";
 import type { Env } from "../worker/env";
 import { cancelJob, jobLog, submitBuild } from "../worker/lib/builder-client";
 import { builderShare } from "../worker/lib/plans";
+import { isImmutable } from "../worker/sites/fingerprint";
 import { parseHeadersFile } from "../worker/sites/headers";
 import { blobKey, blobPrefix, type Manifest, manifestKey } from "../worker/sites/serve";
 import { presign } from "../worker/storage/presign";
@@ -178,15 +179,29 @@ export class Deployment extends SingleBuilderJob {
     const prefix = blobPrefix(row.accountId);
     const headersFile = result.manifest.find((f) => f.path === HEADERS_FILE);
     const headersText = headersFile ? await (await this.env.BUCKET.get(blobKey(prefix, headersFile.sha256)))?.text() : undefined;
+    const headers = headersText ? parseHeadersFile(headersText) : null;
+    if (headers && !headers.ok) {
+      // A file the edge would have to ignore in part is refused whole, before anything is published.
+      const where = headers.line === null ? "_headers" : `_headers line ${headers.line}`;
+      await this.db
+        .update(deployments)
+        .set({ status: "failed", error: `${where}: ${headers.message}`, finishedAt: Date.now() })
+        .where(eq(deployments.id, row.id));
+      return;
+    }
     const manifest: Manifest = {
       spa: result.spa,
       blobs: prefix,
+      immutableMarked: true,
       files: Object.fromEntries(
         result.manifest
           .filter((f) => f.path !== HEADERS_FILE)
-          .map((f) => [f.path, { sha256: f.sha256, size: f.size, contentType: f.contentType }]),
+          .map((f) => [
+            f.path,
+            { sha256: f.sha256, size: f.size, contentType: f.contentType, ...(isImmutable(f.path, result.framework) ? { immutable: true } : {}) },
+          ]),
       ),
-      ...(headersText ? { headers: parseHeadersFile(headersText) } : {}),
+      ...(headers ? { headers: headers.rules } : {}),
     };
     // Written now, read by the edge only once the app points at this deployment.
     await this.env.BUCKET.put(manifestKey(row.id), JSON.stringify(manifest), { httpMetadata: { contentType: "application/json" } });

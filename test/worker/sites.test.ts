@@ -1,52 +1,10 @@
-import { env, exports } from "cloudflare:workers";
+import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
 import { newId } from "../../worker/lib/ids";
 import { blobKey, blobPrefix, type Manifest, manifestKey } from "../../worker/sites/serve";
-import { call, newAccount } from "./helpers";
+import { call } from "./helpers";
+import { get, HTML, newSite, publish, sha256 } from "./sites-helpers";
 
-async function sha256(text: string): Promise<string> {
-  const digest = await crypto.subtle.digest("SHA-256", new TextEncoder().encode(text));
-  return [...new Uint8Array(digest)].map((b) => b.toString(16).padStart(2, "0")).join("");
-}
-
-/** Publishes files as a ready, active deployment the way the Deployment object does. */
-async function publish(
-  appId: string,
-  accountId: string,
-  files: Record<string, [string, string]>,
-  spa: boolean,
-  headers?: Manifest["headers"],
-): Promise<string> {
-  const manifest: Manifest = { spa, files: {}, blobs: blobPrefix(accountId), ...(headers ? { headers } : {}) };
-  for (const [path, [contentType, body]] of Object.entries(files)) {
-    const sha = await sha256(body);
-    await env.BUCKET.put(blobKey(blobPrefix(accountId), sha), body);
-    manifest.files[path] = { sha256: sha, size: new TextEncoder().encode(body).byteLength, contentType };
-  }
-  const id = newId("deployment");
-  await env.BUCKET.put(manifestKey(id), JSON.stringify(manifest));
-  const now = Date.now();
-  await env.DB.batch([
-    env.DB.prepare(
-      "INSERT INTO deployments (id, account_id, app_id, status, source_key, source_size_bytes, upload_expires_at, manifest_key, created_at) VALUES (?, ?, ?, 'ready', ?, 1, ?, ?, ?)",
-    ).bind(id, accountId, appId, `sources/${appId}/${id}.tar.gz`, now, manifestKey(id), now),
-    env.DB.prepare("UPDATE apps SET active_deployment_id = ? WHERE id = ?").bind(id, appId),
-  ]);
-  return id;
-}
-
-async function newSite(spa: boolean, files: Record<string, [string, string]>, headers?: Manifest["headers"]) {
-  const { accountId, adminKey } = await newAccount();
-  const name = `site-${crypto.randomUUID().slice(0, 8)}`;
-  const app = ((await (await call("/v1/apps", { method: "POST", key: adminKey, body: { name, runtime: "static" } })).json()) as { data: { id: string } }).data;
-  const deploymentId = await publish(app.id, accountId, files, spa, headers);
-  return { name, appId: app.id, accountId, key: adminKey, deploymentId };
-}
-
-const get = (name: string, path: string, init: RequestInit = {}) =>
-  exports.default.fetch(new Request(`http://${name}.${env.APPS_DOMAIN}${path}`, init));
-
-const HTML = "text/html; charset=utf-8";
 const files = (): Record<string, [string, string]> => ({
   "/index.html": [HTML, "<h1>home</h1>"],
   "/404.html": [HTML, "<h1>custom not found</h1>"],
@@ -117,7 +75,7 @@ describe("edge serving on <app>.<APPS_DOMAIN>", () => {
     expect(rollback.status).toBe(200);
     await new Promise((r) => setTimeout(r, 2100));
     expect(await (await get(name, "/")).text()).toBe("<h1>home</h1>");
-  });
+  }, 20_000); // two 2.1 s waits for the app cache: the 5 s default left no room when two test files share the cores
 
   it("logs each request off the serving path, readable through GET /v1/apps/:app/logs", async () => {
     const { name, key } = await newSite(false, files());

@@ -53,7 +53,7 @@ describe("decide (static-site serving rules)", () => {
 });
 
 describe("_headers files", () => {
-  const rules = parseHeadersFile(`# security
+  const parsed = parseHeadersFile(`# security
 /*
   X-Frame-Options: DENY
   X-Content-Type-Options: nosniff
@@ -68,6 +68,7 @@ https://example.com/*
 not-a-pattern
   X-Ignored: yes
 `);
+  const rules = parsed.ok ? parsed.rules : [];
 
   it("parses patterns and their headers, dropping reserved names and non-path patterns", () => {
     expect(rules.map((r) => r.pattern)).toEqual(["/*", "/assets/*", "/blog/:slug"]);

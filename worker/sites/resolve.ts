@@ -3,7 +3,10 @@
  * pure function: it takes the request path and a manifest lookup and decides
  * what to answer, so every rule is unit-tested without R2 or D1 (STYLE 10).
  */
-export type ManifestEntry = { sha256: string; size: number; contentType: string };
+import { hasContentHash } from "./fingerprint";
+
+/** `immutable`: the deployment found the file fingerprinted (fingerprint.ts); absent for every other file. */
+export type ManifestEntry = { sha256: string; size: number; contentType: string; immutable?: true };
 
 export type Lookup = (path: string) => ManifestEntry | undefined;
 
@@ -33,7 +36,15 @@ export function normalisePath(pathname: string): string | null {
  * has one (ignored when `spa`), else a plain 404.
  */
 export function decide(pathname: string, lookup: Lookup, spa: boolean): Decision {
-  const path = normalisePath(pathname);
+  return decidePath(normalisePath(pathname), lookup, spa);
+}
+
+/**
+ * {@link decide} for a path {@link normalisePath} already read (null when it
+ * refused it): the edge normalises once, and matches `_headers` rules against
+ * the same path that chooses the file, never a second decoding of it.
+ */
+export function decidePath(path: string | null, lookup: Lookup, spa: boolean): Decision {
   if (path !== null) {
     const candidates = path.endsWith("/") ? [`${path}index.html`] : [path, `${path}.html`, `${path}/index.html`];
     for (const candidate of candidates) {
@@ -51,18 +62,18 @@ export function decide(pathname: string, lookup: Lookup, spa: boolean): Decision
   return { kind: "not-found", status: 404 };
 }
 
-/** Build tools put a content hash in asset names (`app.3f9a1c2b.js`, `index-B4xZ_k9q.css`). */
-const FINGERPRINT = /[.-][A-Za-z0-9_-]{8,}\.[a-z0-9]+$/;
-
 /**
  * HTML and every fallback must revalidate (a missing hashed asset must never be
- * cached as immutable); fingerprinted assets are immutable for a year.
+ * cached as immutable); fingerprinted assets are immutable for a year. Which
+ * files are fingerprinted the deployment decided (`marked`: the manifest's
+ * entries carry `immutable`); manifests stored before that are read by name.
  */
-export function cacheControl(decision: Exclude<Decision, { kind: "not-found" }>): string {
+export function cacheControl(decision: Exclude<Decision, { kind: "not-found" }>, marked = false): string {
   if (decision.kind !== "file") return "no-cache";
   if (decision.entry.contentType.startsWith("text/html")) return "no-cache";
   const name = decision.path.slice(decision.path.lastIndexOf("/") + 1);
-  return FINGERPRINT.test(name) && /\d/.test(name) ? "public, max-age=31536000, immutable" : "no-cache";
+  const immutable = marked ? decision.entry.immutable === true : hasContentHash(name);
+  return immutable ? "public, max-age=31536000, immutable" : "no-cache";
 }
 
 /** Weak comparison of an If-None-Match header against our strong ETag. */

@@ -3,16 +3,24 @@ import { openDb } from "../db/client";
 import { apps } from "../db/schema";
 import type { Env } from "../env";
 import { BlobCache } from "./blob-cache";
-import { type HeaderRule, headersFor } from "./headers";
-import { cacheControl, type Decision, decide, type ManifestEntry, matchesEtag } from "./resolve";
+import { HEADERS_LIMITS, type HeaderRule, headersFor } from "./headers";
+import { cacheControl, type Decision, decidePath, type ManifestEntry, matchesEtag, normalisePath } from "./resolve";
 import { logRequest } from "./request-log";
 
 /**
  * The manifest a deployment publishes; immutable for the deployment's life.
  * `blobs` is where its files live: the account's own content-addressed folder
  * (absent in manifests written before blobs were kept per account).
+ * `immutableMarked`: its entries say which files are fingerprinted (absent in
+ * manifests written before, whose files are judged by name).
  */
-export type Manifest = { spa: boolean; files: Record<string, ManifestEntry>; headers?: HeaderRule[]; blobs?: string };
+export type Manifest = {
+  spa: boolean;
+  files: Record<string, ManifestEntry>;
+  headers?: HeaderRule[];
+  blobs?: string;
+  immutableMarked?: true;
+};
 
 export const manifestKey = (deploymentId: string) => `manifests/${deploymentId}.json`;
 /** An account's blobs: content-addressed, deduplicated within the account only. */
@@ -125,6 +133,7 @@ async function respond(
   env: Env,
   blobs: string,
   decision: Exclude<Decision, { kind: "not-found" }>,
+  marked: boolean,
   extra: Record<string, string>,
   waitUntil: (promise: Promise<unknown>) => void,
 ): Promise<Response> {
@@ -132,7 +141,7 @@ async function respond(
   const etag = `"${entry.sha256}"`;
   const headers: Record<string, string> = {
     "Content-Type": entry.contentType,
-    "Cache-Control": cacheControl(decision),
+    "Cache-Control": cacheControl(decision, marked),
     ...extra,
     ETag: etag,
     "Accept-Ranges": "bytes",
@@ -168,6 +177,29 @@ async function respond(
 }
 
 /**
+ * One request against a manifest. The path is normalised once; the file and
+ * the `_headers` rules are both chosen from that path, and a rule applies when
+ * it matches the path asked for or the file that answers it (`/admin` serves
+ * `/admin/index.html` with the rules of `/admin/*`). A path that cannot be
+ * normalised, or longer than any file's, is answered without the site's files.
+ */
+async function serveFrom(
+  request: Request,
+  env: Env,
+  manifest: Manifest,
+  pathname: string,
+  waitUntil: (promise: Promise<unknown>) => void,
+): Promise<Response> {
+  const path = normalisePath(pathname);
+  if (path === null) return page(404, "Not found");
+  if (path.length > HEADERS_LIMITS.pathChars) return page(414, "URI too long");
+  const decision = decidePath(path, (p) => manifest.files[p], manifest.spa);
+  if (decision.kind === "not-found") return page(404, "Not found", headersFor(manifest.headers, path));
+  const extra = headersFor(manifest.headers, path, decision.path);
+  return respond(request, env, manifest.blobs ?? LEGACY_BLOB_PREFIX, decision, manifest.immutableMarked === true, extra, waitUntil);
+}
+
+/**
  * Edge serving for `Host: <app>.<APPS_DOMAIN>`: app → active deployment's
  * manifest (cached per isolate) → blob in R2. Every answer is logged for
  * `svc logs <app>` after the response, never before it.
@@ -188,14 +220,7 @@ export async function serveSite(
   else {
     const manifest = app.activeDeploymentId ? await manifestOf(env, app.activeDeploymentId) : null;
     if (!manifest) response = page(404, "Nothing deployed yet");
-    else {
-      const decision = decide(pathname, (p) => manifest.files[p], manifest.spa);
-      const extra = headersFor(manifest.headers, pathname);
-      response =
-        decision.kind === "not-found"
-          ? page(404, "Not found", extra)
-          : await respond(request, env, manifest.blobs ?? LEGACY_BLOB_PREFIX, decision, extra, waitUntil);
-    }
+    else response = await serveFrom(request, env, manifest, pathname, waitUntil);
   }
   if (app) {
     const length = Number(response.headers.get("Content-Length") ?? 0);
