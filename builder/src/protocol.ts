@@ -392,6 +392,7 @@ export const BuilderErrorCode = z.enum([
   "NOT_FOUND",
   "METHOD_NOT_ALLOWED",
   "JOB_NOT_FOUND",
+  "PROCESS_NOT_FOUND",
   "DISK_NOT_FOUND",
   "DISK_BUSY",
   "TENANT_QUEUE_FULL",
@@ -627,6 +628,12 @@ export const BuildSpec = z.object({
     })
     .optional(),
   ...fairShare,
+  /**
+   * Present for apps that run (runtimes other than `static`): the build makes
+   * a release (see "Releases" below) instead of a site, and `blobsEndpoint` is
+   * not used.
+   */
+  release: z.lazy(() => ReleaseTarget).optional(),
 });
 export type BuildSpec = z.infer<typeof BuildSpec>;
 
@@ -680,9 +687,241 @@ export const BuildResult = z.object({
 export type BuildResult = z.infer<typeof BuildResult>;
 
 // ---------------------------------------------------------------------------
+// Releases (apps that run)
+// ---------------------------------------------------------------------------
+//
+// An app of runtime `node`, `python` or `custom` is built into a release: the
+// project tree after install and build, dependencies included, as one
+// `.tar.gz` (paths relative to the tree, `./…`, as snapshots write them) in
+// object storage, uploaded in parts exactly as a snapshot is (part URLs from
+// `partUrlEndpoint`). A release is immutable and named by its deployment; any
+// node can fetch it (presigned GET), verify its SHA-256 and run it, and a
+// rollback only starts an older one. Inside the sandbox the tree is the
+// working directory, /work, for the app's processes and its cron runs alike.
+//
+// What to run is decided at build time and travels with the release: svc.json
+// (`type`, `startCommand`, `buildCommand`, `port`, `healthCheckPath`) wins,
+// then a Procfile's `web:`/`worker:` line, then the runtime's convention
+// (node: `npm start` when package.json has a start script, else `node <main>`;
+// python: `python3 main.py` or `app.py`). A project with nothing to start
+// fails the build with what to add.
+
+/** Runtimes that run a process (everything but `static`). */
+export const ServerRuntime = z.enum(["node", "python", "custom"]);
+export type ServerRuntime = z.infer<typeof ServerRuntime>;
+
+/** `web` listens on `port` and takes HTTP traffic; `worker` runs without a port or health check. */
+export const ProcessType = z.enum(["web", "worker"]);
+export type ProcessType = z.infer<typeof ProcessType>;
+
+/** Port a web app is given in PORT when svc.json names none. */
+export const DEFAULT_APP_PORT = 8080;
+
+/** What a release build needs besides the BuildSpec. */
+export const ReleaseTarget = z.object({
+  runtime: ServerRuntime,
+  /** Signed `POST` here with a {@link PartUrlRequest} returns a {@link PartUrlResponse} (as for snapshots). */
+  partUrlEndpoint: httpUrl,
+  /** Every part but the last has exactly this size. */
+  partSizeBytes: z.int().min(SNAPSHOT_MIN_PART_BYTES).max(SNAPSHOT_MAX_PART_BYTES),
+});
+export type ReleaseTarget = z.infer<typeof ReleaseTarget>;
+
+/** A path of the app answered with 2xx when it is ready for traffic (`/healthz`). */
+const healthCheckPath = z
+  .string()
+  .max(1024)
+  .regex(/^\/[\x21-\x7e]*$/, "must be a path starting with / (no spaces or control characters)");
+
+/** What a succeeded release build reports in {@link JobStatus}'s `result`. */
+export const ReleaseResult = z.object({
+  kind: z.literal("release"),
+  runtime: ServerRuntime,
+  type: ProcessType,
+  /** Runs with `/bin/sh -c` in /work. */
+  startCommand: z.string().min(1).max(100_000),
+  /** The command that ran, or null when nothing needed building. */
+  buildCommand: z.string().nullable(),
+  /** How dependencies were installed, or null when there were none. */
+  packageManager: z.enum(["npm", "yarn", "pnpm", "pip"]).nullable(),
+  /** Where a `web` process must listen (it gets it in PORT); null for a worker. */
+  port: z.int().min(1).max(65_535).nullable(),
+  /** Null: the process is ready once its port accepts connections. */
+  healthCheckPath: healthCheckPath.nullable(),
+  /** Bytes of the whole `.tar.gz` (the sum of the parts). */
+  sizeBytes: z.int().positive(),
+  /** SHA-256 of the whole `.tar.gz`, hex. */
+  sha256: sha256Hex,
+  /** In part-number order, 1 to N: what completes the multipart upload. */
+  parts: z.array(SnapshotPart).min(1),
+  entries: z.int().nonnegative(),
+  expandedBytes: z.int().nonnegative(),
+  /** Highest memory use of the install and build steps. */
+  peakMemoryBytes: z.int().nonnegative(),
+});
+export type ReleaseResult = z.infer<typeof ReleaseResult>;
+
+// ---------------------------------------------------------------------------
+// App processes
+// ---------------------------------------------------------------------------
+//
+// A process is a release running as a long-lived sandbox on a node, made like
+// a job's (own user, namespaces, cgroups, run network, only its app's disk at
+// its mountPath, the app's env plus PORT and SVC_*), supervised by the node:
+//
+//     starting ──ready──▶ running ──exit──▶ backoff ──▶ starting …
+//        │                                    │ (5 exits without 10 minutes of running between)
+//        └──────exit / start timeout──────────┴──▶ crash_loop (still restarted, every 60 s)
+//     any ──stop──▶ stopping ──▶ stopped          (release unusable, sandbox impossible) ──▶ failed
+//
+// `ready` means the health check passed: HTTP 2xx from `healthCheck.path`, or
+// (no path) the port accepting a TCP connection; a `worker` is ready once
+// started. Restarts wait 0.5 s, doubling up to 30 s, reset after 10 minutes
+// of running. Every transition is written to the app's runtime log (`svc`
+// lines) with its reason, and reported to `callbackUrl` (signed, like job
+// callbacks) with the new {@link ProcessStatus}.
+//
+//     POST /v1/processes              ProcessSpec → 201 ProcessStatus (200: its key named one already)
+//     GET  /v1/processes/:id          → ProcessStatus
+//     GET  /v1/processes?key=…        → ProcessStatus
+//     POST /v1/processes/:id/stop     {drainSeconds} → 202 ProcessStatus (stopping); idempotent
+//     GET  /v1/app-logs/:appId?tail=N&follow=1   the app's runtime log (job log line format), across
+//                                     restarts and releases, bounded (LOG_LIMIT_BYTES kept per app)
+//     ANY  /v1/proxy/:id/<path>       the app's own HTTP, WebSocket and SSE traffic (below)
+//
+// A stop keeps serving proxied requests for `drainSeconds` (the edge caches
+// which process serves an app for a few seconds), then sends SIGTERM, lets
+// requests in flight finish (at most 30 s), then SIGKILL; a stopped process
+// answers proxied requests with 404 PROCESS_NOT_FOUND, which tells the edge to
+// look up the app's process again.
+
+export const ProcessState = z.enum(["starting", "running", "backoff", "crash_loop", "stopping", "stopped", "failed"]);
+export type ProcessState = z.infer<typeof ProcessState>;
+
+/** Why the last instance of a process ended (or never became ready). */
+export const ProcessExitReason = z.enum(["exit_code", "OOMKilled", "health_check", "start_timeout", "error"]);
+export type ProcessExitReason = z.infer<typeof ProcessExitReason>;
+
+/** Most lines of the runtime log a status carries when something went wrong. */
+export const PROCESS_LAST_LINES = 20;
+
+/** A process to start: what the Worker posts to `POST /v1/processes`. */
+export const ProcessSpec = z.object({
+  /** Idempotency key chosen by the control plane (`<appId>/<deploymentId>/<n>`). */
+  key,
+  tenant,
+  /** The app the process belongs to: its runtime log is kept under this id. */
+  appId: z.string().regex(TENANT_PATTERN, "must be an app id"),
+  release: z.object({
+    /** Presigned GET of the release's `.tar.gz`; the node keeps a verified copy for restarts. */
+    url: httpUrl,
+    sha256: sha256Hex,
+    sizeBytes: z.int().positive(),
+  }),
+  type: ProcessType,
+  command: JobSpec.shape.command,
+  /** The port a `web` process listens on (PORT); null for a worker. */
+  port: z.int().min(1).max(65_535).nullable(),
+  healthCheck: z
+    .object({
+      path: healthCheckPath.nullable(),
+      /** From each start until ready; past it the instance is ended (`start_timeout`). */
+      timeoutSeconds: z.int().min(1).max(600),
+    })
+    .nullable(),
+  env: JobSpec.shape.env,
+  memoryMb: JobSpec.shape.memoryMb,
+  disk: JobSpec.shape.disk,
+  callbackUrl: httpUrl.optional(),
+  labels: z.record(z.string(), z.string()).optional(),
+});
+export type ProcessSpec = z.infer<typeof ProcessSpec>;
+
+/** What the process routes answer and its callbacks carry. */
+export const ProcessStatus = z.object({
+  id: z.string(),
+  key: z.string(),
+  appId: z.string(),
+  state: ProcessState,
+  /** True while an instance is running and ready (takes traffic). */
+  ready: z.boolean(),
+  /** Instances started after the first. */
+  restarts: z.int().nonnegative(),
+  lastExit: z
+    .object({
+      at: z.iso.datetime(),
+      reason: ProcessExitReason,
+      exitCode: z.int().nullable(),
+      signal: z.string().nullable(),
+      /** e.g. "memory limit 256 MiB exceeded (OOMKilled)", "exited with code 1", "health check GET /healthz: 500". */
+      message: z.string(),
+    })
+    .nullable(),
+  /** The last lines of the runtime log (at most {@link PROCESS_LAST_LINES}) when the last instance ended badly; else empty. */
+  lastLines: z.array(z.string()),
+  memoryLimitBytes: z.int().positive(),
+  createdAt: z.iso.datetime(),
+  /** Start of the current (or last) instance. */
+  startedAt: z.iso.datetime().nullable(),
+  readyAt: z.iso.datetime().nullable(),
+  stoppedAt: z.iso.datetime().nullable(),
+  labels: z.record(z.string(), z.string()),
+});
+export type ProcessStatus = z.infer<typeof ProcessStatus>;
+
+/** Body of `POST /v1/processes/:id/stop`. */
+export const ProcessStop = z.object({ drainSeconds: z.int().min(0).max(300).default(0) });
+export type ProcessStop = z.infer<typeof ProcessStop>;
+
+// Proxied traffic
+// ---------------
+// The Worker forwards an app's requests to `ANY /v1/proxy/<processId>/<path>?<query>`
+// on the node running it. The body is the client's, streamed, so it cannot be
+// part of a signature: the request carries `X-Svc-Proxy-Timestamp` (unix
+// seconds) and `X-Svc-Proxy-Signature` = hex HMAC-SHA256(secret,
+// `proxy\n<processId>\n<timestamp>`), accepted within the signature window.
+// It only proves the Worker sent it: the same process is public at its URL.
+// The Worker sets `X-Forwarded-Host` (the app's host, which the node passes
+// on as `Host`), `X-Forwarded-For` and `X-Forwarded-Proto`; the node drops
+// every `X-Svc-*` header and hop-by-hop header before the app sees the
+// request, and passes WebSocket upgrades (`Connection: Upgrade`) through
+// as a byte stream both ways.
+
+/** Header of a proxied request: unix seconds. */
+export const HEADER_PROXY_TIMESTAMP = "X-Svc-Proxy-Timestamp";
+/** Header of a proxied request: hex HMAC of `proxy\n<processId>\n<timestamp>`. */
+export const HEADER_PROXY_SIGNATURE = "X-Svc-Proxy-Signature";
+/** Largest request body passed to an app (Cloudflare's own limit on request bodies is 100 MB). */
+export const MAX_PROXY_BODY_BYTES = 100 * 1024 * 1024;
+
+const proxySigned = (processId: string, timestamp: string) => encoder.encode(`proxy\n${processId}\n${timestamp}`);
+
+/** The two headers that let a node accept a proxied request for `processId`. */
+export async function signProxy(secret: string, processId: string, timestamp = Math.floor(Date.now() / 1000)): Promise<Record<string, string>> {
+  const data = proxySigned(processId, String(timestamp));
+  const signature = toHex(await crypto.subtle.sign("HMAC", await hmacKey(secret), data));
+  return { [HEADER_PROXY_TIMESTAMP]: String(timestamp), [HEADER_PROXY_SIGNATURE]: signature };
+}
+
+/** Checks a proxied request's headers for `processId` (constant time, within the signature window). */
+export async function verifyProxy(
+  secret: string,
+  processId: string,
+  headers: { get(name: string): string | null },
+  now = Date.now() / 1000,
+): Promise<boolean> {
+  const timestamp = headers.get(HEADER_PROXY_TIMESTAMP);
+  const signature = headers.get(HEADER_PROXY_SIGNATURE)?.toLowerCase() ?? null;
+  if (timestamp === null || signature === null || !TIMESTAMP_FORMAT.test(timestamp) || !SIGNATURE_FORMAT.test(signature)) return false;
+  if (Math.abs(now - Number(timestamp)) > SIGNATURE_WINDOW_SECONDS) return false;
+  const data = proxySigned(processId, timestamp);
+  return crypto.subtle.verify("HMAC", await hmacKey(secret), fromHex(signature), data);
+}
+
+// ---------------------------------------------------------------------------
 // Job results
 // ---------------------------------------------------------------------------
 
 /** Every kind of job result, told apart by `kind`. */
-export const JobResult = z.discriminatedUnion("kind", [SnapshotResult, RestoreResult, BuildResult]);
+export const JobResult = z.discriminatedUnion("kind", [SnapshotResult, RestoreResult, BuildResult, ReleaseResult]);
 export type JobResult = z.infer<typeof JobResult>;
