@@ -46,6 +46,8 @@ export default defineConfig({
         test: {
           name: "worker",
           include: ["test/worker/**/*.test.ts"],
+          // Many of these drive the real builder (runs, builds, processes) on a shared 2-core machine.
+          testTimeout: 30_000,
           setupFiles: ["./test/worker/apply-migrations.ts"],
           globalSetup: ["./test/support/worker-global-setup.ts"],
           // cron-parser is CommonJS requiring luxon; pre-bundle it the way wrangler's esbuild does.

@@ -3,7 +3,8 @@ import { accounts, backups, disks } from "../worker/db/schema";
 import { submitSnapshot } from "../worker/lib/builder-client";
 import { builderShare, PLAN_LIMITS } from "../worker/lib/plans";
 import { GIB } from "../worker/services/disks";
-import { presign } from "../worker/storage/presign";
+import { completeUpload } from "../worker/storage/objects";
+import { presignPart } from "../worker/storage/presign";
 import { type Ending, failureOf, SingleBuilderJob } from "./single-job";
 
 /** Snapshot parts: ≥ R2's 5 MiB minimum, and large enough that a full disk stays under 10,000 parts. */
@@ -61,13 +62,7 @@ export class BackupJob extends SingleBuilderJob {
     const objectKey = kv.get<string>("objectKey");
     const multipartUploadId = kv.get<string>("multipartUploadId");
     if (!objectKey || !multipartUploadId || kv.get("finished") || kv.get("finishing")) return null;
-    const { url } = await presign(this.config, {
-      method: "PUT",
-      key: objectKey,
-      expiresInSeconds: this.config.PRESIGNED_URL_TTL_SECONDS,
-      query: { partNumber: String(partNumber), uploadId: multipartUploadId },
-    });
-    return url;
+    return presignPart(this.config, objectKey, multipartUploadId, partNumber);
   }
 
   protected maxRuntimeMs(): number {
@@ -80,30 +75,17 @@ export class BackupJob extends SingleBuilderJob {
     const objectKey = kv.get<string>("objectKey");
     const multipartUploadId = kv.get<string>("multipartUploadId");
     if (!backupId || !objectKey || !multipartUploadId) return;
-    const upload = this.env.BUCKET.resumeMultipartUpload(objectKey, multipartUploadId);
     let error = failureOf(ending);
     const result = "id" in ending ? ending.result : null;
     if (!error && result?.kind === "snapshot") {
-      if (!kv.get("completed")) {
-        try {
-          await upload.complete(result.parts.map((p) => ({ partNumber: p.partNumber, etag: p.etag.replace(/^"|"$/g, "") })));
-        } catch (err) {
-          // A first attempt that completed the upload and then died before recording it: the object is there.
-          const stored = await this.env.BUCKET.head(objectKey);
-          if (stored?.size !== result.sizeBytes) error = `completing the upload failed: ${err instanceof Error ? err.message : String(err)}`;
-        }
-        if (!error) kv.put("completed", true);
-      }
-      if (!error) {
-        const stored = await this.env.BUCKET.head(objectKey);
-        if (stored?.size !== result.sizeBytes) error = `stored archive has ${stored?.size ?? 0} bytes, the builder wrote ${result.sizeBytes}`;
-      }
+      error = await completeUpload(this.env.BUCKET, objectKey, multipartUploadId, result, kv.get("completed") === true);
+      if (!error) kv.put("completed", true);
     } else if (!error) {
       error = "the builder reported no snapshot result";
     }
     const now = Date.now();
     if (error || result?.kind !== "snapshot") {
-      if (!kv.get("completed")) await upload.abort().catch(() => undefined);
+      if (!kv.get("completed")) await this.env.BUCKET.resumeMultipartUpload(objectKey, multipartUploadId).abort().catch(() => undefined);
       await this.env.BUCKET.delete(objectKey);
       await this.db
         .update(backups)

@@ -1,6 +1,6 @@
 import { DurableObject } from "cloudflare:workers";
 import { and, asc, eq } from "drizzle-orm";
-import type { JobSpec, JobStatus } from "../builder/src/protocol";
+import { type JobSpec, type JobStatus, RELEASE_PATH } from "../builder/src/protocol";
 import { countingD1, openDb } from "../worker/db/client";
 import { cronRuns, crons, type Plan } from "../worker/db/schema";
 import { configOf, type Env } from "../worker/env";
@@ -442,7 +442,8 @@ export class CronJob extends DurableObject<Env> {
         key: `${job.id}/${jobName}`,
         tenant: job.accountId,
         command: job.command,
-        env: await decryptEnv(config, target.appId, target.env),
+        // A release's commands (`npm run report`, a venv's scripts) are on the PATH, unless the app sets its own.
+        env: { ...(target.release ? { PATH: RELEASE_PATH } : {}), ...(await decryptEnv(config, target.appId, target.env)) },
         timeoutSeconds: job.timeoutSeconds,
         memoryMb: target.memoryMb,
         callbackUrl: new URL("/internal/builder/callback", config.PUBLIC_URL).href,
@@ -451,7 +452,7 @@ export class CronJob extends DurableObject<Env> {
         ...(target.plan ? builderShare(target.plan) : {}),
         ...(maxQueued === undefined ? {} : { tenantMaxQueued: maxQueued }),
         ...(disk ? { disk: { id: disk.id, mountPath: disk.mountPath, sizeBytes: disk.sizeGb * GIB } } : {}),
-        // The app's environment: the source of its active deployment, extracted as the working directory.
+        // The app's environment: its active release (or a static site's source), extracted as the working directory.
         ...(target.sourceKey
           ? {
               sourceUrl: (await presign(config, { method: "GET", key: target.sourceKey, expiresInSeconds: config.PRESIGNED_URL_TTL_SECONDS }))

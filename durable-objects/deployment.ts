@@ -1,15 +1,31 @@
 import { and, desc, eq, inArray, ne } from "drizzle-orm";
-import { type BlobsRequest, type BlobsResponse, GENERATED_WEB_SERVER_CONFIG_PATH } from "../builder/src/protocol";
-import { accounts, apps, deployments } from "../worker/db/schema";
+import {
+  type BlobsRequest,
+  type BlobsResponse,
+  GENERATED_WEB_SERVER_CONFIG_PATH,
+  type ReleaseTarget,
+  ServerRuntime,
+} from "../builder/src/protocol";
+import { accounts, apps, type DeploymentRow, deployments } from "../worker/db/schema";
 import type { Env } from "../worker/env";
 import { cancelJob, jobLog, submitBuild } from "../worker/lib/builder-client";
 import { builderShare } from "../worker/lib/plans";
 import { isImmutable } from "../worker/sites/fingerprint";
 import { parseHeadersFile } from "../worker/sites/headers";
 import { blobKey, blobPrefix, type Manifest, manifestKey } from "../worker/sites/serve";
-import { presign } from "../worker/storage/presign";
+import { completeUpload } from "../worker/storage/objects";
+import { presign, presignPart } from "../worker/storage/presign";
+import { appRuntimeStub, runsProcess } from "../worker/services/app-runtime";
 import { appChanged } from "../worker/services/cron-targets";
-import { ARTIFACTS, activateIfNewer, artifactKey, buildLogKey, KEPT_DEPLOYMENTS } from "../worker/services/deployments";
+import {
+  ARTIFACTS,
+  activateIfNewer,
+  artifactKey,
+  buildLogKey,
+  KEPT_DEPLOYMENTS,
+  RELEASE_PART_BYTES,
+  releaseKey,
+} from "../worker/services/deployments";
 import { envOf } from "../worker/services/env-vars";
 import { type Ending, failureOf, SingleBuilderJob } from "./single-job";
 
@@ -66,11 +82,33 @@ export class Deployment extends SingleBuilderJob {
       .get();
     if (!found) return;
     const { app, plan } = found;
-    this.ctx.storage.kv.put("deploymentId", deploymentId);
-    this.ctx.storage.kv.put("accountId", app.accountId);
+    const kv = this.ctx.storage.kv;
+    kv.put("deploymentId", deploymentId);
+    kv.put("accountId", app.accountId);
     const config = this.config;
+    let release: ReleaseTarget | undefined;
+    if (runsProcess(app.runtime)) {
+      const runtime = ServerRuntime.safeParse(app.runtime);
+      if (!runtime.success) {
+        await this.fail(`the ${app.runtime} runtime cannot be built: apps run as node, python or custom (any start command); create the app again with one of them`);
+        return;
+      }
+      // The release goes into one multipart upload the builder fills through part URLs (as a snapshot does).
+      if (!kv.get("releaseUploadId")) {
+        const key = releaseKey(app.id, deploymentId);
+        const upload = await this.env.BUCKET.createMultipartUpload(key, { httpMetadata: { contentType: "application/gzip" } });
+        kv.put("releaseKey", key);
+        kv.put("releaseUploadId", upload.uploadId);
+      }
+      release = {
+        runtime: runtime.data,
+        partUrlEndpoint: new URL(`/internal/deployments/${deploymentId}/release-part`, config.PUBLIC_URL).href,
+        partSizeBytes: RELEASE_PART_BYTES,
+      };
+    }
     const source = await presign(config, { method: "GET", key: row.sourceKey, expiresInSeconds: config.PRESIGNED_URL_TTL_SECONDS });
     const submitted = await submitBuild(config, {
+      ...(release ? { release } : {}),
       key: deploymentId,
       tenant: app.accountId,
       sourceUrl: source.url,
@@ -129,6 +167,15 @@ export class Deployment extends SingleBuilderJob {
       .where(and(eq(deployments.id, deploymentId), eq(deployments.status, "queued")));
   }
 
+  /** A presigned URL for one part of the release (asked for by the builder, signed). */
+  async releasePartUrl(partNumber: number): Promise<string | null> {
+    const kv = this.ctx.storage.kv;
+    const key = kv.get<string>("releaseKey");
+    const uploadId = kv.get<string>("releaseUploadId");
+    if (!key || !uploadId || kv.get("finished") || kv.get("finishing")) return null;
+    return presignPart(this.config, key, uploadId, partNumber);
+  }
+
   async cancel(): Promise<void> {
     const jobId = this.ctx.storage.kv.get<string>("jobId");
     if (jobId) await cancelJob(this.config, jobId).catch(() => undefined);
@@ -150,6 +197,10 @@ export class Deployment extends SingleBuilderJob {
     // A build that ended before a poll saw it running still gets its start.
     const startedAt = row.startedAt ?? ("id" in ending && ending.startedAt !== null ? Date.parse(ending.startedAt) : null);
     const result = "id" in ending ? ending.result : null;
+    if (result?.kind === "release" || this.ctx.storage.kv.get("releaseKey")) {
+      await this.finishRelease(row, ending, startedAt, now);
+      return;
+    }
     let error = failureOf(ending);
     if (!error && result?.kind !== "build") error = "the builder reported no build result";
     if (error || result?.kind !== "build") {
@@ -214,6 +265,54 @@ export class Deployment extends SingleBuilderJob {
     await this.publish();
   }
 
+  /**
+   * An app that runs: completes the release's upload, records the release and
+   * how to run it, and hands it to the app's AppRuntime object, which starts it
+   * and moves the traffic once it is ready (or fails the deployment). Repeatable.
+   */
+  private async finishRelease(row: DeploymentRow, ending: Ending, startedAt: number | null, now: number): Promise<void> {
+    const kv = this.ctx.storage.kv;
+    const key = kv.get<string>("releaseKey")!;
+    const uploadId = kv.get<string>("releaseUploadId")!;
+    const result = "id" in ending ? ending.result : null;
+    let error = failureOf(ending);
+    if (!error && result?.kind !== "release") error = "the builder reported no release";
+    if (!error && result?.kind === "release") {
+      error = await completeUpload(this.env.BUCKET, key, uploadId, result, kv.get("releaseCompleted") === true);
+      if (!error) kv.put("releaseCompleted", true);
+    }
+    if (error || result?.kind !== "release") {
+      if (!kv.get("releaseCompleted")) await this.env.BUCKET.resumeMultipartUpload(key, uploadId).abort().catch(() => undefined);
+      await this.env.BUCKET.delete(key);
+      const cancelled = "id" in ending && ending.status === "cancelled";
+      await this.db
+        .update(deployments)
+        .set({ status: cancelled ? "cancelled" : "failed", error, startedAt, finishedAt: now })
+        .where(eq(deployments.id, row.id));
+      return;
+    }
+    await this.db
+      .update(deployments)
+      .set({
+        status: "deploying",
+        startedAt,
+        builtAt: now,
+        fileCount: result.entries,
+        totalBytes: result.expandedBytes,
+        peakMemoryBytes: result.peakMemoryBytes,
+        releaseKey: key,
+        releaseSha256: result.sha256,
+        releaseBytes: result.sizeBytes,
+        processType: result.type,
+        startCommand: result.startCommand,
+        port: result.port,
+        healthCheckPath: result.healthCheckPath,
+      })
+      .where(and(eq(deployments.id, row.id), eq(deployments.status, "building")));
+    await appRuntimeStub(this.env, row.appId).release(row.appId, row.id);
+    await this.prune(row.appId, row.id);
+  }
+
   override async alarm(): Promise<void> {
     if (this.ctx.storage.kv.get("publishing")) await this.publish();
     else await super.alarm();
@@ -266,12 +365,13 @@ export class Deployment extends SingleBuilderJob {
     this.ctx.storage.kv.delete("publishing");
   }
 
-  /** Drops deployments beyond the newest {@link KEPT_DEPLOYMENTS} (never the active one) with their objects. */
+  /** Drops deployments beyond the newest {@link KEPT_DEPLOYMENTS} (never the active one, nor `activeId`) with their objects. */
   private async prune(appId: string, activeId: string): Promise<void> {
+    const serving = await this.db.select({ id: apps.activeDeploymentId }).from(apps).where(eq(apps.id, appId)).get();
     const old = await this.db
-      .select({ id: deployments.id, sourceKey: deployments.sourceKey })
+      .select({ id: deployments.id, sourceKey: deployments.sourceKey, releaseKey: deployments.releaseKey })
       .from(deployments)
-      .where(and(eq(deployments.appId, appId), ne(deployments.id, activeId)))
+      .where(and(eq(deployments.appId, appId), ne(deployments.id, activeId), ne(deployments.id, serving?.id ?? activeId)))
       .orderBy(desc(deployments.createdAt))
       .offset(KEPT_DEPLOYMENTS - 1)
       .limit(100);
@@ -279,6 +379,7 @@ export class Deployment extends SingleBuilderJob {
     await this.env.BUCKET.delete(
       old.flatMap((d) => [
         d.sourceKey,
+        ...(d.releaseKey ? [d.releaseKey] : []),
         manifestKey(d.id),
         buildLogKey(d.id),
         ...ARTIFACTS.map((name) => artifactKey(d.id, name)),

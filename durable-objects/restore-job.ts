@@ -2,6 +2,7 @@ import { eq } from "drizzle-orm";
 import { accounts, apps, disks, restores } from "../worker/db/schema";
 import { submitRestore } from "../worker/lib/builder-client";
 import { builderShare } from "../worker/lib/plans";
+import { appRuntimeStub, runsProcess } from "../worker/services/app-runtime";
 import { setAppStatus } from "../worker/services/apps";
 import { appChanged } from "../worker/services/cron-targets";
 import { GIB } from "../worker/services/disks";
@@ -79,7 +80,11 @@ export class RestoreJob extends SingleBuilderJob {
     const disk = await this.db.select().from(disks).where(eq(disks.id, restore.diskId)).get();
     const app = disk?.appId ? await this.db.select().from(apps).where(eq(apps.id, disk.appId)).get() : null;
     if (!app) return;
-    if (!error) await setAppStatus(this.db, app, "running");
+    if (!error) {
+      // Spec: the application restarts automatically and the restored data becomes available.
+      await setAppStatus(this.db, app, "running");
+      if (runsProcess(app.runtime)) await appRuntimeStub(this.env, app.id).start(app.id);
+    }
     await appChanged(this.env, this.db, app.id);
   }
 }

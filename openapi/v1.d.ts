@@ -1846,6 +1846,112 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/apps/{app}/runtime-logs": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The app's runtime log: its processes' stdout and stderr, and what the platform did to them
+         * @description Apps that run: the output of the app's processes across restarts and deploys (the newest 10 MiB are kept), with `svc` lines for each start, readiness, exit, OOMKilled and restart. `tail` bytes from the end (default 64 KiB); `follow=true` streams new lines until the client goes away.
+         */
+        get: {
+            parameters: {
+                query?: {
+                    follow?: "true" | "false";
+                    tail?: number | null;
+                };
+                header?: never;
+                path: {
+                    /** @description App id or name */
+                    app: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description text/plain log lines: `<time> <out|err|svc> <text>` */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content?: never;
+                };
+                /** @description Invalid request (VALIDATION_ERROR) */
+                400: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description Missing, malformed, unknown, deleted or expired API key (UNAUTHORIZED) */
+                401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description The key lacks the required scope (INSUFFICIENT_SCOPE) */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description No such app in this account (APP_NOT_FOUND, `app not found`) */
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description A static site has no runtime log (APP_IS_STATIC): its request log is `GET /v1/apps/{app}/logs` */
+                409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description Too many requests with this key (RATE_LIMITED); Retry-After says when to try again */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description The app's node could not be reached (BUILDER_UNAVAILABLE) */
+                502: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+            };
+        };
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/apps/{app}/stop": {
         parameters: {
             query?: never;
@@ -4115,9 +4221,33 @@ export interface components {
             memoryMb: number;
             /** @example my-site */
             name: string;
+            /** @description Apps that run, in GET /v1/apps/{app}: the process serving the app (null while none runs) */
+            process?: {
+                lastExit: {
+                    at: string;
+                    exitCode: number | null;
+                    /** @example memory limit 256 MiB exceeded (OOMKilled) */
+                    message: string;
+                    /** @enum {string} */
+                    reason: "exit_code" | "OOMKilled" | "health_check" | "start_timeout" | "error";
+                    signal: string | null;
+                } | null;
+                /** @description The runtime log's last lines when the last instance ended badly */
+                lastLines: string[];
+                /** @description Passed its health check and takes traffic */
+                ready: boolean;
+                readyAt: string | null;
+                restarts: number;
+                startedAt: string | null;
+                /**
+                 * @description The supervisor's state on the node; unknown when it cannot be asked
+                 * @enum {string}
+                 */
+                state: "starting" | "running" | "backoff" | "crash_loop" | "stopping" | "stopped" | "failed" | "unknown";
+            } | null;
             restartedAt: string | null;
             /** @enum {string} */
-            runtime: "static" | "node" | "python" | "ruby" | "go" | "rust" | "php" | "elixir" | "docker";
+            runtime: "static" | "node" | "python" | "custom" | "ruby" | "go" | "rust" | "php" | "elixir" | "docker";
             /** @enum {string} */
             status: "running" | "stopped";
             updatedAt: string;
@@ -4196,8 +4326,11 @@ export interface components {
              */
             memoryMb: number;
             name: string;
-            /** @enum {string} */
-            runtime: "static" | "node" | "python" | "ruby" | "go" | "rust" | "php" | "elixir" | "docker";
+            /**
+             * @description static, node, python or custom; docs/apps.md describes each
+             * @enum {string}
+             */
+            runtime: "static" | "node" | "python" | "custom";
         };
         CreateBackup: {
             /** @default  */
@@ -4342,6 +4475,15 @@ export interface components {
             id: string;
             outputDir: string | null;
             peakMemoryBytes: number | null;
+            /** @description Apps that run: the release the build made and how it runs; null for static sites and before the build ends */
+            release: {
+                healthCheckPath: string | null;
+                port: number | null;
+                sizeBytes: number;
+                startCommand: string;
+                /** @enum {string} */
+                type: "web" | "worker";
+            } | null;
             spa: boolean | null;
             /** @description When the builder started the build (null while queued) */
             startedAt: string | null;

@@ -1,4 +1,5 @@
 import { z } from "zod";
+import type { AppRuntime } from "../durable-objects/app-runtime";
 import type { BackupJob } from "../durable-objects/backup-job";
 import type { CronJob } from "../durable-objects/cron-job";
 import type { Deployment } from "../durable-objects/deployment";
@@ -12,6 +13,7 @@ export interface Env {
   BACKUP_JOB: DurableObjectNamespace<BackupJob>;
   RESTORE_JOB: DurableObjectNamespace<RestoreJob>;
   DEPLOYMENT: DurableObjectNamespace<Deployment>;
+  APP_RUNTIME: DurableObjectNamespace<AppRuntime>;
   /** Requests per API key ([[ratelimits]] in wrangler.toml). */
   API_RATE_LIMITER: RateLimit;
   /** The dashboard's static assets (`[assets]` in wrangler.toml). */

@@ -3,6 +3,7 @@ import type { Env } from "./env";
 import { sweep } from "./services/retention";
 import { watchCrons } from "./services/watchdog";
 
+export { AppRuntime } from "../durable-objects/app-runtime";
 export { BackupJob } from "../durable-objects/backup-job";
 export { CronJob } from "../durable-objects/cron-job";
 export { Deployment } from "../durable-objects/deployment";

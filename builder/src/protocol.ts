@@ -717,6 +717,13 @@ export type ProcessType = z.infer<typeof ProcessType>;
 /** Port a web app is given in PORT when svc.json names none. */
 export const DEFAULT_APP_PORT = 8080;
 
+/**
+ * PATH of everything that runs in a release (its processes and its cron
+ * runs), unless the app's env sets one: the python venv and the node
+ * packages' commands first, as `npm run` and an activated venv would.
+ */
+export const RELEASE_PATH = "/work/.venv/bin:/work/node_modules/.bin:/usr/local/bin:/usr/bin:/bin";
+
 /** What a release build needs besides the BuildSpec. */
 export const ReleaseTarget = z.object({
   runtime: ServerRuntime,

@@ -1,6 +1,6 @@
 import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
-import { call, json, newAccount } from "./helpers";
+import { call, type ErrorJson, json, newAccount } from "./helpers";
 
 type App = {
   id: string;
@@ -48,12 +48,23 @@ describe("/v1/apps lifecycle", () => {
     expect(await json(gone)).toEqual({ error: { code: "APP_NOT_FOUND", message: "app not found" } });
   });
 
-  it("accepts the server runtimes and a memory limit", async () => {
+  it("accepts the runtimes that run and a memory limit", async () => {
     const { adminKey: key } = await newAccount();
-    for (const runtime of ["node", "python", "go", "docker"]) {
+    for (const runtime of ["node", "python", "custom"]) {
       const res = await call("/v1/apps", { method: "POST", key, body: { name: uniqueName(runtime), runtime, memoryMb: 1024 } });
       expect(res.status, runtime).toBe(201);
-      expect((await json<Data<App>>(res)).data).toMatchObject({ runtime, memoryMb: 1024 });
+      expect((await json<Data<App>>(res)).data).toMatchObject({ runtime, memoryMb: 1024, process: null });
+    }
+  });
+
+  it("refuses a runtime nothing can run, saying which ones are supported", async () => {
+    const { adminKey: key } = await newAccount();
+    for (const runtime of ["go", "ruby", "rust", "php", "elixir", "docker", "java"]) {
+      const res = await call("/v1/apps", { method: "POST", key, body: { name: uniqueName("nope"), runtime } });
+      expect(res.status, runtime).toBe(400);
+      const body = await json<ErrorJson>(res);
+      expect(body.error.code).toBe("VALIDATION_ERROR");
+      expect(body.error.details?.[0]?.message).toMatch(new RegExp(`"${runtime}" is not supported: choose static .*, node, python, or custom`));
     }
   });
 });

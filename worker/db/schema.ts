@@ -66,9 +66,18 @@ export const databaseDumps = sqliteTable(
 export type ApiKeyRow = typeof apiKeys.$inferSelect;
 export type AccountRow = typeof accounts.$inferSelect;
 
-/** Runtimes an app may declare. `static` is served by this platform's edge; the others run on the builder's hosts. */
-export const RUNTIMES = ["static", "node", "python", "ruby", "go", "rust", "php", "elixir", "docker"] as const;
+/**
+ * Runtimes an app row may hold. `static` is served by this platform's edge;
+ * `node`, `python` and `custom` (any start command the builder image can run)
+ * are built into releases and run as processes on the builder's hosts. The
+ * others were accepted before apps ran and are kept only so such rows still
+ * read; creating one is refused ({@link SUPPORTED_RUNTIMES}).
+ */
+export const RUNTIMES = ["static", "node", "python", "custom", "ruby", "go", "rust", "php", "elixir", "docker"] as const;
 export type Runtime = (typeof RUNTIMES)[number];
+/** What an app can be created with: every one of these deploys and runs. */
+export const SUPPORTED_RUNTIMES = ["static", "node", "python", "custom"] as const satisfies readonly Runtime[];
+export type SupportedRuntime = (typeof SUPPORTED_RUNTIMES)[number];
 
 export const APP_STATUSES = ["running", "stopped"] as const;
 export type AppStatus = (typeof APP_STATUSES)[number];
@@ -86,6 +95,13 @@ export const apps = sqliteTable(
     status: text("status", { enum: APP_STATUSES }).notNull().default("running"),
     memoryMb: integer("memory_mb").notNull(),
     activeDeploymentId: text("active_deployment_id"),
+    /**
+     * Apps that run: the process serving the app's traffic now and the node
+     * (builder URL) it runs on, written by the app's AppRuntime object when a
+     * process becomes ready and cleared when it stops; the edge forwards to it.
+     */
+    liveProcessId: text("live_process_id"),
+    liveNode: text("live_node"),
     /** Bumped on every restart, so running work can tell it belongs to an older incarnation. */
     restartedAt: integer("restarted_at").notNull(),
     createdAt: integer("created_at").notNull(),
@@ -318,6 +334,17 @@ export const deployments = sqliteTable(
     uploadedBlobs: integer("uploaded_blobs"),
     peakMemoryBytes: integer("peak_memory_bytes"),
     builderJobId: text("builder_job_id"),
+    /**
+     * Apps that run: the release the build made (one `.tar.gz` in R2, named by
+     * the deployment, immutable) and how to run it. Null for static sites.
+     */
+    releaseKey: text("release_key"),
+    releaseSha256: text("release_sha256"),
+    releaseBytes: integer("release_bytes"),
+    processType: text("process_type", { enum: ["web", "worker"] }),
+    startCommand: text("start_command"),
+    port: integer("port"),
+    healthCheckPath: text("health_check_path"),
     createdAt: integer("created_at").notNull(),
     startedAt: integer("started_at"),
     builtAt: integer("built_at"),

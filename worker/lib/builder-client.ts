@@ -5,6 +5,8 @@ import {
   type DiskSpec,
   type JobSpec,
   JobStatus,
+  type ProcessSpec,
+  ProcessStatus,
   type RestoreSpec,
   type SnapshotSpec,
   signRequest,
@@ -18,12 +20,13 @@ import { ApiError } from "./errors";
  */
 export type BuilderResult<T> = { ok: true; value: T } | { ok: false; status: number; code: string; message: string };
 
-async function builderFetch(config: Config, method: string, path: string, body?: unknown): Promise<Response> {
+/** `node` is the builder that holds the thing asked about (placement.ts); the configured builder by default. */
+async function builderFetch(config: Config, method: string, path: string, body?: unknown, node = config.BUILDER_URL): Promise<Response> {
   if (!config.BUILDER_SECRET) throw new ApiError("INTERNAL", "the builder is not configured (BUILDER_SECRET unset)");
   const text = body === undefined ? "" : JSON.stringify(body);
   const headers = await signRequest({ secret: config.BUILDER_SECRET, method, path, body: text });
   try {
-    return await fetch(new URL(path, config.BUILDER_URL), {
+    return await fetch(new URL(path, node), {
       method,
       headers: body === undefined ? headers : { ...headers, "Content-Type": "application/json" },
       body: body === undefined ? undefined : text,
@@ -148,4 +151,33 @@ export function describeWait(status: Pick<JobStatus, "status" | "waiting">): str
     return `waiting for a slot: ${waiting.tenantRunning} of ${waiting.tenantLimit} concurrent jobs of the account's plan running${ahead}`;
   }
   return `waiting for a free slot on the builder: every slot is busy${ahead}`;
+}
+
+/** Starts an app process on `node` (or, by its key, finds the one a lost reply already started). */
+export async function startProcess(config: Config, node: string, spec: ProcessSpec): Promise<BuilderResult<ProcessStatus>> {
+  const res = await builderFetch(config, "POST", "/v1/processes", spec, node);
+  if (!res.ok) return failure(res);
+  return { ok: true, value: ProcessStatus.parse(await res.json()) };
+}
+
+/** A process's status; 404 (PROCESS_NOT_FOUND) when the node has no such process. */
+export async function getProcess(config: Config, node: string, id: string): Promise<BuilderResult<ProcessStatus>> {
+  const res = await builderFetch(config, "GET", `/v1/processes/${encodeURIComponent(id)}`, undefined, node);
+  if (!res.ok) return failure(res);
+  return { ok: true, value: ProcessStatus.parse(await res.json()) };
+}
+
+/** Stops a process after serving `drainSeconds` more; stopping one that is gone counts as done. */
+export async function stopProcess(config: Config, node: string, id: string, drainSeconds: number): Promise<BuilderResult<null>> {
+  const res = await builderFetch(config, "POST", `/v1/processes/${encodeURIComponent(id)}/stop`, { drainSeconds }, node);
+  if (res.ok || res.status === 404) {
+    await res.body?.cancel();
+    return { ok: true, value: null };
+  }
+  return failure(res);
+}
+
+/** The app's runtime log on `node`: its last `tailBytes`, and with `follow` what is written next. */
+export async function appLogStream(config: Config, node: string, appId: string, tailBytes: number, follow: boolean): Promise<Response> {
+  return builderFetch(config, "GET", `/v1/app-logs/${encodeURIComponent(appId)}?tail=${tailBytes}${follow ? "&follow=1" : ""}`, undefined, node);
 }

@@ -21,6 +21,7 @@ export type ErrorCode =
   | "ENV_VAR_NOT_FOUND"
   | "METHOD_NOT_ALLOWED"
   | "APP_STOPPED"
+  | "APP_IS_STATIC"
   | "DISK_IN_USE"
   | "DISK_ATTACHED"
   | "DISK_BUSY"
@@ -71,6 +72,7 @@ export function statusOf(code: ErrorCode): ErrorStatus {
     case "METHOD_NOT_ALLOWED":
       return 405;
     case "APP_STOPPED":
+    case "APP_IS_STATIC":
     case "DISK_IN_USE":
     case "DISK_ATTACHED":
     case "DISK_BUSY":

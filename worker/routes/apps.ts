@@ -1,9 +1,14 @@
 import { createRoute, z } from "@hono/zod-openapi";
+import { ProcessExitReason, ProcessState } from "../../builder/src/protocol";
 import { requireScope } from "../auth/middleware";
-import { APP_STATUSES, RUNTIMES } from "../db/schema";
-import { authErrors, errorResponse, jsonBody, newRouter, planLimited } from "../lib/router";
+import { APP_STATUSES, RUNTIMES, SUPPORTED_RUNTIMES } from "../db/schema";
+import { appLogStream } from "../lib/builder-client";
+import { ApiError } from "../lib/errors";
+import { authErrors, errorResponse, jsonBody, newRouter, planLimited, UNCOMPRESSED_STREAM } from "../lib/router";
 import { DnsLabel, Deleted, dataOf, Ref } from "../lib/schemas";
+import { appRuntimeStub, runsProcess } from "../services/app-runtime";
 import { appChanged } from "../services/cron-targets";
+import { placeProcess } from "../services/placement";
 import { deleteAppCrons } from "../services/crons";
 import { appView, appViews, createApp, deleteApp, listApps, resolveApp, setAppStatus } from "../services/apps";
 
@@ -20,13 +25,39 @@ export const AppSchema = z
     createdAt: z.string(),
     updatedAt: z.string(),
     restartedAt: z.string().nullable(),
+    process: z
+      .object({
+        state: z.enum([...ProcessState.options, "unknown"]).openapi({ description: "The supervisor's state on the node; unknown when it cannot be asked" }),
+        ready: z.boolean().openapi({ description: "Passed its health check and takes traffic" }),
+        restarts: z.number().int(),
+        lastExit: z
+          .object({
+            at: z.string(),
+            reason: ProcessExitReason,
+            exitCode: z.number().int().nullable(),
+            signal: z.string().nullable(),
+            message: z.string().openapi({ example: "memory limit 256 MiB exceeded (OOMKilled)" }),
+          })
+          .nullable(),
+        lastLines: z.array(z.string()).openapi({ description: "The runtime log's last lines when the last instance ended badly" }),
+        startedAt: z.string().nullable(),
+        readyAt: z.string().nullable(),
+      })
+      .nullable()
+      .optional()
+      .openapi({ description: "Apps that run, in GET /v1/apps/{app}: the process serving the app (null while none runs)" }),
   })
   .openapi("App");
 
 const CreateAppBody = z
   .strictObject({
     name: DnsLabel,
-    runtime: z.enum(RUNTIMES),
+    runtime: z
+      .enum(SUPPORTED_RUNTIMES, {
+        error: (issue) =>
+          `${issue.input === undefined ? "is required" : `${JSON.stringify(issue.input)} is not supported`}: choose static (a site built and served at the edge), node, python, or custom (any start command the builder image can run, e.g. a binary your buildCommand makes)`,
+      })
+      .openapi({ description: "static, node, python or custom; docs/apps.md describes each" }),
     memoryMb: z
       .number()
       .int()
@@ -117,12 +148,55 @@ for (const [verb, status, summary] of [
       const db = c.get("db");
       const app = await resolveApp(db, c.get("principal").accountId, c.req.valid("param").app);
       await setAppStatus(db, app, status);
+      // Its process really stops or starts (a restart starts a new one beside the old).
+      if (runsProcess(app.runtime)) {
+        const runtime = appRuntimeStub(c.env, app.id);
+        await (status === "stopped" ? runtime.stop(app.id) : runtime.start(app.id));
+      }
       // Its cron jobs hold the app's state: a stopped app's jobs skip their runs.
       await appChanged(c.env, db, app.id);
       return c.json({ data: await appView(db, c.get("config"), await resolveApp(db, app.accountId, app.id)) }, 200);
     },
   );
 }
+
+appRoutes.openapi(
+  createRoute({
+    method: "get",
+    path: "/{app}/runtime-logs",
+    summary: "The app's runtime log: its processes' stdout and stderr, and what the platform did to them",
+    description:
+      "Apps that run: the output of the app's processes across restarts and deploys (the newest 10 MiB are kept), with `svc` lines for each start, readiness, exit, OOMKilled and restart. `tail` bytes from the end (default 64 KiB); `follow=true` streams new lines until the client goes away.",
+    tags: ["Apps"],
+    security,
+    request: {
+      params: AppParam,
+      query: z.object({
+        follow: z.enum(["true", "false"]).optional(),
+        tail: z.coerce.number().int().min(0).max(10_485_760).default(65_536),
+      }),
+    },
+    responses: {
+      200: { description: "text/plain log lines: `<time> <out|err|svc> <text>`" },
+      ...authErrors,
+      ...notFound,
+      409: errorResponse("A static site has no runtime log (APP_IS_STATIC): its request log is `GET /v1/apps/{app}/logs`"),
+      502: errorResponse("The app's node could not be reached (BUILDER_UNAVAILABLE)"),
+    },
+  }),
+  async (c) => {
+    const app = await resolveApp(c.get("db"), c.get("principal").accountId, c.req.valid("param").app);
+    if (!runsProcess(app.runtime)) {
+      throw new ApiError("APP_IS_STATIC", `${app.name} is a static site: it has no process; its request log is \`svc logs --app ${app.name}\``);
+    }
+    const { follow, tail } = c.req.valid("query");
+    const node = app.liveNode ?? placeProcess(c.get("config"), { diskId: null }).node;
+    const live = await appLogStream(c.get("config"), node, app.id, tail, follow === "true");
+    if (live.status === 404) return c.body("", 200, { "Content-Type": "text/plain; charset=utf-8", "Cache-Control": "no-store" });
+    if (!live.ok) throw new ApiError("BUILDER_UNAVAILABLE", `the app's node could not return the log (HTTP ${live.status})`);
+    return c.body(live.body ?? "", 200, { "Content-Type": "text/plain; charset=utf-8", ...UNCOMPRESSED_STREAM });
+  },
+);
 
 appRoutes.openapi(
   createRoute({
@@ -141,6 +215,7 @@ appRoutes.openapi(
   }),
   async (c) => {
     const app = await resolveApp(c.get("db"), c.get("principal").accountId, c.req.valid("param").app);
+    if (runsProcess(app.runtime)) await appRuntimeStub(c.env, app.id).stop(app.id);
     await deleteAppCrons(c.get("db"), c.env, app.id);
     await deleteApp(c.get("db"), app);
     return c.json({ data: { id: app.id, deleted: true as const } }, 200);

@@ -46,6 +46,16 @@ const DeploymentSchema = z
     totalBytes: z.number().int().nullable(),
     uploadedBlobs: z.number().int().nullable().openapi({ description: "Files whose content storage did not have yet" }),
     peakMemoryBytes: z.number().int().nullable(),
+    release: z
+      .object({
+        type: z.enum(["web", "worker"]),
+        startCommand: z.string(),
+        port: z.number().int().nullable(),
+        healthCheckPath: z.string().nullable(),
+        sizeBytes: z.number().int(),
+      })
+      .nullable()
+      .openapi({ description: "Apps that run: the release the build made and how it runs; null for static sites and before the build ends" }),
     url: z.string(),
     createdAt: z.string(),
     startedAt: z.string().nullable().openapi({ description: "When the builder started the build (null while queued)" }),
@@ -212,7 +222,7 @@ deploymentRoutes.openapi(
     const db = c.get("db");
     const { app: ref, id } = c.req.valid("param");
     const { app, row } = await resolveAppDeployment(db, c.get("principal").accountId, ref, id);
-    const updated = await activateDeployment(db, app, row);
+    const updated = await activateDeployment(db, c.env, app, row);
     // The app's cron runs work in the active deployment's source.
     await appChanged(c.env, db, app.id);
     return c.json({ data: await appView(db, c.get("config"), await resolveApp(db, updated.accountId, updated.id)) }, 200);

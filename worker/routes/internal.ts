@@ -1,8 +1,8 @@
 import { Hono, type MiddlewareHandler } from "hono";
-import { z } from "zod";
-import { BlobsRequest, JobStatus, NonceCache, verifyRequest } from "../../builder/src/protocol";
+import { BlobsRequest, JobStatus, NonceCache, PartUrlRequest, ProcessStatus, verifyRequest } from "../../builder/src/protocol";
 import type { AppEnv } from "../context";
 import { ApiError } from "../lib/errors";
+import { appRuntimeStub } from "../services/app-runtime";
 import { backupStub, restoreStub } from "../services/backups";
 import { cronStub } from "../services/crons";
 import { deploymentStub } from "../services/deployments";
@@ -50,9 +50,18 @@ internalRoutes.post("/builder/callback", async (c) => {
   return c.body(null, 204);
 });
 
+/** A state change of an app's process, routed to the app's object by the labels it gave the process. */
+internalRoutes.post("/processes/callback", async (c) => {
+  const parsed = ProcessStatus.safeParse(c.get("signedBody"));
+  if (!parsed.success) throw new ApiError("VALIDATION_ERROR", "callback body is not a process status");
+  const { appId } = parsed.data.labels;
+  if (appId) await appRuntimeStub(c.env, appId).processChanged(parsed.data);
+  return c.body(null, 204);
+});
+
 /** The builder asks for one presigned part URL at a time while it streams a snapshot. */
 internalRoutes.post("/backups/:backupId/part-url", async (c) => {
-  const parsed = z.object({ partNumber: z.int().min(1).max(10_000) }).safeParse(c.get("signedBody"));
+  const parsed = PartUrlRequest.safeParse(c.get("signedBody"));
   if (!parsed.success) throw new ApiError("VALIDATION_ERROR", "partNumber must be an integer from 1 to 10000");
   const url = await backupStub(c.env, c.req.param("backupId")).partUrl(parsed.data.partNumber);
   if (!url) throw new ApiError("BACKUP_NOT_FOUND", "no snapshot upload in progress for this backup");
@@ -64,4 +73,13 @@ internalRoutes.post("/deployments/:deploymentId/blobs", async (c) => {
   const parsed = BlobsRequest.safeParse(c.get("signedBody"));
   if (!parsed.success) throw new ApiError("VALIDATION_ERROR", "body must be {blobs: [{sha256, size, contentType}]} (at most 500)");
   return c.json(await deploymentStub(c.env, c.req.param("deploymentId")).missingBlobs(parsed.data));
+});
+
+/** The builder asks for one presigned part URL at a time while it uploads a release. */
+internalRoutes.post("/deployments/:deploymentId/release-part", async (c) => {
+  const parsed = PartUrlRequest.safeParse(c.get("signedBody"));
+  if (!parsed.success) throw new ApiError("VALIDATION_ERROR", "partNumber must be an integer from 1 to 10000");
+  const url = await deploymentStub(c.env, c.req.param("deploymentId")).releasePartUrl(parsed.data.partNumber);
+  if (!url) throw new ApiError("DEPLOYMENT_NOT_FOUND", "no release upload in progress for this deployment");
+  return c.json({ url });
 });

@@ -6,6 +6,7 @@ import { ApiError } from "../lib/errors";
 import { isId, newId } from "../lib/ids";
 import { planLimitError, planOf } from "../lib/plans";
 import { iso, isoOrNull } from "../lib/time";
+import { type ProcessView, processView, runsProcess } from "./app-runtime";
 
 export type AppView = {
   id: string;
@@ -19,6 +20,8 @@ export type AppView = {
   createdAt: string;
   updatedAt: string;
   restartedAt: string | null;
+  /** Apps that run, in the single-app view: the live process as its node reports it (null when none runs). */
+  process?: ProcessView | null;
 };
 
 export function appUrl(config: Config, name: string): string {
@@ -73,8 +76,10 @@ export async function appViews(db: Db, config: Config, rows: AppRow[]): Promise<
   );
 }
 
+/** One app, with (for apps that run) its live process as its node reports it. */
 export async function appView(db: Db, config: Config, row: AppRow): Promise<AppView> {
-  return (await appViews(db, config, [row]))[0]!;
+  const [view, process] = await Promise.all([appViews(db, config, [row]), processView(config, row)]);
+  return { ...view[0]!, ...(runsProcess(row.runtime) ? { process } : {}) };
 }
 
 export async function createApp(
@@ -95,6 +100,8 @@ export async function createApp(
     status: "running",
     memoryMb: input.memoryMb,
     activeDeploymentId: null,
+    liveProcessId: null,
+    liveNode: null,
     restartedAt: now,
     createdAt: now,
     updatedAt: now,

@@ -26,15 +26,17 @@ export type CronTarget = {
   /** Name → AES-GCM ciphertext as stored in D1 (decrypted only at dispatch, never stored in the clear). */
   env: Record<string, string>;
   disk: { id: string; name: string; mountPath: string; sizeGb: number; restoring: boolean } | null;
-  /** The active deployment's source archive: the run's working directory. */
+  /** The active deployment's release (apps that run: the tree with its dependencies), else its source archive: the run's working directory. */
   sourceKey: string | null;
+  /** Whether `sourceKey` is a release (its commands are on RELEASE_PATH). */
+  release?: boolean;
 };
 
 /** The app's current target (two queries: app with disk and active source, then its env vars); null when the app is gone. */
 export async function loadTarget(db: Db, appId: string): Promise<CronTarget | null> {
   const [row, vars] = await Promise.all([
     db
-      .select({ app: apps, disk: disks, sourceKey: deployments.sourceKey, plan: accounts.plan })
+      .select({ app: apps, disk: disks, sourceKey: deployments.sourceKey, releaseKey: deployments.releaseKey, plan: accounts.plan })
       .from(apps)
       .innerJoin(accounts, eq(accounts.id, apps.accountId))
       .leftJoin(disks, eq(disks.appId, apps.id))
@@ -46,7 +48,7 @@ export async function loadTarget(db: Db, appId: string): Promise<CronTarget | nu
   ]);
   const found = row[0];
   if (!found) return null;
-  const { app, disk, sourceKey, plan } = found;
+  const { app, disk, sourceKey, releaseKey, plan } = found;
   return {
     appId,
     version: app.updatedAt,
@@ -57,7 +59,8 @@ export async function loadTarget(db: Db, appId: string): Promise<CronTarget | nu
     disk: disk
       ? { id: disk.id, name: disk.name, mountPath: disk.mountPath, sizeGb: disk.sizeGb, restoring: disk.status === "restoring" }
       : null,
-    sourceKey: sourceKey ?? null,
+    sourceKey: releaseKey ?? sourceKey ?? null,
+    release: releaseKey !== null && releaseKey !== undefined,
   };
 }
 

@@ -7,6 +7,7 @@ import { ApiError } from "../lib/errors";
 import { newId } from "../lib/ids";
 import { iso, isoOrNull } from "../lib/time";
 import { presign } from "../storage/presign";
+import { appRuntimeStub } from "./app-runtime";
 import { appUrl, resolveApp } from "./apps";
 
 /** Deployments kept per app for instant rollback (issue: the last 10). */
@@ -14,6 +15,10 @@ export const KEPT_DEPLOYMENTS = 10;
 
 export const sourceKey = (appId: string, deploymentId: string) => `sources/${appId}/${deploymentId}.tar.gz`;
 export const buildLogKey = (deploymentId: string) => `deploy-logs/${deploymentId}.log`;
+/** An app's release (the built tree with its dependencies, one `.tar.gz`), immutable, named by its deployment. */
+export const releaseKey = (appId: string, deploymentId: string) => `releases/${appId}/${deploymentId}.tar.gz`;
+/** Release parts: above R2's 5 MiB minimum, small enough that a small app's release is one part. */
+export const RELEASE_PART_BYTES = 16 * 1024 * 1024;
 /** Generated when the project has no container build file (spec rule 2). */
 export const ARTIFACTS = ["Dockerfile", GENERATED_WEB_SERVER_CONFIG_PATH] as const;
 export type ArtifactName = (typeof ARTIFACTS)[number];
@@ -34,6 +39,7 @@ export type DeploymentView = {
   totalBytes: number | null;
   uploadedBlobs: number | null;
   peakMemoryBytes: number | null;
+  release: { type: "web" | "worker"; startCommand: string; port: number | null; healthCheckPath: string | null; sizeBytes: number } | null;
   url: string;
   createdAt: string;
   startedAt: string | null;
@@ -57,6 +63,16 @@ export function deploymentView(config: Config, app: AppRow, row: DeploymentRow, 
     totalBytes: row.totalBytes,
     uploadedBlobs: row.uploadedBlobs,
     peakMemoryBytes: row.peakMemoryBytes,
+    release:
+      row.releaseKey && row.startCommand && row.releaseBytes !== null
+        ? {
+            type: row.processType ?? "web",
+            startCommand: row.startCommand,
+            port: row.port,
+            healthCheckPath: row.healthCheckPath,
+            sizeBytes: row.releaseBytes,
+          }
+        : null,
     url: appUrl(config, app.name),
     createdAt: iso(row.createdAt),
     startedAt: isoOrNull(row.startedAt),
@@ -121,6 +137,13 @@ export async function createDeployment(
     uploadedBlobs: null,
     peakMemoryBytes: null,
     builderJobId: null,
+    releaseKey: null,
+    releaseSha256: null,
+    releaseBytes: null,
+    processType: null,
+    startCommand: null,
+    port: null,
+    healthCheckPath: null,
     createdAt: Date.now(),
     startedAt: null,
     builtAt: null,
@@ -201,9 +224,15 @@ export async function activateIfNewer(db: Db, row: DeploymentRow): Promise<boole
 }
 
 /** Points the app at a ready deployment the user chose (a rollback, or forward again): one UPDATE, so the switch is atomic. */
-export async function activateDeployment(db: Db, app: AppRow, row: DeploymentRow): Promise<AppRow> {
-  if (row.status !== "ready" || !row.manifestKey) {
+export async function activateDeployment(db: Db, env: Env, app: AppRow, row: DeploymentRow): Promise<AppRow> {
+  if (row.status !== "ready" || !(row.manifestKey || row.releaseKey)) {
     throw new ApiError("DEPLOYMENT_NOT_READY", `deployment ${row.id} is ${row.status}; only ready deployments can be activated`);
+  }
+  if (row.releaseKey) {
+    // A release is started again (no rebuild) and takes the traffic once ready, as a new deployment does.
+    await db.update(deployments).set({ status: "deploying", error: null }).where(eq(deployments.id, row.id));
+    await appRuntimeStub(env, app.id).release(app.id, row.id);
+    return (await db.select().from(apps).where(eq(apps.id, app.id)).get()) ?? app;
   }
   const [updated] = await db
     .update(apps)

@@ -1,10 +1,12 @@
 import { eq } from "drizzle-orm";
 import { openDb } from "../db/client";
-import { apps } from "../db/schema";
-import type { Env } from "../env";
+import { type AppRow, apps } from "../db/schema";
+import { configOf, type Env } from "../env";
+import { runsProcess } from "../services/app-runtime";
 import { BlobCache } from "./blob-cache";
 import { HEADERS_LIMITS, type HeaderRule, headersFor } from "./headers";
 import { cacheControl, type Decision, decidePath, type ManifestEntry, matchesEtag, normalisePath } from "./resolve";
+import { type ProcessTarget, proxyToProcess } from "./proxy";
 import { logRequest } from "./request-log";
 
 /**
@@ -29,7 +31,7 @@ export const blobPrefix = (accountId: string) => `blobs/${accountId}/`;
 const LEGACY_BLOB_PREFIX = "blobs/";
 export const blobKey = (prefix: string, sha256: string) => `${prefix}${sha256}`;
 
-type SiteApp = { id: string; status: "running" | "stopped"; activeDeploymentId: string | null };
+type SiteApp = Pick<AppRow, "id" | "runtime" | "status" | "activeDeploymentId" | "liveProcessId" | "liveNode">;
 
 /** How long an app's active deployment is trusted per isolate: a switch is visible within seconds. */
 const APP_TTL_MS = 2_000;
@@ -57,12 +59,20 @@ export function siteName(host: string | undefined, appsDomain: string): string |
   return /^[a-z0-9]([a-z0-9-]{0,50}[a-z0-9])?$/.test(name) ? name : null;
 }
 
-async function siteApp(env: Env, name: string, now: number): Promise<SiteApp | null> {
+/** The app of a host, trusted per isolate for {@link APP_TTL_MS} unless `fresh` asks for D1's current row. */
+async function siteApp(env: Env, name: string, now: number, fresh = false): Promise<SiteApp | null> {
   const cached = appCache.get(name);
-  if (cached && now - cached.at < APP_TTL_MS) return cached.app;
+  if (!fresh && cached && now - cached.at < APP_TTL_MS) return cached.app;
   const app =
     (await openDb(env.DB)
-      .select({ id: apps.id, status: apps.status, activeDeploymentId: apps.activeDeploymentId })
+      .select({
+        id: apps.id,
+        runtime: apps.runtime,
+        status: apps.status,
+        activeDeploymentId: apps.activeDeploymentId,
+        liveProcessId: apps.liveProcessId,
+        liveNode: apps.liveNode,
+      })
       .from(apps)
       .where(eq(apps.name, name))
       .get()) ?? null;
@@ -204,6 +214,20 @@ async function serveFrom(
  * manifest (cached per isolate) → blob in R2. Every answer is logged for
  * `svc logs <app>` after the response, never before it.
  */
+/** An app that runs: its requests go to the process serving it (proxy.ts). */
+function serveProcess(request: Request, env: Env, name: string, app: SiteApp): Promise<Response> | Response {
+  const target = liveTarget(app);
+  if (!target) return page(app.activeDeploymentId ? 503 : 404, app.activeDeploymentId ? "This app is starting" : "Nothing deployed yet");
+  return proxyToProcess(request, configOf(env), target, async () => {
+    const fresh = await siteApp(env, name, Date.now(), true);
+    return fresh && fresh.status === "running" ? liveTarget(fresh) : null;
+  });
+}
+
+function liveTarget(app: SiteApp): ProcessTarget | null {
+  return app.liveProcessId && app.liveNode ? { processId: app.liveProcessId, node: app.liveNode } : null;
+}
+
 export async function serveSite(
   request: Request,
   env: Env,
@@ -215,8 +239,9 @@ export async function serveSite(
   const app = await siteApp(env, name, started);
   let response: Response;
   if (!app) response = page(404, "No such site");
-  else if (request.method !== "GET" && request.method !== "HEAD") response = page(405, "Method not allowed", { Allow: "GET, HEAD" });
   else if (app.status === "stopped") response = page(503, "This app is stopped");
+  else if (runsProcess(app.runtime)) response = await serveProcess(request, env, name, app);
+  else if (request.method !== "GET" && request.method !== "HEAD") response = page(405, "Method not allowed", { Allow: "GET, HEAD" });
   else {
     const manifest = app.activeDeploymentId ? await manifestOf(env, app.activeDeploymentId) : null;
     if (!manifest) response = page(404, "Nothing deployed yet");

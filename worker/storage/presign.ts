@@ -153,3 +153,14 @@ export async function verifyPresigned(config: Config, request: Request, now = Da
   if (a.byteLength !== b.byteLength || !crypto.subtle.timingSafeEqual(a, b)) return deny("signature does not match");
   return { ok: true };
 }
+
+/** A presigned PUT for one part of a multipart upload (what the builder streams snapshots and releases into). */
+export async function presignPart(config: Config, key: string, uploadId: string, partNumber: number): Promise<string> {
+  const { url } = await presign(config, {
+    method: "PUT",
+    key,
+    expiresInSeconds: config.PRESIGNED_URL_TTL_SECONDS,
+    query: { partNumber: String(partNumber), uploadId },
+  });
+  return url;
+}

@@ -10,7 +10,7 @@ import { buildLogs } from "./logs.js";
 export type App = Schemas["App"];
 type Deleted = ResponseData<"/v1/apps/{app}", "delete", 200>;
 
-const RUNTIMES = "static, node, python, ruby, go, rust, php, elixir, docker";
+const RUNTIMES = "static (a site served at the edge), node, python, custom (any start command); docs/apps.md";
 
 /** Error context for a call about one app, so "not found" names the list command and the app. */
 function aboutApp(what: string, app: string): Call {
@@ -29,10 +29,20 @@ function describe(app: App): string {
     ["url", app.url],
     ["memory", `${app.memoryMb} MB`],
     ["deployment", app.activeDeploymentId ?? "none yet"],
+    ...(app.process === undefined ? [] : ([["process", processLine(app.process)]] as [string, string][])),
     ["disks", disks],
     ["created", when(app.createdAt)],
     ["updated", when(app.updatedAt)],
   ]);
+}
+
+/** The app's process as its node reports it: state, readiness, restarts, and why the last one ended. */
+function processLine(process: App["process"]): string {
+  if (!process) return "none running";
+  const head = `${process.state}${process.ready ? ", ready" : ""}${process.restarts > 0 ? `, ${process.restarts} restart${process.restarts === 1 ? "" : "s"}` : ""}`;
+  const exit = process.lastExit ? `\nlast exit ${when(process.lastExit.at)}: ${process.lastExit.message}` : "";
+  const lines = process.lastLines.length > 0 ? `\n${process.lastLines.join("\n")}` : "";
+  return head + exit + lines;
 }
 
 const create = defineCommand({

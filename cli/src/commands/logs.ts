@@ -54,18 +54,35 @@ export const buildLogs = defineCommand({
   },
 });
 
-/** `svc logs <app>`: the web server's request log. */
+/** `svc logs <app>`: the web server's request log; `--runtime`, the app's own output. */
 export const logs = defineCommand({
   name: "logs",
-  summary: "Show an app's web server log: requests and their status codes",
-  description: "Lines read `<time> <method> <path> <status> <bytes> <duration>`, oldest first. --follow asks every second for new ones until Ctrl-C.",
+  summary: "Show an app's web server log (requests and their status codes), or with --runtime its processes' output",
+  description:
+    "Lines read `<time> <method> <path> <status> <bytes> <duration>`, oldest first. --follow asks every second for new ones until Ctrl-C.\n" +
+    "--runtime shows what an app that runs (node, python, custom) printed, across restarts and deploys, as `<time> <out|err|svc> <text>`;\n" +
+    "`svc` lines say what the platform did (started, ready, exited, OOMKilled, restarting). With --follow it streams until Ctrl-C.",
   args: [APP_ARG],
   options: {
-    follow: { type: "boolean", short: "f", description: "keep printing new requests until Ctrl-C" },
+    runtime: { type: "boolean", description: "the app's runtime log (stdout and stderr of its processes) instead of requests" },
+    follow: { type: "boolean", short: "f", description: "keep printing new lines until Ctrl-C" },
     limit: { type: "string", value: "N", description: "how many recent requests to show first (default 100, at most 1000)" },
   },
-  examples: ["svc logs --app my-site", "svc logs --app my-site --follow", "svc logs --app my-site --json --limit 1000 | jq '.[] | select(.status >= 400)'"],
+  examples: [
+    "svc logs --app my-site",
+    "svc logs --app my-site --follow",
+    "svc logs --app my-api --runtime --follow",
+    "svc logs --app my-site --json --limit 1000 | jq '.[] | select(.status >= 400)'",
+  ],
   async run({ args, opts, out, api, fail }) {
+    if (opts.runtime) {
+      if (opts.limit !== undefined) throw fail("--limit counts requests: the runtime log (--runtime) shows its last 64 KiB");
+      const call = aboutDeployments(`show the runtime log of app ${args.app}`, args.app);
+      const res = await (await api()).stream(`${path`/v1/apps/${args.app}/runtime-logs`}${opts.follow ? "?follow=true" : ""}`, call);
+      if (!res.body) return;
+      for await (const chunk of res.body) process.stdout.write(chunk);
+      return;
+    }
     const limit = opts.limit === undefined ? 100 : positiveInteger(opts.limit, "--limit", fail);
     if (limit > 1000) throw fail(`--limit must be at most 1000, got ${limit}`);
     const client = await api();

@@ -3,8 +3,9 @@ import { api, ok, type Schemas } from "../api";
 import { Link, navigate } from "../router";
 import { Badge, Empty, ErrorNote, Pending, Time, useAction, useLoad } from "../ui";
 
-type Runtime = Schemas["App"]["runtime"];
-const RUNTIMES: Runtime[] = ["static", "node", "python", "ruby", "go", "rust", "php", "elixir", "docker"];
+/** What an app can be created with (the API refuses the rest). */
+type Runtime = NonNullable<Schemas["CreateApp"]["runtime"]>;
+const RUNTIMES: Runtime[] = ["static", "node", "python", "custom"];
 
 function CreateApp() {
   const [name, setName] = useState("");

@@ -1,0 +1,77 @@
+import { MAX_PROXY_BODY_BYTES, signProxy } from "../../builder/src/protocol";
+import type { Config } from "../env";
+
+/** An app that runs, as the edge knows it: the process serving it and its node (apps.live_*). */
+export type ProcessTarget = { processId: string; node: string };
+
+/** What a node answers (in this header) when it has no such process: the edge looks the app up again. */
+export const PROCESS_GONE_HEADER = "X-Svc-Proxy-Error";
+
+/** Headers a client may not send on to an app: ours, and hop-by-hop ones the fetch to the node sets itself. */
+const DROPPED = /^(x-svc-|x-forwarded-|cf-|connection$|keep-alive$|proxy-|te$|trailer$|transfer-encoding$)/i;
+
+/**
+ * The request for the node: `ANY /v1/proxy/<process>/<path>?<query>`, signed
+ * (protocol.ts, "Proxied traffic"), with the client's body streamed through
+ * and X-Forwarded-* set by the edge alone (a client's own are dropped).
+ */
+async function forwarded(request: Request, config: Config, target: ProcessTarget): Promise<Request> {
+  const url = new URL(request.url);
+  const headers = new Headers();
+  for (const [name, value] of request.headers) if (!DROPPED.test(name) || /^upgrade$/i.test(name)) headers.set(name, value);
+  if (/^websocket$/i.test(request.headers.get("Upgrade") ?? "")) headers.set("Upgrade", "websocket");
+  headers.set("X-Forwarded-Host", request.headers.get("Host") ?? url.host);
+  headers.set("X-Forwarded-Proto", url.protocol.replace(/:$/, ""));
+  const client = request.headers.get("CF-Connecting-IP");
+  if (client) headers.set("X-Forwarded-For", client);
+  for (const [name, value] of Object.entries(await signProxy(config.BUILDER_SECRET ?? "", target.processId))) headers.set(name, value);
+  const bodyless = request.method === "GET" || request.method === "HEAD";
+  return new Request(new URL(`/v1/proxy/${target.processId}${url.pathname}${url.search}`, target.node), {
+    method: request.method,
+    headers,
+    body: bodyless ? null : request.body,
+    redirect: "manual",
+  });
+}
+
+/**
+ * Forwards one request of an app that runs to the node that runs it, and the
+ * answer back as it comes (streamed responses, server-sent events and
+ * WebSocket upgrades pass through). A node that no longer has the process
+ * (it was replaced and drained) makes the edge ask for the app's process once
+ * more, through `lookUpAgain`, and try that one, when the request has no body
+ * that was already sent.
+ */
+export async function proxyToProcess(
+  request: Request,
+  config: Config,
+  target: ProcessTarget,
+  lookUpAgain: () => Promise<ProcessTarget | null>,
+): Promise<Response> {
+  const length = Number(request.headers.get("Content-Length") ?? 0);
+  if (length > MAX_PROXY_BODY_BYTES) return plain(413, `request bodies are limited to ${MAX_PROXY_BODY_BYTES} bytes`);
+  let response = await send(request, config, target);
+  if (response.headers.get(PROCESS_GONE_HEADER) === "PROCESS_NOT_FOUND" && (request.method === "GET" || request.method === "HEAD")) {
+    const again = await lookUpAgain();
+    if (again && again.processId !== target.processId) response = await send(request, config, again);
+  }
+  if (response.webSocket) return response;
+  const out = new Response(response.body, response);
+  out.headers.delete(PROCESS_GONE_HEADER);
+  // A body of unknown length is a stream (chunks, events): the edge's compressor would hold it back.
+  if (!out.headers.has("Content-Length") && !out.headers.has("Content-Encoding") && response.body) out.headers.set("Content-Encoding", "identity");
+  return out;
+}
+
+async function send(request: Request, config: Config, target: ProcessTarget): Promise<Response> {
+  try {
+    return await fetch(await forwarded(request, config, target));
+  } catch (err) {
+    console.error(JSON.stringify({ event: "proxy.unreachable", node: target.node, error: err instanceof Error ? err.message : String(err) }));
+    return plain(502, "The app's node could not be reached; try again in a moment");
+  }
+}
+
+function plain(status: number, text: string): Response {
+  return new Response(`${text}\n`, { status, headers: { "Content-Type": "text/plain; charset=utf-8", "Cache-Control": "no-store" } });
+}
