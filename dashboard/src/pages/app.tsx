@@ -1,5 +1,5 @@
-import { useState } from "preact/hooks";
-import { api, ok, type Schemas } from "../api";
+import { useEffect, useState } from "preact/hooks";
+import { type ApiError, api, asApiError, ok, type Schemas } from "../api";
 import { Link, navigate } from "../router";
 import { Action, Badge, Empty, ErrorNote, Pending, Time, useAction, useLoad, usePoll } from "../ui";
 import { Deployments } from "./deployments";
@@ -11,7 +11,11 @@ const TABS = [
   ["deployments", "Deployments"],
   ["env", "Environment"],
   ["logs", "Request log"],
+  ["runtime", "Runtime log"],
 ] as const;
+
+/** Tabs an app shows: the runtime log belongs to apps that run a process, not to static sites. */
+const tabsOf = (app: App | undefined) => TABS.filter(([id]) => id !== "runtime" || (app !== undefined && app.runtime !== "static"));
 
 function Overview({ app, onChange }: { app: App; onChange: (app: App) => void }) {
   const path = { params: { path: { app: app.name } } };
@@ -34,6 +38,14 @@ function Overview({ app, onChange }: { app: App; onChange: (app: App) => void })
         <dd>{app.memoryMb} MB (builds and cron runs above it are OOMKilled)</dd>
         <dt>Serving</dt>
         <dd>{app.activeDeploymentId ? <code>{app.activeDeploymentId}</code> : "nothing deployed yet"}</dd>
+        {app.process !== undefined && (
+          <>
+            <dt>Process</dt>
+            <dd>
+              <ProcessFacts process={app.process} />
+            </dd>
+          </>
+        )}
         <dt>Disks</dt>
         <dd>
           {app.disks.length === 0
@@ -75,6 +87,55 @@ function Overview({ app, onChange }: { app: App; onChange: (app: App) => void })
           }}
         />
       </div>
+    </>
+  );
+}
+
+/** What the app's node says of its process: state, readiness, restarts, and why the last one ended. */
+function ProcessFacts({ process }: { process: App["process"] }) {
+  if (!process) return <>none running</>;
+  return (
+    <>
+      <Badge status={process.state} /> {process.ready ? "ready" : "not ready"}
+      {process.restarts > 0 && `, ${process.restarts} restart${process.restarts === 1 ? "" : "s"}`}
+      {process.lastExit && (
+        <p class="hint">
+          Last exit <Time iso={process.lastExit.at} />: {process.lastExit.message}
+        </p>
+      )}
+      {process.lastLines.length > 0 && <pre class="log">{process.lastLines.join("\n")}</pre>}
+    </>
+  );
+}
+
+/** The app's runtime log, streamed: its processes' output and the platform's own lines. */
+function RuntimeLogTab({ app }: { app: App }) {
+  const [text, setText] = useState("");
+  const [error, setError] = useState<ApiError | null>(null);
+  useEffect(() => {
+    const abort = new AbortController();
+    void (async () => {
+      const stream = await ok(
+        api.GET("/v1/apps/{app}/runtime-logs", { params: { path: { app: app.name }, query: { follow: "true" } }, parseAs: "stream", signal: abort.signal }),
+      );
+      const decoder = new TextDecoder();
+      let all = "";
+      // A reader loop rather than `for await`: Safari cannot iterate a ReadableStream.
+      const reader = stream?.getReader();
+      for (let chunk = await reader?.read(); chunk && !chunk.done; chunk = await reader?.read()) {
+        all = (all + decoder.decode(chunk.value, { stream: true })).slice(-256 * 1024);
+        setText(all);
+      }
+    })().catch((err: unknown) => {
+      if (!abort.signal.aborted) setError(asApiError(err));
+    });
+    return () => abort.abort();
+  }, [app.name]);
+  return (
+    <>
+      <p class="hint">What the app's processes print (stdout and stderr), across restarts and deploys; <code>svc</code> lines say what the platform did.</p>
+      <ErrorNote error={error} />
+      {text === "" ? <Empty>Nothing logged yet.</Empty> : <pre class="log" aria-live="polite">{text}</pre>}
     </>
   );
 }
@@ -252,7 +313,7 @@ export function AppPage({ name, tab }: { name: string; tab: string }) {
         {name} {app && <Badge status={app.status} />}
       </h1>
       <nav class="tabs" aria-label="App sections">
-        {TABS.map(([id, label]) => (
+        {tabsOf(app).map(([id, label]) => (
           <Link key={id} href={id === "overview" ? base : `${base}/${id}`} aria-current={tab === id ? "page" : undefined}>
             {label}
           </Link>
@@ -266,6 +327,8 @@ export function AppPage({ name, tab }: { name: string; tab: string }) {
         <EnvVars key={app.id} app={app} />
       ) : tab === "logs" ? (
         <RequestLogTab key={app.id} app={app} />
+      ) : tab === "runtime" ? (
+        <RuntimeLogTab key={app.id} app={app} />
       ) : (
         <Overview app={app} onChange={setChanged} />
       )}
