@@ -125,6 +125,22 @@ export function imageLayout(usableBytes: number): { imageBytes: number; inodes: 
   return { imageBytes, inodes: Math.max(MIN_INODES_PER_GROUP, Math.min(wanted, ceiling) + OWN_INODES) };
 }
 
+/** Most a reserve is corrected by: its own extent blocks, never what a job writes meanwhile. */
+const SETTLE_MAX_BYTES = 256 * 1024;
+
+/**
+ * A large reserve needs extent-tree blocks of its own, which the free room
+ * pays for: adjusts it until exactly `freeWanted` bytes are free, so usage
+ * (quota less free room) reads true.
+ */
+async function settleReserve(image: string, dir: string, freeWanted: number): Promise<void> {
+  for (let round = 0; round < 3; round++) {
+    const surplus = (await freeBytes(dir)) - freeWanted;
+    if (surplus === 0 || Math.abs(surplus) > SETTLE_MAX_BYTES) return;
+    await setReserve(image, dir, (await fileSize(join(dir, RESERVE_FILE))) + surplus);
+  }
+}
+
 export const FsImages = {
   /** Null when loop-mounted images work here, else why not. */
   async probe(): Promise<string | null> {
@@ -153,6 +169,7 @@ export const FsImages = {
     await mkdir(join(dir, IMAGE_DATA_DIR), { mode: 0o700 });
     await chown(join(dir, IMAGE_DATA_DIR), owner.uid, owner.gid);
     await setReserve(image, dir, (await freeBytes(dir)) - usableBytes);
+    await settleReserve(image, dir, usableBytes);
   },
 
   /**
@@ -190,6 +207,8 @@ export const FsImages = {
    * already on the disk is never in the way.
    */
   async resize(image: string, dir: string, fromBytes: number, toBytes: number): Promise<void> {
+    const used = fromBytes - (await freeBytes(dir));
     await setReserve(image, dir, (await fileSize(join(dir, RESERVE_FILE))) - (toBytes - fromBytes));
+    await settleReserve(image, dir, toBytes - used);
   },
 };
