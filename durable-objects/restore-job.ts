@@ -1,4 +1,5 @@
 import { eq } from "drizzle-orm";
+import { BACKUP_MAX_ENTRIES, backupMaxExpandedBytes } from "../builder/src/protocol";
 import { accounts, apps, disks, restores } from "../worker/db/schema";
 import { submitRestore } from "../worker/lib/builder-client";
 import { builderShare } from "../worker/lib/plans";
@@ -8,10 +9,6 @@ import { appChanged } from "../worker/services/cron-targets";
 import { GIB } from "../worker/services/disks";
 import { presign } from "../worker/storage/presign";
 import { type Ending, failureOf, SingleBuilderJob } from "./single-job";
-
-/** Most entries a restored archive may hold (bounds a tar of millions of empty files). */
-export const RESTORE_MAX_ENTRIES = 1_000_000;
-const TAR_OVERHEAD_PER_ENTRY = 1536;
 
 /**
  * One object per restore: the builder downloads the archive through a
@@ -47,9 +44,12 @@ export class RestoreJob extends SingleBuilderJob {
       archiveUrl: url,
       expectedSizeBytes: restore.sizeBytes,
       ...(restore.sha256 ? { expectedSha256: restore.sha256 } : {}),
-      maxEntries: RESTORE_MAX_ENTRIES,
-      // Tar adds up to ~1.5 KiB per entry; the builder checks the restored data against the quota itself.
-      maxExpandedBytes: disk.sizeGb * GIB + TAR_OVERHEAD_PER_ENTRY * RESTORE_MAX_ENTRIES,
+      // The backup limits snapshots enforce too (protocol.ts), so every ready backup restores.
+      maxEntries: BACKUP_MAX_ENTRIES,
+      // The disk's size in file data plus what a backup may hold besides (headers, maps): the bound
+      // every snapshot of this disk was checked against. The builder checks the data against the
+      // disk's quota as it is now: a backup of a disk since made smaller restores only if it fits.
+      maxExpandedBytes: backupMaxExpandedBytes(disk.sizeGb * GIB),
       callbackUrl: new URL("/internal/builder/callback", this.config.PUBLIC_URL).href,
       labels: { kind: "restore", restoreId },
       tenant: restore.accountId,

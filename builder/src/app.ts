@@ -5,7 +5,7 @@
  */
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { z } from "zod";
-import { DiskOwnedElsewhere, DiskStore } from "./disks.js";
+import { DiskOwnedElsewhere, DiskStore, InsufficientStorage } from "./disks.js";
 import type { Admission, JobManager } from "./job-manager.js";
 import { streamLog } from "./logs.js";
 import {
@@ -176,6 +176,7 @@ function routes({ jobs, disks }: BuilderServices): Route[] {
           const { info, created } = await disks.put(id, spec.sizeBytes, spec.tenant);
           sendJson(context.response, created ? 201 : 200, info);
         } catch (error) {
+          if (error instanceof InsufficientStorage) return sendError(context.response, 507, "INSUFFICIENT_STORAGE", error.message);
           if (!(error instanceof DiskOwnedElsewhere)) throw error;
           sendError(context.response, 409, "DISK_BUSY", error.message);
         }

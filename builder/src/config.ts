@@ -29,6 +29,8 @@ export interface BuilderConfig {
   shutdownGraceMs: number;
   /** Package mirror builds install through; null keeps the package managers' default registry. */
   npmRegistry: string | null;
+  /** Bytes of the data dir's filesystem never promised to disks; null: 10 % of its size. */
+  hostReserveBytes: number | null;
 }
 
 const EnvSchema = z.object({
@@ -42,6 +44,7 @@ const EnvSchema = z.object({
   BUILDER_BUILD_SCRATCH_MB: z.coerce.number().int().min(64).max(1_048_576).default(4096),
   BUILDER_SHUTDOWN_GRACE_SECONDS: z.coerce.number().int().min(0).max(3600).default(20),
   NPM_CONFIG_REGISTRY: z.url({ protocol: /^https?$/, error: "must be an http(s) URL" }).optional(),
+  BUILDER_HOST_RESERVE_MB: z.coerce.number().int().min(0).max(1_073_741_824).optional(),
 });
 
 /** Parses the environment; expected mistakes come back as readable lines, not exceptions. */
@@ -68,6 +71,7 @@ export function loadConfig(
       buildScratchBytes: values.BUILDER_BUILD_SCRATCH_MB * 1024 * 1024,
       shutdownGraceMs: values.BUILDER_SHUTDOWN_GRACE_SECONDS * 1000,
       npmRegistry: values.NPM_CONFIG_REGISTRY ?? null,
+      hostReserveBytes: values.BUILDER_HOST_RESERVE_MB === undefined ? null : values.BUILDER_HOST_RESERVE_MB * 1024 * 1024,
     },
   };
 }

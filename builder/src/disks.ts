@@ -9,22 +9,29 @@
  *
  * A builder that cannot loop-mount (not root) keeps the data in a plain
  * `disks/<id>/data/` and can only measure the quota (see README "Sandbox").
- * Either way, usage is measured as apparent sizes (each hard-linked inode once)
- * during and after every job, which is what `usedBytes` reports.
+ * Either way, usage counts allocated blocks (a sparse file only its data), and
+ * a disk holds at most {@link diskInodeLimit} files, directories and links:
+ * an image's statfs says both at once; a plain directory is walked in bounded
+ * memory ({@link measureTree}).
+ *
+ * Disk images are sparse, so the host's free space cannot protect itself:
+ * creating or growing a disk (and a restore's staging copy) is refused while
+ * the quotas already promised would no longer fit the data dir's free space
+ * less a reserve ({@link InsufficientStorage}).
  *
  * A restore fills a fresh staging filesystem (or directory) named after its
  * job and swaps it in under the disk's lock; renames of `previous-<job>` and
  * `trash-<job>` make the swap recoverable, so a crash anywhere leaves either the
  * old data (rolled back at the next start) or the new one, never a mix.
  */
-import type { Dirent } from "node:fs";
 import { execFile } from "node:child_process";
-import { chown, lstat, mkdir, readFile, readdir, rename, rm, writeFile } from "node:fs/promises";
+import { type Dir, lstatSync } from "node:fs";
+import { chown, lstat, mkdir, opendir, readFile, readdir, rename, rm, stat, statfs, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { promisify } from "node:util";
-import { FsImages, IMAGE_DATA_DIR, isMountPoint } from "./fs-image.js";
-import { DISK_ID_PATTERN, type DiskInfo } from "./protocol.js";
-import type { JobUser } from "./sandbox.js";
+import { FsImages, IMAGE_DATA_DIR, RESERVE_FILE, imageLayout, isMountPoint } from "./fs-image.js";
+import { DISK_ID_PATTERN, type DiskInfo, diskInodeLimit } from "./protocol.js";
+import { type JobUser, formatBytes } from "./sandbox.js";
 import type { TenantUsers } from "./tenants.js";
 
 const run = promisify(execFile);
@@ -46,45 +53,93 @@ async function exists(path: string): Promise<boolean> {
 /** Answer of {@link DiskStore.put} when a disk of another tenant has this id. */
 export class DiskOwnedElsewhere extends Error {}
 
+/** The host cannot hold the disk, the larger quota or the restore's staging copy asked for (HTTP 507). */
+export class InsufficientStorage extends Error {}
+
+/** What a disk holds, and the most files, directories and links it may hold. */
+export interface DiskUsage {
+  /** Allocated bytes (blocks), as `df` and `du` count them. */
+  usedBytes: number;
+  usedInodes: number;
+  inodeLimit: number;
+}
+
 /**
- * Sums the apparent sizes of everything under `root` (symlinks themselves, not
- * their targets; each hard-linked inode once). Unreadable entries count as 0.
+ * Usage of the disk whose data is at `dataPath` with `quotaBytes` of room. An
+ * image (its root holds the reserve file, which a job cannot reach) answers
+ * from statfs in O(1); a plain directory is walked ({@link measureTree}).
  */
-export async function measureDirectoryBytes(root: string): Promise<number> {
-  let total = 0;
-  const linked = new Set<string>();
-  const pending = [root];
-  for (let dir = pending.pop(); dir !== undefined; dir = pending.pop()) {
-    let entries: Dirent[];
-    try {
-      entries = await readdir(dir, { withFileTypes: true });
-    } catch {
-      continue;
-    }
-    const current = dir;
-    const sizes = await Promise.all(
-      entries.map(async (entry) => {
-        const path = join(current, entry.name);
-        if (entry.isDirectory()) {
-          pending.push(path);
-          return 0;
-        }
-        try {
-          const stats = await lstat(path);
-          if (stats.nlink > 1) {
-            const inode = `${stats.dev}:${stats.ino}`;
-            if (linked.has(inode)) return 0;
-            linked.add(inode);
-          }
-          return stats.size;
-        } catch {
-          return 0;
-        }
-      }),
-    );
-    for (const size of sizes) total += size;
+export async function measureDisk(dataPath: string, quotaBytes: number): Promise<DiskUsage> {
+  if (await exists(join(dataPath, "..", RESERVE_FILE))) {
+    const { usedBytes, usedInodes, inodeLimit } = await FsImages.usage(dataPath, quotaBytes);
+    return { usedBytes, usedInodes, inodeLimit };
   }
-  return total;
+  return { ...(await measureTree(dataPath)), inodeLimit: diskInodeLimit(quotaBytes) };
+}
+
+/** Entries read from a directory at once: the walk holds this many names per open directory. */
+const WALK_BUFFER_ENTRIES = 64;
+
+/**
+ * Allocated bytes and inodes below `root` (not counting `root` itself), in
+ * memory that does not grow with the tree: directories are read a few entries
+ * at a time (opendir), one open directory per level of the current path, and
+ * a file with N links counts 1/N at each of them (all its links are on the
+ * disk), so no set of seen inodes is kept. Unreadable entries count as 0.
+ * Time is linear in the number of entries (about 1 s per 300,000 from the
+ * page cache); only builders without filesystem images walk.
+ */
+export async function measureTree(root: string): Promise<{ usedBytes: number; usedInodes: number }> {
+  let bytes = 0;
+  let inodes = 0;
+  const levels: { dir: Dir; path: string }[] = [];
+  const enter = async (path: string) => {
+    try {
+      levels.push({ dir: await opendir(path, { bufferSize: WALK_BUFFER_ENTRIES }), path });
+    } catch {
+      // deleted meanwhile, unreadable, or a path too long to open: counted as empty
+    }
+  };
+  await enter(root);
+  try {
+    while (levels.length > 0) {
+      const current = levels[levels.length - 1]!;
+      const entry = await current.dir.read();
+      if (entry === null) {
+        levels.pop();
+        await current.dir.close().catch(() => undefined);
+        continue;
+      }
+      const path = join(current.path, entry.name);
+      let stats: ReturnType<typeof lstatSync>;
+      try {
+        stats = lstatSync(path);
+      } catch {
+        continue;
+      }
+      if (!stats) continue;
+      const share = stats.isDirectory() ? 1 : 1 / Math.max(1, stats.nlink);
+      bytes += stats.blocks * 512 * share;
+      inodes += share;
+      if (stats.isDirectory()) await enter(path);
+    }
+  } finally {
+    for (const { dir } of levels) await dir.close().catch(() => undefined);
+  }
+  return { usedBytes: Math.round(bytes), usedInodes: Math.round(inodes) };
+}
+
+/** Share of the data dir's filesystem kept free of disks when no reserve is configured. */
+const DEFAULT_HOST_RESERVE_SHARE = 0.1;
+
+/** Options of {@link DiskStore.open}. */
+export interface DiskStoreOptions {
+  /**
+   * Bytes of the data dir's filesystem never promised to disks (logs, job
+   * work dirs, build scratch and snapshot spool live there too); null keeps
+   * 10 % of the filesystem's size.
+   */
+  hostReserveBytes?: number | null;
 }
 
 /** Where disks live, and the per-disk lock that keeps create, resize, restore and delete in order. */
@@ -93,21 +148,25 @@ export class DiskStore {
   readonly #tenants: TenantUsers;
   /** Whether disks are loop-mounted filesystems (hard quotas) rather than directories. */
   readonly images: boolean;
+  readonly #hostReserveBytes: number | null;
   readonly #locks = new Map<string, Promise<unknown>>();
+  /** Serialises the host-room check with the creation it admits, across disks. */
+  #placing: Promise<unknown> = Promise.resolve();
 
-  private constructor(root: string, tenants: TenantUsers, images: boolean) {
+  private constructor(root: string, tenants: TenantUsers, images: boolean, options: DiskStoreOptions) {
     this.#root = root;
     this.#tenants = tenants;
     this.images = images;
+    this.#hostReserveBytes = options.hostReserveBytes ?? null;
   }
 
   /**
    * Creates the disks directory, settles what a crash interrupted (restores,
    * mounts) and mounts every disk, before any job can see one.
    */
-  static async open(root: string, tenants: TenantUsers, images: boolean): Promise<DiskStore> {
+  static async open(root: string, tenants: TenantUsers, images: boolean, options: DiskStoreOptions = {}): Promise<DiskStore> {
     await mkdir(root, { recursive: true, mode: 0o711 });
-    const store = new DiskStore(root, tenants, images);
+    const store = new DiskStore(root, tenants, images, options);
     await store.#settle();
     return store;
   }
@@ -126,16 +185,27 @@ export class DiskStore {
   async info(id: string): Promise<DiskInfo | null> {
     const meta = await this.#readMeta(id);
     if (!meta) return null;
-    return { id, sizeBytes: meta.sizeBytes, usedBytes: await measureDirectoryBytes(this.dataPath(id)) };
+    return this.#describe(id, meta.sizeBytes);
   }
 
   /**
    * Creates the disk for `tenant` if absent, else changes its quota; existing
-   * data is kept. A disk owned by another tenant is refused (DiskOwnedElsewhere).
+   * data is kept. A disk owned by another tenant is refused (DiskOwnedElsewhere),
+   * a disk or growth the host cannot hold too (InsufficientStorage).
    */
   async put(id: string, sizeBytes: number, tenant: string): Promise<{ info: DiskInfo; created: boolean }> {
     const created = await this.ensure(id, sizeBytes, tenant);
-    return { info: { id, sizeBytes, usedBytes: await measureDirectoryBytes(this.dataPath(id)) }, created };
+    return { info: await this.#describe(id, sizeBytes), created };
+  }
+
+  /** The disk's usage; quota and data path as given. */
+  async usage(id: string, sizeBytes: number): Promise<DiskUsage> {
+    return measureDisk(this.dataPath(id), sizeBytes);
+  }
+
+  async #describe(id: string, sizeBytes: number): Promise<DiskInfo> {
+    const usage = await this.usage(id, sizeBytes);
+    return { id, sizeBytes, ...usage };
   }
 
   /** {@link put} without measuring usage (what a job start needs); true when the disk was created. */
@@ -146,10 +216,16 @@ export class DiskStore {
       if (existing?.tenant && existing.tenant !== tenant) throw new DiskOwnedElsewhere(`disk ${id} belongs to another tenant`);
       if (existing && existing.sizeBytes === sizeBytes && existing.tenant === tenant) return false;
       const dir = this.#diskDir(id);
-      await mkdir(dir, { recursive: true, mode: 0o711 });
       const owner = await this.#tenants.userOf(tenant);
       if (!existing) {
-        await this.#createData(id, sizeBytes, owner);
+        await this.#withHostRoom(this.#hostBytes(sizeBytes), `a disk of ${formatBytes(sizeBytes)}`, async () => {
+          await mkdir(dir, { recursive: true, mode: 0o711 });
+          await this.#createData(id, sizeBytes, owner);
+        });
+      } else if (sizeBytes > existing.sizeBytes) {
+        await this.#withHostRoom(sizeBytes - existing.sizeBytes, `growing the disk to ${formatBytes(sizeBytes)}`, async () => {
+          if (this.images) await FsImages.resize(join(dir, "disk.img"), join(dir, "mnt"), existing.sizeBytes, sizeBytes);
+        });
       } else if (this.images && existing.sizeBytes !== sizeBytes) {
         await FsImages.resize(join(dir, "disk.img"), join(dir, "mnt"), existing.sizeBytes, sizeBytes);
       }
@@ -189,13 +265,69 @@ export class DiskStore {
       const meta = await this.#readMeta(id);
       if (!meta) return null;
       const staging = join(this.#diskDir(id), `staging-${jobId}`);
-      if (!this.images) {
-        await mkdir(staging, { mode: 0o700 });
-        return staging;
-      }
-      await FsImages.create(`${staging}.img`, staging, meta.sizeBytes, { uid: process.getuid?.() ?? 0, gid: process.getgid?.() ?? 0 });
-      return join(staging, IMAGE_DATA_DIR);
+      return this.#withHostRoom(this.#hostBytes(meta.sizeBytes), `the restore's staging copy of the disk (${formatBytes(meta.sizeBytes)})`, async () => {
+        if (!this.images) {
+          await mkdir(staging, { mode: 0o700 });
+          return staging;
+        }
+        await FsImages.create(`${staging}.img`, staging, meta.sizeBytes, { uid: process.getuid?.() ?? 0, gid: process.getgid?.() ?? 0 });
+        return join(staging, IMAGE_DATA_DIR);
+      });
     });
+  }
+
+  /** Host bytes a disk of `sizeBytes` may come to take: its whole image, or its quota. */
+  #hostBytes(sizeBytes: number): number {
+    return this.images ? imageLayout(sizeBytes).imageBytes : sizeBytes;
+  }
+
+  /**
+   * Runs `create` (which makes something that may take `extraBytes` of the
+   * host) only if the host can hold it on top of what every disk may still
+   * take; otherwise throws {@link InsufficientStorage} saying so. One check at
+   * a time, each with its creation, so two requests cannot share the same room.
+   */
+  async #withHostRoom<T>(extraBytes: number, what: string, create: () => Promise<T>): Promise<T> {
+    const work = async () => {
+      const fs = await statfs(this.#root);
+      const freeBytes = fs.bavail * fs.bsize;
+      const reserveBytes = this.#hostReserveBytes ?? Math.round(fs.blocks * fs.bsize * DEFAULT_HOST_RESERVE_SHARE);
+      const promisedBytes = await this.#promisedBytes();
+      if (promisedBytes + extraBytes > freeBytes - reserveBytes) {
+        throw new InsufficientStorage(
+          `the builder's host cannot hold ${what}: ${formatBytes(freeBytes)} free, of which ${formatBytes(reserveBytes)} is kept in reserve ` +
+            `and ${formatBytes(promisedBytes)} is promised to existing disks (quota they do not use yet); ` +
+            `${formatBytes(extraBytes)} more does not fit`,
+        );
+      }
+      return create();
+    };
+    const result = this.#placing.then(work, work);
+    this.#placing = result.catch(() => undefined);
+    return result;
+  }
+
+  /**
+   * What existing disks may still take from the host: for images, the part
+   * of every image file (disks, stagings) not allocated yet, since a sparse
+   * image fills up to its size; for directories, their whole quotas.
+   */
+  async #promisedBytes(): Promise<number> {
+    let total = 0;
+    for (const id of await readdir(this.#root).catch(() => [] as string[])) {
+      if (!DiskStore.isValidId(id)) continue;
+      const dir = join(this.#root, id);
+      if (!this.images) {
+        total += (await this.#readMeta(id))?.sizeBytes ?? 0;
+        continue;
+      }
+      for (const name of await readdir(dir).catch(() => [] as string[])) {
+        if (!name.endsWith(".img") || name.startsWith("trash-")) continue;
+        const image = await stat(join(dir, name)).catch(() => null);
+        if (image) total += Math.max(0, image.size - image.blocks * 512);
+      }
+    }
+    return total;
   }
 
   /**

@@ -377,13 +377,36 @@ export type JobStatus = z.infer<typeof JobStatus>;
 export const DiskSpec = z.object({ sizeBytes: z.int().positive(), tenant });
 export type DiskSpec = z.infer<typeof DiskSpec>;
 
-/** What the disk routes answer. */
+/**
+ * What the disk routes answer. `usedBytes` counts allocated blocks, as `df`
+ * does (a 10-byte file uses 4096, a sparse file only its data), and
+ * `inodeLimit`/`usedInodes` the files, directories and links the disk may
+ * hold (absent in answers of builders that predate them).
+ */
 export const DiskInfo = z.object({
   id: z.string(),
   sizeBytes: z.int().positive(),
   usedBytes: z.int().nonnegative(),
+  inodeLimit: z.int().positive().optional(),
+  usedInodes: z.int().nonnegative().optional(),
 });
 export type DiskInfo = z.infer<typeof DiskInfo>;
+
+/** Quota bytes per inode a disk gets: one file per 4 KiB, like mkfs.ext4's "small" usage type. */
+export const DISK_BYTES_PER_INODE = 4096;
+
+/**
+ * The files, directories and symlinks a disk of `sizeBytes` may hold: one per
+ * {@link DISK_BYTES_PER_INODE} of quota, never more than a backup may hold
+ * ({@link BACKUP_MAX_ENTRIES}, less the archive's root member), so whatever
+ * fits on a disk fits in its backup. (Hard links are names, not inodes: a
+ * snapshot still counts them against the entry limit.) A builder with
+ * filesystem images may round the number up to fill its inode tables; the
+ * exact number is the disk's `inodeLimit`.
+ */
+export function diskInodeLimit(sizeBytes: number): number {
+  return Math.max(1, Math.min(Math.ceil(sizeBytes / DISK_BYTES_PER_INODE), BACKUP_MAX_ENTRIES - 1));
+}
 
 /** Every error code the builder answers with. */
 export const BuilderErrorCode = z.enum([
@@ -396,6 +419,8 @@ export const BuilderErrorCode = z.enum([
   "DISK_NOT_FOUND",
   "DISK_BUSY",
   "TENANT_QUEUE_FULL",
+  /** 507: the builder's host cannot hold the disk (or the larger quota) asked for. */
+  "INSUFFICIENT_STORAGE",
   "PAYLOAD_TOO_LARGE",
   "INTERNAL",
   "UNAVAILABLE",
@@ -442,6 +467,32 @@ export function parseLogLine(line: string): { time: string; stream: LogStream; t
 // uncompressed tar stream (what `gzip -dc | wc -c` prints) and `entries` the
 // number of archive members (`tar tzf | wc -l`), for both, so the numbers of a
 // snapshot can serve as the limits of its restore.
+
+// One set of limits for both directions: a snapshot that would exceed one
+// fails (the backup is never `ready`), and a restore refuses an archive past
+// one, so every ready backup restores onto its disk.
+
+/** Most members (`tar tzf` lines: the root `./`, files, directories, links, hard links) of a backup. */
+export const BACKUP_MAX_ENTRIES = 1_000_000;
+/**
+ * Most bytes of a backup's tar stream that are not file data: headers, pax
+ * records, sparse maps, padding and the end marker (4 KiB per entry at the
+ * entry limit; an ordinary member takes 0.5 to 2 KiB).
+ */
+export const BACKUP_MAX_OVERHEAD_BYTES = 4 * 1024 * BACKUP_MAX_ENTRIES;
+/** Most data regions one sparse file may have in a backup (its map is held in memory on both sides). */
+export const BACKUP_MAX_SPARSE_REGIONS = 1_048_576;
+/** Longest member path (bytes, without the leading `./`) of a backup: restore opens it below the staging directory, within PATH_MAX (4096). */
+export const BACKUP_MAX_PATH_BYTES = 3_072;
+
+/**
+ * The `maxExpandedBytes` under which every backup of a disk of `quotaBytes`
+ * restores: its file data fits the quota (a snapshot checks it, counting
+ * sparse files by their data) and the rest fits {@link BACKUP_MAX_OVERHEAD_BYTES}.
+ */
+export function backupMaxExpandedBytes(quotaBytes: number): number {
+  return quotaBytes + BACKUP_MAX_OVERHEAD_BYTES;
+}
 
 /** Smallest part an S3 multipart upload accepts (except the last one). */
 export const SNAPSHOT_MIN_PART_BYTES = 5 * 1024 * 1024;

@@ -36,7 +36,7 @@ import { closeSync, openSync, readSync, readdirSync, readlinkSync, statfsSync } 
 import { type FileHandle, open } from "node:fs/promises";
 import type { Readable, Writable } from "node:stream";
 import { setTimeout as sleep } from "node:timers/promises";
-import { measureDirectoryBytes } from "./disks.js";
+import { type DiskUsage, measureDisk } from "./disks.js";
 import {
   type JobFailureReason,
   LOG_LIMIT_BYTES,
@@ -480,6 +480,11 @@ export function formatBytes(bytes: number): string {
   return unit === 0 ? `${bytes} B` : `${value.toFixed(1)} ${units[unit]}`;
 }
 
+/** Formats a count for people: 262,144. */
+export function formatCount(count: number): string {
+  return count.toLocaleString("en-US");
+}
+
 /** Free bytes of the filesystem holding `path` (the disk's own, when disks are images). */
 function freeBytes(path: string): number {
   try {
@@ -644,14 +649,16 @@ export async function runInSandbox(options: SandboxOptions): Promise<SandboxOutc
     }
   })();
 
-  let diskUsed = 0;
+  // An image answers from statfs (and its kernel refuses writes past the quota and the inode limit
+  // itself); a plain directory is walked in bounded memory.
+  let diskUsage: DiskUsage = { usedBytes: 0, usedInodes: 0, inodeLimit: Number.POSITIVE_INFINITY };
   const diskOver = async (): Promise<boolean> => {
     if (!options.disk) return false;
-    diskUsed = await measureDirectoryBytes(options.disk.path);
-    return diskUsed > options.disk.quotaBytes;
+    diskUsage = await measureDisk(options.disk.path, options.disk.quotaBytes);
+    return diskUsage.usedBytes > options.disk.quotaBytes || diskUsage.usedInodes > diskUsage.inodeLimit;
   };
   const diskWatch = (async () => {
-    // Walking a big disk is costly, so the pause grows with the walk's duration.
+    // Walking a big directory is costly, so the pause grows with the walk's duration.
     let interval = DISK_SAMPLE_MIN_MS;
     while (options.disk && running) {
       await pause(interval);
@@ -706,7 +713,10 @@ export async function runInSandbox(options: SandboxOptions): Promise<SandboxOutc
       return {
         ...outcome,
         reason: "disk_quota",
-        error: `disk quota exceeded (used ${formatBytes(diskUsed)} of ${formatBytes(options.disk?.quotaBytes ?? 0)})`,
+        error:
+          diskUsage.usedInodes > diskUsage.inodeLimit
+            ? `inode limit exceeded (used ${formatCount(diskUsage.usedInodes)} of ${formatCount(diskUsage.inodeLimit)} files)`
+            : `disk quota exceeded (used ${formatBytes(diskUsage.usedBytes)} of ${formatBytes(options.disk?.quotaBytes ?? 0)})`,
       };
     case "cancelled":
       return { ...outcome, reason: "cancelled", error: "cancelled" };
@@ -715,6 +725,13 @@ export async function runInSandbox(options: SandboxOptions): Promise<SandboxOutc
     case null:
       if (result.code === 0) return { ...outcome, reason: null, error: null };
       // With a hard quota the kernel refused the writes past it; say so rather than only "exit code 1".
+      if (options.disk && diskUsage.usedInodes >= diskUsage.inodeLimit) {
+        return {
+          ...outcome,
+          reason: "disk_quota",
+          error: `inode limit reached (${formatCount(diskUsage.inodeLimit)} files): creating more failed, then ${describeExit(result.code, result.signal)}`,
+        };
+      }
       if (options.disk && freeBytes(options.disk.path) < DISK_FULL_BYTES) {
         return {
           ...outcome,

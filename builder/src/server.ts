@@ -39,7 +39,7 @@ const host = await SandboxHost.open({
   probeUser: config.tenantUidBase === null ? null : { uid: config.tenantUidBase, gid: config.tenantUidBase },
 });
 host.network?.fill(config.maxConcurrentJobs);
-const disks = await DiskStore.open(join(config.dataDir, "disks"), tenants, host.images);
+const disks = await DiskStore.open(join(config.dataDir, "disks"), tenants, host.images, { hostReserveBytes: config.hostReserveBytes });
 const jobs = await JobManager.open({
   dataDir: config.dataDir,
   maxConcurrent: config.maxConcurrentJobs,

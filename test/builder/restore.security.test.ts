@@ -56,6 +56,33 @@ function pax(key: string, value: string): Buffer {
   while (String(length).length + Buffer.byteLength(body) !== length) length++;
   return member("PaxHeader", `${length}${body}`, { type: "x" });
 }
+/** A pax extended header carrying several records. */
+function paxRecords(records: Record<string, string>): Buffer {
+  const body = Object.entries(records)
+    .map(([key, value]) => {
+      const record = ` ${key}=${value}\n`;
+      let length = Buffer.byteLength(record) + 1;
+      while (String(length).length + Buffer.byteLength(record) !== length) length++;
+      return `${length}${record}`;
+    })
+    .join("");
+  return member("PaxHeader", body, { type: "x" });
+}
+/** A GNU pax 1.0 sparse member: the map text (padded to 512 bytes), then the data. */
+function sparse10(name: string, realSize: string, map: string, data: Buffer, records: Record<string, string> = {}): Buffer {
+  const mapBlock = Buffer.alloc(Math.ceil(Buffer.byteLength(map) / 512) * 512);
+  mapBlock.write(map, "latin1");
+  return Buffer.concat([
+    paxRecords({ "GNU.sparse.major": "1", "GNU.sparse.minor": "0", "GNU.sparse.name": name, "GNU.sparse.realsize": realSize, ...records }),
+    member(`GNUSparseFile.0/${name}`, Buffer.concat([mapBlock, data])),
+  ]);
+}
+/** A map of `count` one-byte regions `spacing` bytes apart, with their data. */
+function tinyRegions(count: number, spacing: number): [map: string, data: Buffer] {
+  const lines = [String(count)];
+  for (let i = 0; i < count; i++) lines.push(String(i * spacing), "1");
+  return [`${lines.join("\n")}\n`, Buffer.alloc(count, 1)];
+}
 const tar = (...members: Buffer[]) => Buffer.concat([...members, Buffer.alloc(1024)]);
 const tgz = (...members: Buffer[]) => gzipSync(tar(...members));
 
@@ -164,6 +191,76 @@ const cases: Case[] = [
   ],
   ["a NUL byte in a pax path", () => tgz(pax("path", "evil\0/../x"), member("ordinary", "x")), /member "evil\\u0000\/\.\.\/x" contains a NUL byte/],
   ["a member type restore does not know", () => tgz(member("volume", "", { type: "V" })), /member "volume" has a tar type that is not supported/],
+  [
+    "a path longer than a backup may hold",
+    () => tgz(pax("path", `${"d/".repeat(1600)}f`), member("short", "x")),
+    /member "d\/d\/.*" has a path of 3,201 bytes; at most 3,072 are restored/,
+  ],
+  [
+    "a sparse map reaching past the file's size",
+    () => tgz(sparse10("s", "100", "1\n200\n10\n", Buffer.alloc(10, 1))),
+    /sparse file "s" \(pax 1\.0\) has a map that does not fit: a region \(200\+10\) ends past the file's size of 100/,
+  ],
+  [
+    "sparse regions that overlap",
+    () => tgz(sparse10("s", "100", "2\n0\n10\n5\n10\n", Buffer.alloc(20, 1))),
+    /sparse file "s" \(pax 1\.0\) has a map that does not fit: its regions overlap or are not in order/,
+  ],
+  [
+    "sparse regions out of order",
+    () => tgz(sparse10("s", "100", "2\n50\n10\n0\n10\n", Buffer.alloc(20, 1))),
+    /its regions overlap or are not in order/,
+  ],
+  [
+    "a sparse map that does not add up to the data",
+    () => tgz(sparse10("s", "100", "1\n0\n10\n", Buffer.alloc(30, 1))),
+    /its regions hold 10 bytes but the member stores 30/,
+  ],
+  [
+    "a negative number in a sparse map",
+    () => tgz(sparse10("s", "100", "1\n-5\n10\n", Buffer.alloc(10, 1))),
+    /sparse file "s" \(pax 1\.0\): its map holds "-5", not a decimal number/,
+  ],
+  [
+    "a sparse map that is not numbers",
+    () => tgz(sparse10("s", "100", "one\n0\n10\n", Buffer.alloc(10, 1))),
+    /its map holds "one", not a decimal number/,
+  ],
+  [
+    "a sparse map announcing millions of regions",
+    () => tgz(sparse10("s", "100", "99999999\n0\n10\n", Buffer.alloc(10, 1))),
+    /its map has more than 1048576 data regions/,
+  ],
+  [
+    "a sparse file whose size is not a number",
+    () => tgz(sparse10("s", "1e9", "1\n0\n10\n", Buffer.alloc(10, 1))),
+    /member "s" is a sparse file without a valid GNU\.sparse\.realsize/,
+  ],
+  [
+    "a sparse file larger than any file the disk can hold (holes are free, but not endless)",
+    () => tgz(sparse10("s", String(2 ** 52), "1\n0\n10\n", Buffer.alloc(10, 1))),
+    /sparse file "s" has a size of 4503599627370496 bytes, more than the disk's filesystem holds in one file/,
+  ],
+  [
+    "tiny sparse regions whose blocks fill more than the quota (an allocation bomb)",
+    () => tgz(sparse10("s", String(3000 * 65536), ...tinyRegions(3000, 65536))),
+    /archive holds more than the disk's quota of 1\.0 MiB \(reached at "s"\)/,
+  ],
+  [
+    "a pax 0.1 sparse map with an odd number of fields",
+    () => tgz(paxRecords({ "GNU.sparse.size": "100", "GNU.sparse.map": "0,10,50" }), member("s", Buffer.alloc(10, 1))),
+    /member "s" is a sparse file \(pax 0\.1\) whose GNU\.sparse\.map has an odd number of fields/,
+  ],
+  [
+    "sparse records on a symlink",
+    () => tgz(paxRecords({ "GNU.sparse.major": "1", "GNU.sparse.minor": "0", "GNU.sparse.realsize": "10" }), symlinkMember("l", "x")),
+    /member "l" has GNU sparse records but is not a regular file/,
+  ],
+  [
+    "an unknown GNU sparse format version",
+    () => tgz(sparse10("s", "100", "1\n0\n10\n", Buffer.alloc(10, 1), { "GNU.sparse.major": "2" })),
+    /member "s" is a sparse file in GNU format 2\.0, which restore does not read/,
+  ],
 ];
 
 describe("POST /v1/restores refuses hostile archives whole", () => {

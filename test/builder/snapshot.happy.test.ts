@@ -145,6 +145,18 @@ describe("POST /v1/snapshots and /v1/restores", () => {
     expect(store.parts.size).toBe(0);
   });
 
+  // Issue 17, point 9: a snapshot a restore would refuse fails with the reason instead of a ready, unrestorable backup.
+  it("refuses a disk holding a path longer than a backup may hold", async () => {
+    const store = await freshStorage();
+    const data = await createDisk("deep");
+    const deep = join(data, ...Array.from({ length: 32 }, (_, i) => `${String(i).padStart(2, "0")}${"d".repeat(98)}`));
+    await mkdir(deep, { recursive: true });
+    await writeFile(join(deep, "f"), "x");
+    const { status, log } = await snapshotToEnd(builder, store, { diskId: "deep" });
+    expect(status, log).toMatchObject({ status: "failed", reason: "error", result: null });
+    expect(status.error).toMatch(/^snapshot refused: ".*…" is a path of 3,130 bytes: a backup holds paths of at most 3,072 bytes$/);
+  });
+
   it("retries a part whose PUT failed, with a fresh URL, and logs each failed attempt", async () => {
     const store = await freshStorage();
     const data = await createDisk("flaky");

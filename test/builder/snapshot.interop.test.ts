@@ -1,6 +1,6 @@
 import { execFileSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { chmod, link, mkdir, mkdtemp, rm, symlink, utimes, writeFile } from "node:fs/promises";
+import { chmod, link, mkdir, mkdtemp, open, rm, stat, symlink, utimes, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -73,6 +73,12 @@ beforeAll(async () => {
   await writeFile(join(data, "readonly.txt"), "ro\n");
   await chmod(join(data, "readonly.txt"), 0o444);
   await mkdir(join(data, "private"), { mode: 0o700 });
+  // A sparse file: 8 MiB of holes with data in the middle and at the end.
+  const sparse = await open(join(data, "sparse.db"), "wx");
+  await sparse.truncate(8 * MiB);
+  await sparse.write(Buffer.alloc(10_000, "m"), 0, 10_000, 3 * MiB + 100);
+  await sparse.write(Buffer.alloc(5_000, "e"), 0, 5_000, 8 * MiB - 5_000);
+  await sparse.close();
   await utimes(join(data, "run.sh"), old, old);
   await utimes(join(data, "empty"), old, old);
   original = await describeTree(data);
@@ -91,6 +97,13 @@ afterAll(async () => {
   await rm(scratch, { recursive: true, force: true });
 });
 
+/** The sparse file stays sparse: what it allocates is its data, not its 8 MiB. */
+async function expectSparse(dir: string): Promise<void> {
+  const stats = await stat(join(dir, "sparse.db"));
+  expect(stats.size).toBe(8 * MiB);
+  expect(stats.blocks * 512).toBeLessThan(64 * 1024);
+}
+
 async function target(name: string): Promise<string> {
   const dir = join(scratch, name);
   await mkdir(dir);
@@ -102,6 +115,7 @@ describe("a snapshot is one standard .tar.gz", () => {
     const dir = await target("gnu");
     execFileSync("tar", ["-xzf", archivePath, "-C", dir]);
     expect(await describeTree(dir)).toEqual(original);
+    await expectSparse(dir);
     const listed = execFileSync("tar", ["-tzf", archivePath], { encoding: "utf8" }).split("\n").filter(Boolean);
     expect(listed.length).toBe(result.entries);
   });
@@ -110,6 +124,7 @@ describe("a snapshot is one standard .tar.gz", () => {
     const dir = await target("bsd");
     execFileSync("bsdtar", ["-xzf", archivePath, "-C", dir]);
     expect(await describeTree(dir)).toEqual(original);
+    await expectSparse(dir);
   });
 
   it("Python's tarfile extracts it into the disk's tree, and it holds several gzip members", async () => {
@@ -117,6 +132,7 @@ describe("a snapshot is one standard .tar.gz", () => {
     const members = Number(execFileSync("python3", ["-c", PYTHON, archivePath, dir], { encoding: "utf8" }).trim());
     expect(members).toBeGreaterThan(4);
     expect(await describeTree(dir)).toEqual(original);
+    await expectSparse(dir);
   });
 
   it("the builder restores it into another disk, identical", async () => {
@@ -130,5 +146,6 @@ describe("a snapshot is one standard .tar.gz", () => {
     });
     expect(restored.status.status, restored.log).toBe("succeeded");
     expect(await describeTree(diskDataPath(builder.dataDir, "again"))).toEqual(original);
+    await expectSparse(diskDataPath(builder.dataDir, "again"));
   });
 });

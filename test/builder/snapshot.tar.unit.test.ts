@@ -65,8 +65,10 @@ describe("tar writing and reading", () => {
     for (const size of [511, 777, 65_536]) {
       const target = join(scratch, `extracted-${size}`);
       await mkdir(target);
-      const summary = await extractTar({ source: pieces(tar, size), root: target, maxEntries: 6, maxExpandedBytes: tar.length, quotaBytes: 1_000_009, owner: null });
-      expect(summary).toEqual({ entries: 6, expandedBytes: tar.length, restoredBytes: 1_000_004 + "b/big".length });
+      // What the files allocate in 4 KiB blocks: 245 for big, one for x, none for the short symlink.
+      const allocated = (245 + 1) * 4096;
+      const summary = await extractTar({ source: pieces(tar, size), root: target, maxEntries: 6, maxExpandedBytes: tar.length, quotaBytes: allocated, owner: null });
+      expect(summary).toEqual({ entries: 6, expandedBytes: tar.length, restoredBytes: allocated });
       expect(await describeTree(target)).toEqual(await describeTree(root));
     }
   });
@@ -134,6 +136,45 @@ describe("parallelGzip", () => {
 });
 
 describe("DirectoryPacker", () => {
+  // Issue 17, point 9: what a restore would refuse, a snapshot refuses first, naming the limit.
+  it("refuses a tree with more members than a backup may hold", async () => {
+    const root = join(scratch, "entries");
+    await mkdir(root);
+    for (const name of ["a", "b", "c", "d"]) await writeFile(join(root, name), name);
+    const packer = new DirectoryPacker(root, () => undefined, { maxEntries: 4 });
+    await expect(collect(packer.stream())).rejects.toThrow(/^the disk holds more than 4 entries \(files, directories, symlinks and hard links; reached at "\.\/d"\)/);
+  });
+
+  it("refuses data past the disk's quota, counted in the blocks restore counts (a plain-directory disk's quota is soft)", async () => {
+    const root = join(scratch, "quota");
+    await mkdir(root);
+    for (const name of ["a", "b", "c"]) await writeFile(join(root, name), "x");
+    // Three one-byte files take three blocks.
+    const packer = new DirectoryPacker(root, () => undefined, { quotaBytes: 2 * 4096 });
+    await expect(collect(packer.stream())).rejects.toThrow(/^the disk holds more than its quota of 8\.0 KiB \(reached at "\.\/c"\)/);
+    const fits = new DirectoryPacker(root, () => undefined, { quotaBytes: 3 * 4096 });
+    await collect(fits.stream());
+    expect(fits.allocatedBytes).toBe(3 * 4096);
+  });
+
+  it("refuses more header bytes than a backup may hold besides its data", async () => {
+    const root = join(scratch, "overhead");
+    await mkdir(root);
+    for (let i = 0; i < 20; i++) await writeFile(join(root, `${"n".repeat(150)}${i}`), "x");
+    const packer = new DirectoryPacker(root, () => undefined, { maxOverheadBytes: 8 * 1024 });
+    await expect(collect(packer.stream())).rejects.toThrow(/^the archive's headers, names and sparse maps take more than 8\.0 KiB/);
+  });
+
+  it("lists a directory too large to sort in the order the filesystem gives, with every member", async () => {
+    const root = join(scratch, "huge");
+    await mkdir(join(root, "many"), { recursive: true });
+    execFileSync("python3", ["-c", `import os\nfor i in range(60000): open('${join(root, "many")}/f%05d' % i, 'w').close()`]);
+    const { tar, packer } = await pack(root);
+    expect(packer.entries).toBe(60_002);
+    const listed = execFileSync("tar", ["-tf", "-"], { input: tar, encoding: "utf8", maxBuffer: 64 * 1024 * 1024 }).split("\n").filter(Boolean);
+    expect(new Set(listed).size).toBe(60_002);
+  });
+
   it("keeps old and far-future mtimes through pax, as GNU tar extracts them", async () => {
     const root = join(scratch, "times");
     await mkdir(root);

@@ -11,14 +11,21 @@
  * protect nothing more: until the swap, the disk's data is never touched.
  * The swap itself is three renames under the disk's lock (disks.ts), which a
  * crash leaves recoverable at the next start.
+ *
+ * The download uses node:http, not fetch: extraction may be far slower than
+ * the network (many small files), and when the server has sent everything
+ * and closes its idle connection meanwhile, fetch (undici) fails the body it
+ * has not yet handed over ("terminated: other side closed"), while node:http
+ * leaves the unread bytes in the socket until they are read.
  */
 import { createHash } from "node:crypto";
-import { rm } from "node:fs/promises";
-import { Readable, Transform } from "node:stream";
+import { rm, statfs } from "node:fs/promises";
+import { type IncomingMessage, request as httpRequest } from "node:http";
+import { request as httpsRequest } from "node:https";
+import { Transform } from "node:stream";
 import { pipeline } from "node:stream/promises";
-import type { ReadableStream as NodeWebReadableStream } from "node:stream/web";
 import { createGunzip } from "node:zlib";
-import type { DiskStore } from "../disks.js";
+import { type DiskStore, measureDisk } from "../disks.js";
 import type { JobContext, JobOutcome } from "../job-manager.js";
 import type { RestoreSpec } from "../protocol.js";
 import { type JobUser, formatBytes } from "../sandbox.js";
@@ -57,7 +64,7 @@ export async function restoreJob(input: RestoreJobInput): Promise<JobOutcome> {
       console.error(`builder: could not delete ${trash}: ${messageOf(error)}`),
     );
     log.note(
-      `restored ${summary.entries} entries, ${formatBytes(summary.restoredBytes)} of data ` +
+      `restored ${summary.entries} entries, ${formatBytes(summary.restoredBytes)} allocated ` +
         `(${formatBytes(summary.expandedBytes)} uncompressed archive)`,
     );
     return succeeded(log, { kind: "restore", entries: summary.entries, expandedBytes: summary.expandedBytes });
@@ -70,20 +77,23 @@ export async function restoreJob(input: RestoreJobInput): Promise<JobOutcome> {
 
 async function downloadAndExtract(input: RestoreJobInput, staging: string, quotaBytes: number): Promise<ExtractSummary> {
   const { spec, signal } = input;
+  // The staging filesystem is made like the disk's: its blocks and inodes are what the archive may take.
+  const room = { blockSize: (await statfs(staging)).bsize, inodeLimit: (await measureDisk(staging, quotaBytes)).inodeLimit };
   const expected = spec.expectedSizeBytes;
-  let response: Response;
+  let response: IncomingMessage;
   try {
-    response = await fetch(spec.archiveUrl, { signal });
+    response = await get(new URL(spec.archiveUrl), signal);
   } catch (error) {
     throw new DownloadFailed(`archive download failed: ${messageOf(error)}`);
   }
-  if (!response.ok || !response.body) {
-    await response.body?.cancel();
-    throw new DownloadFailed(`archive download failed: HTTP ${response.status}`);
+  const status = response.statusCode ?? 0;
+  if (status < 200 || status > 299) {
+    response.destroy();
+    throw new DownloadFailed(`archive download failed: HTTP ${status}`);
   }
-  const announced = response.headers.get("content-length");
-  if (announced !== null && Number(announced) !== expected) {
-    await response.body.cancel();
+  const announced = response.headers["content-length"];
+  if (announced !== undefined && Number(announced) !== expected) {
+    response.destroy();
     throw new ArchiveRejected(`the download is ${announced} bytes, expected ${expected} (expectedSizeBytes)`);
   }
 
@@ -114,7 +124,7 @@ async function downloadAndExtract(input: RestoreJobInput, staging: string, quota
   let extractError: unknown;
   try {
     await pipeline(
-      Readable.fromWeb(response.body as NodeWebReadableStream<Uint8Array>),
+      response,
       meter,
       createGunzip({ chunkSize: GUNZIP_CHUNK_BYTES }),
       async (source: AsyncIterable<Buffer>) => {
@@ -125,6 +135,8 @@ async function downloadAndExtract(input: RestoreJobInput, staging: string, quota
             maxEntries: spec.maxEntries,
             maxExpandedBytes: spec.maxExpandedBytes,
             quotaBytes,
+            blockSize: room.blockSize,
+            inodeLimit: room.inodeLimit,
             owner: input.user,
           });
         } catch (error) {
@@ -145,6 +157,16 @@ async function downloadAndExtract(input: RestoreJobInput, staging: string, quota
     throw new ArchiveRejected(`the download's SHA-256 is ${sha256}, expected ${spec.expectedSha256} (expectedSha256)`);
   }
   return summary!;
+}
+
+/** GET `url`: resolves with the response (status not checked) once its headers arrive. */
+function get(url: URL, signal: AbortSignal): Promise<IncomingMessage> {
+  return new Promise((resolve, reject) => {
+    const send = url.protocol === "https:" ? httpsRequest : httpRequest;
+    const request = send(url, { method: "GET", signal }, resolve);
+    request.on("error", reject);
+    request.end();
+  });
 }
 
 /** The job's error message for anything that ended the restore. */

@@ -33,7 +33,7 @@ import {
   signRequest,
 } from "../protocol.js";
 import { type JobLog, formatBytes } from "../sandbox.js";
-import { DirectoryPacker } from "../tar/pack.js";
+import { DirectoryPacker, SnapshotLimitExceeded } from "../tar/pack.js";
 import { parallelGzip } from "../tar/parallel-gzip.js";
 import { failed, messageOf, succeeded } from "./outcome.js";
 
@@ -67,16 +67,16 @@ export interface SnapshotJobInput extends JobContext {
 /** Packs, compresses and uploads the disk; the result lists the parts for CompleteMultipartUpload. */
 export async function snapshotJob(input: SnapshotJobInput): Promise<JobOutcome> {
   const { spec, log, signal } = input;
-  if ((await input.disks.quotaBytes(spec.diskId)) === null) {
-    return failed(log, signal, `disk ${spec.diskId} does not exist`);
-  }
+  const quotaBytes = await input.disks.quotaBytes(spec.diskId);
+  if (quotaBytes === null) return failed(log, signal, `disk ${spec.diskId} does not exist`);
   const spoolDir = join(input.jobDir, "work");
   const uploader = new PartUploader(spec.partUrlEndpoint, input.secret, log, signal);
   const spooler = new PartSpooler(spoolDir, spec.partSizeBytes, uploader);
   try {
     await mkdir(spoolDir, { mode: 0o700 });
     log.note(`snapshot of disk ${spec.diskId}: packing, gzip, parts of ${formatBytes(spec.partSizeBytes)}`);
-    const packer = new DirectoryPacker(input.disks.dataPath(spec.diskId), (message) => log.note(message));
+    // The backup limits a restore of this disk enforces (protocol.ts): past one, the snapshot fails with the reason.
+    const packer = new DirectoryPacker(input.disks.dataPath(spec.diskId), (message) => log.note(message), { quotaBytes });
     const hash = createHash("sha256");
     let sizeBytes = 0;
     await pipeline(
@@ -100,7 +100,8 @@ export async function snapshotJob(input: SnapshotJobInput): Promise<JobOutcome> 
     );
     return succeeded(log, { kind: "snapshot", sizeBytes, sha256, parts, entries: packer.entries, expandedBytes: packer.bytes });
   } catch (error) {
-    const message = uploader.error ?? `snapshot failed: ${messageOf(error)}`;
+    const limit = error instanceof SnapshotLimitExceeded || (error as { cause?: unknown }).cause instanceof SnapshotLimitExceeded;
+    const message = uploader.error ?? (limit ? `snapshot refused: ${limitMessage(error)}` : `snapshot failed: ${messageOf(error)}`);
     uploader.stop();
     return failed(log, signal, message);
   } finally {
@@ -108,6 +109,11 @@ export async function snapshotJob(input: SnapshotJobInput): Promise<JobOutcome> 
     await uploader.settled();
     await rm(spoolDir, { recursive: true, force: true });
   }
+}
+
+/** The limit's own message, whether it arrives as is or as the cause of the pipeline's error. */
+function limitMessage(error: unknown): string {
+  return messageOf(error instanceof SnapshotLimitExceeded ? error : (error as { cause?: unknown }).cause);
 }
 
 /** A part written to its spool file, ready to upload. */

@@ -15,7 +15,12 @@
  *   inside; absolute targets never do;
  * - hardlinks must name an earlier regular file of the archive;
  * - devices, fifos and types tar-stream does not know are refused;
- * - members, uncompressed bytes and restored bytes are counted against their
+ * - sparse files (GNU pax 1.0 and 0.1, old GNU with up to four regions:
+ *   sparse.ts) are recreated sparse, their map checked against their data
+ *   first; other sparse formats are refused by name, never written as
+ *   something else;
+ * - members, paths, uncompressed bytes, restored bytes (the blocks files
+ *   allocate, as the disk counts them) and inodes are counted against their
  *   limits before anything is written;
  * - the stream must end with the end-of-archive marker, so an archive cut at a
  *   member boundary (a gzip of several members can be) is not taken as whole.
@@ -33,9 +38,22 @@ import { closeSync, constants, fchmodSync, fchownSync, futimesSync, openSync, wr
 import { chmod, chown, lchown, link, lstat, lutimes, mkdir, open, readFile, symlink, utimes } from "node:fs/promises";
 import { join } from "node:path";
 import { type Header, extract as tarExtract } from "tar-stream";
+import { BACKUP_MAX_PATH_BYTES } from "../protocol.js";
 import type { JobUser } from "../sandbox.js";
-import { formatBytes } from "../sandbox.js";
+import { formatBytes, formatCount } from "../sandbox.js";
 import { whenWritable } from "./pack.js";
+import {
+  MapReader,
+  OLD_GNU_SPARSE,
+  type Region,
+  fileAllocation,
+  mapProblem,
+  parseDecimal,
+  parseMap01,
+  parseOldGnuHeader,
+  regionsAllocation,
+  symlinkAllocation,
+} from "./sparse.js";
 
 /** A member (or the archive as a whole) that restore refuses; the message names it. */
 export class ArchiveRejected extends Error {}
@@ -52,8 +70,16 @@ export interface ExtractOptions {
   maxEntries: number;
   /** Most bytes the uncompressed stream may have. */
   maxExpandedBytes: number;
-  /** Most bytes of restored data, counted like the disk's usage (file sizes, symlink lengths, hard links once). */
+  /**
+   * Most bytes restored files may allocate, counted like the disk's usage:
+   * whole blocks of `blockSize` for each file's data (a sparse file's regions
+   * only), symlinks past ext4's 60-byte inline targets a block, hard links nothing.
+   */
   quotaBytes: number;
+  /** Block size of the filesystem `root` is on (default 4096). */
+  blockSize?: number;
+  /** Most files, directories and symlinks (inodes) the archive may create (default: no limit). */
+  inodeLimit?: number;
   /** Owner of everything extracted (the job user); null keeps the builder's own. */
   owner: JobUser | null;
 }
@@ -63,7 +89,19 @@ export interface ExtractSummary {
   entries: number;
   /** Bytes of the uncompressed tar stream, trailing padding included. */
   expandedBytes: number;
+  /** Bytes the restored files allocate (see {@link ExtractOptions.quotaBytes}). */
   restoredBytes: number;
+}
+
+/** A sparse member, as its headers describe it. */
+interface SparseMember {
+  /** How messages name the format. */
+  format: string;
+  /** The real path (the ustar name of pax 1.0 and 0.1 members is a stand-in). */
+  name: string;
+  realSize: number;
+  /** The map, when the headers hold it; pax 1.0 keeps it at the start of the data. */
+  regions: Region[] | null;
 }
 
 /** Following links, more hops than this is a loop (the kernel's MAXSYMLINKS): it fails, it cannot escape. */
@@ -104,13 +142,83 @@ function formatError(error: unknown): TarFormatError {
   return new TarFormatError(known ? known[1] : message);
 }
 
-/** `a/b/c` → ["a", "b", "c"]; "" (or "./") is the root. Absolute paths, `..` and NUL bytes are refused. */
+/**
+ * `a/b/c` → ["a", "b", "c"]; "" (or "./") is the root. Absolute paths, `..`,
+ * NUL bytes and paths longer than a backup may hold (files are opened by
+ * their path below the staging directory, within PATH_MAX) are refused.
+ */
 function memberPath(raw: string, what: string): string[] {
   if (raw.startsWith("/")) throw new ArchiveRejected(`${what} ${JSON.stringify(raw)} is an absolute path`);
   if (raw.includes("\0")) throw new ArchiveRejected(`${what} ${JSON.stringify(raw)} contains a NUL byte`);
   const parts = raw.split("/").filter((part) => part !== "" && part !== ".");
   if (parts.includes("..")) throw new ArchiveRejected(`${what} ${JSON.stringify(raw)} contains a ".." component`);
+  const bytes = Buffer.byteLength(parts.join("/"));
+  if (bytes > BACKUP_MAX_PATH_BYTES) {
+    throw new ArchiveRejected(
+      `${what} ${JSON.stringify(`${raw.slice(0, 60)}…`)} has a path of ${formatCount(bytes)} bytes; at most ${formatCount(BACKUP_MAX_PATH_BYTES)} are restored`,
+    );
+  }
   return parts;
+}
+
+/**
+ * The sparse format of a member, from its pax records or its raw header
+ * (tar-stream reports GNU's `S` typeflag as an unknown type); null for an
+ * ordinary member. Formats restore cannot rebuild exactly are refused.
+ */
+function sparseMember(header: Header, raw: () => Buffer | null): SparseMember | null {
+  const pax = header.pax && typeof header.pax === "object" ? (header.pax as Record<string, string>) : {};
+  const keys = Object.keys(pax).filter((key) => key.startsWith("GNU.sparse."));
+  const quoted = JSON.stringify(pax["GNU.sparse.name"] ?? header.name);
+  if (keys.length > 0) {
+    if (header.type !== "file" && header.type !== "contiguous-file") {
+      throw new ArchiveRejected(`member ${quoted} has GNU sparse records but is not a regular file`);
+    }
+    const name = pax["GNU.sparse.name"] ?? header.name;
+    const major = pax["GNU.sparse.major"];
+    const minor = pax["GNU.sparse.minor"];
+    if (major !== undefined || minor !== undefined) {
+      if (major !== "1" || minor !== "0") {
+        throw new ArchiveRejected(`member ${quoted} is a sparse file in GNU format ${major}.${minor}, which restore does not read`);
+      }
+      const realSize = parseDecimal(pax["GNU.sparse.realsize"] ?? pax["GNU.sparse.size"]);
+      if (realSize === null) throw new ArchiveRejected(`member ${quoted} is a sparse file without a valid GNU.sparse.realsize`);
+      return { format: "pax 1.0", name, realSize, regions: null };
+    }
+    if (pax["GNU.sparse.map"] !== undefined) {
+      const realSize = parseDecimal(pax["GNU.sparse.size"] ?? pax["GNU.sparse.realsize"]);
+      if (realSize === null) throw new ArchiveRejected(`member ${quoted} is a sparse file without a valid GNU.sparse.size`);
+      const regions = parseMap01(pax["GNU.sparse.map"]);
+      if (typeof regions === "string") throw new ArchiveRejected(`member ${quoted} is a sparse file (pax 0.1) whose ${regions}`);
+      const blocks = pax["GNU.sparse.numblocks"];
+      if (blocks !== undefined && parseDecimal(blocks) !== regions.length) {
+        throw new ArchiveRejected(`member ${quoted} is a sparse file (pax 0.1) whose GNU.sparse.numblocks does not match its map`);
+      }
+      return { format: "pax 0.1", name, realSize, regions };
+    }
+    if (pax["GNU.sparse.offset"] !== undefined || pax["GNU.sparse.numbytes"] !== undefined) {
+      throw new ArchiveRejected(
+        `member ${quoted} is a sparse file in GNU tar's pax format 0.0 (its map in repeated records), which restore does not read; ` +
+          "archive it with tar --sparse-version=1.0 or with bsdtar",
+      );
+    }
+    throw new ArchiveRejected(`member ${quoted} has GNU sparse records (${keys.join(", ")}) of a format restore does not read`);
+  }
+  if (header.type !== null) return null;
+  const block = raw();
+  if (block?.[156] !== OLD_GNU_SPARSE) return null;
+  const parsed = parseOldGnuHeader(block);
+  if (typeof parsed === "string") {
+    throw new ArchiveRejected(
+      `member ${quoted} is a sparse file in GNU tar's old format whose ${parsed}; archive it with tar --format=pax (pax sparse 1.0) or with bsdtar`,
+    );
+  }
+  return { format: "old GNU", name: header.name, realSize: parsed.realSize, regions: parsed.regions };
+}
+
+/** The typeflag of a raw header, for messages. */
+function typeflagOf(block: Buffer | null): string {
+  return block ? ` (typeflag ${JSON.stringify(String.fromCharCode(block[156] ?? 0))})` : "";
 }
 
 /**
@@ -164,6 +272,9 @@ function mtimeOf(header: Header): number {
   return Number.isFinite(pax) ? pax : header.mtime.getTime() / 1000;
 }
 
+/** The last chunks fed are kept (at least this many bytes and three chunks) to read a member's raw header back. */
+const RECENT_BYTES = 1024 * 1024;
+
 /**
  * The parser, fed from the source. The feeder runs at most one chunk ahead of
  * the parser, so limits are judged where the parser is: the stream is cut at
@@ -179,6 +290,36 @@ class FedParser {
   expandedBytes = 0;
   /** The stream's last bytes, to check the end-of-archive marker. */
   tail: Buffer = Buffer.alloc(0);
+  /**
+   * The chunks fed last, with their offsets in the stream: the parser holds
+   * at most a chunk and its write buffer unparsed, so the header of the
+   * member it just announced is among them (tar-stream keeps no raw header).
+   */
+  readonly #recent: { start: number; bytes: Buffer }[] = [];
+  #recentBytes = 0;
+
+  /** The stream's bytes `[offset, offset + length)` if they are still kept, else null. */
+  bytesAt(offset: number, length: number): Buffer | null {
+    const pieces: Buffer[] = [];
+    let at = offset;
+    for (const { start, bytes } of this.#recent) {
+      const end = start + bytes.length;
+      if (end <= at || start > at) continue;
+      const piece = bytes.subarray(at - start, Math.min(bytes.length, offset + length - start));
+      pieces.push(piece);
+      at += piece.length;
+      if (at >= offset + length) return Buffer.concat(pieces);
+    }
+    return null;
+  }
+
+  #remember(chunk: Buffer): void {
+    this.#recent.push({ start: this.expandedBytes - chunk.length, bytes: chunk });
+    this.#recentBytes += chunk.length;
+    while (this.#recent.length > 3 && this.#recentBytes - this.#recent[0]!.bytes.length >= RECENT_BYTES) {
+      this.#recentBytes -= this.#recent.shift()!.bytes.length;
+    }
+  }
 
   constructor(source: AsyncIterable<Buffer>, maxExpandedBytes: number) {
     // Never rejects: a failure of the source is kept and destroys the parser, which the reader of members sees.
@@ -197,6 +338,7 @@ class FedParser {
           chunk = chunk.subarray(0, maxExpandedBytes - this.expandedBytes);
         }
         this.expandedBytes += chunk.length;
+        this.#remember(chunk);
         this.tail = chunk.length >= END_MARKER_BYTES ? chunk.subarray(-END_MARKER_BYTES) : Buffer.concat([this.tail, chunk]).subarray(-END_MARKER_BYTES);
         if (!parser.write(chunk)) await whenWritable(parser);
         if (this.limitError) break;
@@ -221,6 +363,8 @@ class FedParser {
  */
 export async function extractTar(options: ExtractOptions): Promise<ExtractSummary> {
   const { root, owner } = options;
+  const blockSize = options.blockSize ?? 4096;
+  const inodeLimit = options.inodeLimit ?? Number.POSITIVE_INFINITY;
   const umask = await processUmask();
   const fed = new FedParser(options.source, options.maxExpandedBytes);
   const members = fed.parser[Symbol.asyncIterator]();
@@ -228,6 +372,7 @@ export async function extractTar(options: ExtractOptions): Promise<ExtractSummar
   const links = new Map<string, string>();
   let rootMtime: number | null = null;
   let entries = 0;
+  let inodes = 0;
   let restoredBytes = 0;
   /** Where the last member's data (padded) ends in the stream. */
   let lastEnd = 0;
@@ -241,6 +386,14 @@ export async function extractTar(options: ExtractOptions): Promise<ExtractSummar
       );
     }
   };
+  /** Counts a file, directory or symlink about to be created against the disk's inode limit. */
+  const addInode = (name: string) => {
+    if (++inodes > inodeLimit) {
+      throw new ArchiveRejected(
+        `archive holds more than the disk's limit of ${formatCount(inodeLimit)} files, directories and symlinks (reached at ${JSON.stringify(name)})`,
+      );
+    }
+  };
   /** Refuses a member below a symlink, and creates the directories above it that the archive did not list. */
   const prepareParents = async (parts: string[], name: string) => {
     for (let depth = 1; depth < parts.length; depth++) {
@@ -249,6 +402,7 @@ export async function extractTar(options: ExtractOptions): Promise<ExtractSummar
         throw new ArchiveRejected(`member ${JSON.stringify(name)} would be written through the symlink ${JSON.stringify(prefix)}`);
       }
       if (dirs.has(prefix)) continue;
+      addInode(prefix);
       try {
         await mkdir(where(parts.slice(0, depth)), { mode: 0o700 });
       } catch (error) {
@@ -294,6 +448,55 @@ export async function extractTar(options: ExtractOptions): Promise<ExtractSummar
     }
   };
 
+  /**
+   * Creates a sparse file: each region's bytes, from `chunks`, at its offset;
+   * the holes between are never written, so they take no blocks; then the
+   * file gets its real size, owner, mode and mtime.
+   */
+  const writeSparseFile = async (at: string, name: string, chunks: AsyncIterable<Buffer>, regions: Region[], realSize: number, mode: number, mtime: number) => {
+    let file: Awaited<ReturnType<typeof open>>;
+    try {
+      file = await open(at, "wx", mode);
+    } catch (error) {
+      if (code(error) === "EEXIST") throw duplicate(name);
+      throw error;
+    }
+    try {
+      let region = 0;
+      let done = 0;
+      for await (const chunk of chunks) {
+        let offset = 0;
+        while (offset < chunk.length) {
+          while (region < regions.length && regions[region]!.length === done) {
+            region++;
+            done = 0;
+          }
+          // The map was checked to add up to the data, so this cannot happen; never write outside it.
+          if (region >= regions.length) throw new ArchiveRejected(`sparse file ${JSON.stringify(name)} has more data than its map`);
+          const { offset: start, length } = regions[region]!;
+          const take = Math.min(length - done, chunk.length - offset);
+          let written = 0;
+          while (written < take) written += (await file.write(chunk, offset + written, take - written, start + done + written)).bytesWritten;
+          offset += take;
+          done += take;
+        }
+      }
+      try {
+        await file.truncate(realSize);
+      } catch (error) {
+        if (code(error) === "EFBIG" || code(error) === "EINVAL") {
+          throw new ArchiveRejected(`sparse file ${JSON.stringify(name)} has a size of ${realSize} bytes, more than the disk's filesystem holds in one file`);
+        }
+        throw error;
+      }
+      if (owner) await file.chown(owner.uid, owner.gid);
+      if ((mode & umask) !== 0) await file.chmod(mode);
+      await file.utimes(mtime, mtime);
+    } finally {
+      await file.close();
+    }
+  };
+
   /** The same, for a small file already in memory, with synchronous calls (see SYNC_WRITE_BYTES). */
   const writeSmallFile = (at: string, name: string, chunks: Buffer[], mode: number, mtime: number) => {
     let fd: number;
@@ -316,6 +519,48 @@ export async function extractTar(options: ExtractOptions): Promise<ExtractSummar
     }
   };
 
+  /**
+   * A sparse member: its map (from the headers, or read from the start of
+   * its data for pax 1.0) is checked against the data and the file's size,
+   * its allocation against the quota, then the file is written sparse.
+   */
+  const extractSparse = async (
+    sparse: SparseMember,
+    entry: AsyncIterable<unknown>,
+    dataBytes: number,
+    at: string,
+    mode: number,
+    mtime: number,
+  ) => {
+    const quoted = JSON.stringify(sparse.name);
+    const chunks = body(entry);
+    let regions = sparse.regions;
+    let storedBytes = dataBytes;
+    let first: Buffer | null = null;
+    if (regions === null) {
+      const reader = new MapReader();
+      for (;;) {
+        const next = await chunks.next();
+        if (next.done) throw new ArchiveRejected(`sparse file ${quoted} (${sparse.format}) ends inside its map`);
+        const read = reader.feed(next.value);
+        if (read === null) continue;
+        if ("problem" in read) throw new ArchiveRejected(`sparse file ${quoted} (${sparse.format}): ${read.problem}`);
+        regions = read.regions;
+        storedBytes = dataBytes - read.mapBytes;
+        first = next.value.subarray(read.used);
+        break;
+      }
+    }
+    const problem = storedBytes < 0 ? "its map is longer than its data" : mapProblem(regions, sparse.realSize, storedBytes);
+    if (problem !== null) throw new ArchiveRejected(`sparse file ${quoted} (${sparse.format}) has a map that does not fit: ${problem}`);
+    addRestored(regionsAllocation(regions, blockSize), sparse.name);
+    const rest = async function* () {
+      if (first !== null && first.length > 0) yield first;
+      yield* chunks;
+    };
+    await writeSparseFile(at, sparse.name, rest(), regions, sparse.realSize, mode, mtime);
+  };
+
   try {
     for (;;) {
       let next: Awaited<ReturnType<typeof members.next>>;
@@ -327,7 +572,9 @@ export async function extractTar(options: ExtractOptions): Promise<ExtractSummar
       if (next.done) break;
       const entry = next.value;
       const { header } = entry;
-      const name = header.name;
+      const raw = () => fed.bytesAt(entry.offset, BLOCK);
+      const sparse = sparseMember(header, raw);
+      const name = sparse?.name ?? header.name;
       if (++entries > options.maxEntries) {
         throw new ArchiveRejected(`archive has more than ${options.maxEntries} entries (maxEntries; reached at ${JSON.stringify(name)})`);
       }
@@ -345,6 +592,12 @@ export async function extractTar(options: ExtractOptions): Promise<ExtractSummar
       const mtime = mtimeOf(header);
       const linkname = header.linkname ?? "";
       if (parts.length === 0 && header.type !== "directory") throw new ArchiveRejected(`member ${JSON.stringify(name)} names the root but is not a directory`);
+      if (sparse) {
+        await prepareParents(parts, name);
+        addInode(name);
+        await extractSparse(sparse, entry, dataBytes, where(parts), mode, mtime);
+        continue;
+      }
       switch (header.type) {
         case "directory":
           if (parts.length === 0) {
@@ -352,12 +605,14 @@ export async function extractTar(options: ExtractOptions): Promise<ExtractSummar
             break;
           }
           await prepareParents(parts, name);
+          if (!dirs.has(parts.join("/"))) addInode(name);
           await extractDirectory(name, parts, where(parts), mode, mtime, dirs, links, duplicate);
           break;
         case "file":
         case "contiguous-file": {
           await prepareParents(parts, name);
-          addRestored(dataBytes, name);
+          addInode(name);
+          addRestored(fileAllocation(dataBytes, blockSize), name);
           if (dataBytes > SYNC_WRITE_BYTES) {
             await writeFile(where(parts), name, body(entry), mode, mtime);
             break;
@@ -374,7 +629,8 @@ export async function extractTar(options: ExtractOptions): Promise<ExtractSummar
           if (resolveLink(parts.slice(0, -1), linkname, links) === "outside") {
             throw new ArchiveRejected(`symlink ${JSON.stringify(name)} -> ${JSON.stringify(linkname)} points outside the disk`);
           }
-          addRestored(Buffer.byteLength(linkname), name);
+          addInode(name);
+          addRestored(symlinkAllocation(Buffer.byteLength(linkname), blockSize), name);
           try {
             await symlink(linkname, where(parts));
           } catch (error) {
@@ -408,7 +664,7 @@ export async function extractTar(options: ExtractOptions): Promise<ExtractSummar
         case "fifo":
           throw new ArchiveRejected(`member ${JSON.stringify(name)} is a ${REFUSED_TYPES[header.type]}; only files, directories and links are restored`);
         default:
-          throw new ArchiveRejected(`member ${JSON.stringify(name)} has a tar type that is not supported`);
+          throw new ArchiveRejected(`member ${JSON.stringify(name)} has a tar type that is not supported${typeflagOf(raw())}`);
       }
       // Content a link should not have is read past, so the parser moves on (it reads none for directories).
       if (header.type !== "directory") for await (const _ of body(entry));

@@ -16,14 +16,31 @@
  * and O_NONBLOCK (a fifo swapped in cannot hang the walk) and checked with
  * fstat to still be the regular file that was listed.
  *
- * Memory: one chunk in flight, the name lists of the directories on the
- * current path, and the first path of each file with several hard links.
+ * Sparse files (fewer blocks allocated than their size) become GNU sparse
+ * members in the pax 1.0 format (sparse.ts), holding only their data.
+ *
+ * Memory does not grow with what a tenant stores: one chunk in flight, the
+ * names of at most {@link SORTED_ENTRIES} members per directory on the
+ * current path (a larger directory is archived in the order the filesystem
+ * lists it, a few names at a time), the map of one sparse file, and the first
+ * path of each hard-linked file until all its links are archived (at most
+ * {@link LINKED_PATHS_BYTES}).
+ *
+ * Limits: what a restore would refuse, a snapshot refuses first (protocol.ts,
+ * "one set of limits"), so the backup fails with the reason instead of being
+ * `ready` and unrestorable: more than `maxEntries` members, a path longer than
+ * `maxPathBytes`, more than `maxOverheadBytes` of headers and maps, more data
+ * than the quota (counted in allocated blocks, as restore counts it), a
+ * sparse file with too many regions.
  */
 import type { Dirent, Stats } from "node:fs";
-import { closeSync, constants, fstatSync, openSync, read, readSync } from "node:fs";
-import { type FileHandle, lstat, open, readdir, readlink } from "node:fs/promises";
+import { closeSync, constants, fstatSync, lstatSync, openSync, read, readSync } from "node:fs";
+import { type FileHandle, lstat, open, opendir, readlink, statfs } from "node:fs/promises";
 import { promisify } from "node:util";
 import { type Header, type Pack, pack as tarPack } from "tar-stream";
+import { BACKUP_MAX_ENTRIES, BACKUP_MAX_OVERHEAD_BYTES, BACKUP_MAX_PATH_BYTES, BACKUP_MAX_SPARSE_REGIONS } from "../protocol.js";
+import { formatBytes, formatCount } from "../sandbox.js";
+import { type Region, dataRegions, encodeMap, fileAllocation, regionsAllocation, regionsBytes, symlinkAllocation } from "./sparse.js";
 
 /** Bytes read from a file at once. */
 const CHUNK_BYTES = 512 * 1024;
@@ -35,6 +52,16 @@ const CHUNK_BYTES = 512 * 1024;
  * asynchronously.
  */
 const SYNC_READ_BYTES = 256 * 1024;
+/**
+ * A directory with at most this many entries is archived with its names in
+ * byte order (reproducible archives); a larger one in the order the
+ * filesystem lists it, so memory never holds more names than this.
+ */
+const SORTED_ENTRIES = 50_000;
+/** Directory entries read at once. */
+const LIST_BUFFER_ENTRIES = 256;
+/** Most bytes of paths kept to write later links of hard-linked files as hardlink members. */
+const LINKED_PATHS_BYTES = 64 * 1024 * 1024;
 /** Bytes tar-stream may hold before a write waits for the consumer. */
 const PACK_BUFFER_BYTES = 256 * 1024;
 /** tar-stream writes mtime as a signed 32-bit number of seconds and ids in 6 octal digits; beyond that they go to pax. */
@@ -53,7 +80,7 @@ const utf8Exact = (raw: Buffer): string | null => {
 };
 
 /** Why a member was left out, as the job log says it. */
-function kindOf(stats: Stats | Dirent<Buffer>): string {
+function kindOf(stats: Stats | Dirent<string>): string {
   if (stats.isSocket()) return "socket";
   if (stats.isFIFO()) return "fifo";
   if (stats.isCharacterDevice()) return "character device";
@@ -118,7 +145,7 @@ function fitted(header: TarHeader): TarHeader {
   const seconds = Math.floor((header.mtime?.getTime() ?? 0) / 1000);
   const uid = header.uid ?? 0;
   const gid = header.gid ?? 0;
-  const pax: Record<string, string> = {};
+  const pax: Record<string, string> = { ...(header.pax as Record<string, string> | undefined) };
   if (seconds < 0 || seconds > MAX_USTAR_MTIME) pax.mtime = String(seconds);
   if (uid > MAX_USTAR_ID) pax.uid = String(uid);
   if (gid > MAX_USTAR_ID) pax.gid = String(gid);
@@ -159,21 +186,59 @@ export async function addMember(pack: Pack, input: TarHeader, content?: Buffer |
   await added;
 }
 
+/** A snapshot that would make a backup a restore refuses: the message says which limit and where. */
+export class SnapshotLimitExceeded extends Error {}
+
+/** Limits of one packing (defaults: the backup limits of protocol.ts, no quota). */
+export interface PackLimits {
+  maxEntries: number;
+  maxPathBytes: number;
+  maxOverheadBytes: number;
+  /** Most bytes the files may allocate (counted as restore counts them). */
+  quotaBytes: number;
+}
+
+const DEFAULT_LIMITS: PackLimits = {
+  maxEntries: BACKUP_MAX_ENTRIES,
+  maxPathBytes: BACKUP_MAX_PATH_BYTES,
+  maxOverheadBytes: BACKUP_MAX_OVERHEAD_BYTES,
+  quotaBytes: Number.POSITIVE_INFINITY,
+};
+
+/** A listed member: its name as latin1 (one char per byte: lossless, byte-ordered) and its type. */
+type Listed = Dirent<string>;
+
+const byName = (a: Listed, b: Listed) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0);
+/** Whether a latin1 name has bytes past ASCII (then it must be checked to be UTF-8). */
+function notAscii(name: string): boolean {
+  for (let i = 0; i < name.length; i++) if (name.charCodeAt(i) > 0x7f) return true;
+  return false;
+}
+
 /** Reads one directory tree into tar; counts what it wrote. */
 export class DirectoryPacker {
   readonly #root: string;
   readonly #warn: (message: string) => void;
-  /** First archive path of every inode with more than one link, so later links become hardlink members. */
-  readonly #linked = new Map<string, string>();
+  readonly #limits: PackLimits;
+  /** First archive path of every inode with more than one link, and how many of its links remain to be archived. */
+  readonly #linked = new Map<string, { path: string; remaining: number }>();
+  #linkedBytes = 0;
+  /** Block size of the filesystem packed: allocation is counted in its blocks. */
+  #blockSize = 4096;
   /** Members written (what `tar tzf` lists). */
   entries = 0;
   /** Bytes of the tar stream so far. */
   bytes = 0;
+  /** File data in the stream (sparse files: their regions); the rest is headers, maps and padding. */
+  dataBytes = 0;
+  /** What the files allocate, as restore counts it (whole blocks of data; fast symlinks none). */
+  allocatedBytes = 0;
 
   /** `warn` hears about members left out (sockets, fifos, devices, names that are not UTF-8) or changed mid-read. */
-  constructor(root: string, warn: (message: string) => void) {
+  constructor(root: string, warn: (message: string) => void, limits: Partial<PackLimits> = {}) {
     this.#root = root;
     this.#warn = warn;
+    this.#limits = { ...DEFAULT_LIMITS, ...limits };
   }
 
   #skip(path: string, why: string): void {
@@ -186,11 +251,13 @@ export class DirectoryPacker {
       this.bytes += chunk.length;
       yield chunk;
     }
+    this.#checkOverhead("the end");
   }
 
   async #members(pack: Pack): Promise<void> {
     const root = await open(this.#root, constants.O_RDONLY | constants.O_DIRECTORY | constants.O_NOFOLLOW);
     try {
+      this.#blockSize = (await statfs(`/proc/self/fd/${root.fd}`)).bsize;
       await addMember(pack, this.#header("./", "directory", await root.stat()));
       await this.#directory(pack, root, "./");
     } finally {
@@ -199,7 +266,19 @@ export class DirectoryPacker {
   }
 
   #header(name: string, type: Header["type"], stats: Stats, extra: Partial<Header> = {}): TarHeader {
-    this.entries++;
+    if (++this.entries > this.#limits.maxEntries) {
+      throw new SnapshotLimitExceeded(
+        `the disk holds more than ${formatCount(this.#limits.maxEntries)} entries (files, directories, symlinks and hard links; ` +
+          `reached at ${JSON.stringify(name)}): a backup holds at most that many`,
+      );
+    }
+    const pathBytes = Buffer.byteLength(name) - 2 - (name.endsWith("/") && name !== "./" ? 1 : 0);
+    if (pathBytes > this.#limits.maxPathBytes) {
+      throw new SnapshotLimitExceeded(
+        `${JSON.stringify(`${name.slice(0, 60)}…`)} is a path of ${formatCount(pathBytes)} bytes: a backup holds paths of at most ${formatCount(this.#limits.maxPathBytes)} bytes`,
+      );
+    }
+    this.#checkOverhead(JSON.stringify(name));
     return {
       name,
       type,
@@ -213,50 +292,87 @@ export class DirectoryPacker {
     };
   }
 
+  /** Counts a member's data and what it allocates, refusing data past the quota. */
+  #addData(name: string, dataBytes: number, allocated: number): void {
+    this.dataBytes += dataBytes;
+    this.allocatedBytes += allocated;
+    if (this.allocatedBytes > this.#limits.quotaBytes) {
+      throw new SnapshotLimitExceeded(
+        `the disk holds more than its quota of ${formatBytes(this.#limits.quotaBytes)} (reached at ${JSON.stringify(name)}): ` +
+          "a restore of this backup would not fit the disk",
+      );
+    }
+  }
+
+  #checkOverhead(where: string): void {
+    const overhead = this.bytes - this.dataBytes;
+    if (overhead > this.#limits.maxOverheadBytes) {
+      throw new SnapshotLimitExceeded(
+        `the archive's headers, names and sparse maps take more than ${formatBytes(this.#limits.maxOverheadBytes)} (reached at ${where}): ` +
+          "a backup holds at most that much besides file data",
+      );
+    }
+  }
+
   async #directory(pack: Pack, dir: FileHandle, prefix: string): Promise<void> {
     const base = `/proc/self/fd/${dir.fd}`;
-    // The listing's types spare an lstat per member; opening and fstat then check them.
-    const children = await readdir(base, { encoding: "buffer", withFileTypes: true });
-    children.sort((a, b) => Buffer.compare(a.name, b.name));
-    for (const child of children) {
-      const name = utf8Exact(child.name);
-      if (name === null) {
-        this.#skip(`${prefix}${child.name.toString("utf8")}`, "its name is not valid UTF-8");
-        continue;
+    // Names read as latin1 are the raw bytes, one char each: nothing is lost, and they sort in byte order.
+    const listing = await opendir(base, { encoding: "latin1", bufferSize: LIST_BUFFER_ENTRIES });
+    try {
+      const first: Listed[] = [];
+      // One name more than are sorted tells a huge directory.
+      let next = await listing.read();
+      while (next !== null && first.length < SORTED_ENTRIES) {
+        first.push(next);
+        next = await listing.read();
       }
-      const at = `${base}/${name}`;
-      const path = `${prefix}${name}`;
-      if (child.isDirectory()) {
-        const opened = await this.#open(at, path, constants.O_DIRECTORY);
-        if (!opened) continue;
-        try {
-          await addMember(pack, this.#header(`${path}/`, "directory", await opened.stat()));
-          await this.#directory(pack, opened, `${path}/`);
-        } finally {
-          await opened.close();
-        }
-      } else if (child.isFile()) {
-        const fd = this.#openFile(at, path);
-        if (fd === null) continue;
-        try {
-          await this.#file(pack, fd, path);
-        } finally {
-          closeSync(fd);
-        }
-      } else if (child.isSymbolicLink()) {
-        let stats: Stats;
-        let target: string | null;
-        try {
-          stats = await lstat(at);
-          target = utf8Exact(await readlink(at, { encoding: "buffer" }));
-        } catch {
-          continue; // deleted or replaced since the listing
-        }
-        if (target === null) this.#skip(path, "its target is not valid UTF-8");
-        else await addMember(pack, this.#header(path, "symlink", stats, { linkname: target }));
-      } else {
-        this.#skip(path, `${kindOf(child)}s are not archived`);
+      if (next === null) first.sort(byName);
+      for (const child of first) await this.#child(pack, base, prefix, child);
+      // A huge directory: the rest as it comes, a few names at a time.
+      for (; next !== null; next = await listing.read()) await this.#child(pack, base, prefix, next);
+    } finally {
+      await listing.close().catch(() => undefined);
+    }
+  }
+
+  async #child(pack: Pack, base: string, prefix: string, child: Listed): Promise<void> {
+    const raw = child.name;
+    const name = notAscii(raw) ? utf8Exact(Buffer.from(raw, "latin1")) : raw;
+    if (name === null) {
+      this.#skip(`${prefix}${Buffer.from(raw, "latin1").toString("utf8")}`, "its name is not valid UTF-8");
+      return;
+    }
+    const at = `${base}/${name}`;
+    const path = `${prefix}${name}`;
+    if (child.isDirectory()) {
+      const opened = await this.#open(at, path, constants.O_DIRECTORY);
+      if (!opened) return;
+      try {
+        await addMember(pack, this.#header(`${path}/`, "directory", await opened.stat()));
+        await this.#directory(pack, opened, `${path}/`);
+      } finally {
+        await opened.close();
       }
+    } else if (child.isFile()) {
+      await this.#file(pack, at, path);
+    } else if (child.isSymbolicLink()) {
+      let stats: Stats;
+      let target: string | null;
+      try {
+        stats = await lstat(at);
+        target = utf8Exact(await readlink(at, { encoding: "buffer" }));
+      } catch {
+        return; // deleted or replaced since the listing
+      }
+      if (target === null) {
+        this.#skip(path, "its target is not valid UTF-8");
+        return;
+      }
+      const header = this.#header(path, "symlink", stats, { linkname: target });
+      this.#addData(path, 0, symlinkAllocation(Buffer.byteLength(target), this.#blockSize));
+      await addMember(pack, header);
+    } else {
+      this.#skip(path, `${kindOf(child)}s are not archived`);
     }
   }
 
@@ -280,40 +396,124 @@ export class DirectoryPacker {
     }
   }
 
-  async #file(pack: Pack, fd: number, path: string): Promise<void> {
-    const stats = fstatSync(fd);
-    if (!stats.isFile()) {
+  /**
+   * A regular file. An empty one is archived from lstat alone (many tiny
+   * files are common and opening costs most); others are opened without
+   * following links and checked with fstat, which the header then describes.
+   */
+  async #file(pack: Pack, at: string, path: string): Promise<void> {
+    let listed: Stats;
+    try {
+      listed = lstatSync(at);
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code !== "ENOENT") this.#skip(path, "it changed while the snapshot ran");
+      return;
+    }
+    if (!listed.isFile()) {
       this.#skip(path, "it changed while the snapshot ran");
       return;
     }
+    if (listed.size === 0) {
+      await this.#regular(pack, null, path, listed);
+      return;
+    }
+    const fd = this.#openFile(at, path);
+    if (fd === null) return;
+    try {
+      const stats = fstatSync(fd);
+      if (!stats.isFile()) {
+        this.#skip(path, "it changed while the snapshot ran");
+        return;
+      }
+      await this.#regular(pack, fd, path, stats);
+    } finally {
+      closeSync(fd);
+    }
+  }
+
+  async #regular(pack: Pack, fd: number | null, path: string, stats: Stats): Promise<void> {
     if (stats.nlink > 1) {
       const inode = `${stats.dev}:${stats.ino}`;
       const first = this.#linked.get(inode);
       if (first !== undefined) {
-        await addMember(pack, this.#header(path, "link", stats, { linkname: first }));
+        if (--first.remaining <= 0) {
+          this.#linked.delete(inode);
+          this.#linkedBytes -= first.path.length;
+        }
+        await addMember(pack, this.#header(path, "link", stats, { linkname: first.path }));
         return;
       }
-      this.#linked.set(inode, path);
+      this.#linkedBytes += path.length;
+      if (this.#linkedBytes > LINKED_PATHS_BYTES) {
+        throw new SnapshotLimitExceeded(
+          `the disk's hard-linked files have more than ${formatBytes(LINKED_PATHS_BYTES)} of paths to remember (reached at ${JSON.stringify(path)})`,
+        );
+      }
+      this.#linked.set(inode, { path, remaining: stats.nlink - 1 });
+    }
+    if (fd !== null && stats.blocks * 512 < stats.size) {
+      const regions = await dataRegions(fd, stats.size, this.#blockSize);
+      if (regions === null) {
+        throw new SnapshotLimitExceeded(
+          `${JSON.stringify(path)} has more than ${formatCount(BACKUP_MAX_SPARSE_REGIONS)} separate data regions: a backup holds sparse files of at most that many`,
+        );
+      }
+      if (regionsBytes(regions) < stats.size) {
+        await this.#sparse(pack, fd, path, stats, regions);
+        return;
+      }
     }
     const header = this.#header(path, "file", stats, { size: stats.size });
-    if (stats.size <= SYNC_READ_BYTES) await addMember(pack, header, this.#read(fd, path, stats.size));
-    else await addMember(pack, header, this.#chunks(fd, path, stats.size));
+    this.#addData(path, stats.size, fileAllocation(stats.size, this.#blockSize));
+    if (fd === null) await addMember(pack, header);
+    else if (stats.size <= SYNC_READ_BYTES) await addMember(pack, header, this.#read(fd, path, stats.size));
+    else await addMember(pack, header, this.#chunks(fd, path, [{ offset: 0, length: stats.size }]));
   }
 
-  async *#chunks(fd: number, path: string, size: number): AsyncGenerator<Buffer> {
-    for (let position = 0; position < size; position += CHUNK_BYTES) {
-      const length = Math.min(CHUNK_BYTES, size - position);
-      const buffer = Buffer.allocUnsafe(length);
-      let filled = 0;
-      while (filled < length) {
-        const { bytesRead } = await readAsync(fd, buffer, filled, length - filled, position + filled);
-        if (bytesRead === 0) {
-          this.#shrank(path, position + filled, buffer, filled);
-          break;
+  /** A sparse file as a pax 1.0 sparse member: the map, then only its data regions. */
+  async #sparse(pack: Pack, fd: number, path: string, stats: Stats, found: Region[]): Promise<void> {
+    const regions = [...found];
+    // As GNU tar writes it: a last empty region at the end gives the file its size.
+    const last = regions[regions.length - 1];
+    if (!last || last.offset + last.length < stats.size) regions.push({ offset: stats.size, length: 0 });
+    const map = encodeMap(regions);
+    const data = regionsBytes(regions);
+    const slash = path.lastIndexOf("/");
+    const header = this.#header(`${path.slice(0, slash)}/GNUSparseFile.0/${path.slice(slash + 1)}`, "file", stats, {
+      size: map.length + data,
+      pax: {
+        "GNU.sparse.major": "1",
+        "GNU.sparse.minor": "0",
+        "GNU.sparse.name": path,
+        "GNU.sparse.realsize": String(stats.size),
+      },
+    });
+    this.#addData(path, data, regionsAllocation(regions, this.#blockSize));
+    const chunks = this.#chunks(fd, path, regions);
+    await addMember(pack, header, (async function* () {
+      yield map;
+      yield* chunks;
+    })());
+  }
+
+  /** The bytes of `regions` of the file, a bounded chunk at a time. */
+  async *#chunks(fd: number, path: string, regions: readonly Region[]): AsyncGenerator<Buffer> {
+    for (const { offset, length: regionLength } of regions) {
+      const end = offset + regionLength;
+      for (let position = offset; position < end; position += CHUNK_BYTES) {
+        const length = Math.min(CHUNK_BYTES, end - position);
+        const buffer = Buffer.allocUnsafe(length);
+        let filled = 0;
+        while (filled < length) {
+          const { bytesRead } = await readAsync(fd, buffer, filled, length - filled, position + filled);
+          if (bytesRead === 0) {
+            this.#shrank(path, position + filled, buffer, filled);
+            break;
+          }
+          filled += bytesRead;
         }
-        filled += bytesRead;
+        yield buffer;
       }
-      yield buffer;
     }
   }
 
