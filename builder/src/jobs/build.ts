@@ -37,7 +37,7 @@ import {
 import { downloadSource } from "../source-archive.js";
 import { projectFiles, realDirInside } from "../static/files.js";
 import { buildManifest } from "../static/manifest.js";
-import { parseSvcJson, type SvcJson } from "../static/project-config.js";
+import { parseSvcJson, runtimeMismatch, type SvcJson } from "../static/project-config.js";
 import { CONTAINER_FILES, generateServerFiles } from "../static/server-config.js";
 import { uploadMissingBlobs } from "../static/upload.js";
 import { installFailureFromLog } from "./install-error.js";
@@ -326,6 +326,8 @@ async function planBuild(files: ProjectFiles, spec: BuildSpec, log: JobLog): Pro
     if (!parsed.ok) return parsed;
     config = parsed.config;
     log.note(`svc.json: ${JSON.stringify(config)}`);
+    const mismatch = runtimeMismatch(config, "static");
+    if (mismatch !== null) return { ok: false, error: mismatch };
   }
   const planned = await planSite(files, config, spec.overrides ?? {});
   if (!planned.ok) return planned;
