@@ -29,6 +29,13 @@ export interface BuilderConfig {
   shutdownGraceMs: number;
   /** Package mirror builds install through; null keeps the package managers' default registry. */
   npmRegistry: string | null;
+  /**
+   * Python package index (PEP 503 "simple" URL) pip installs python apps'
+   * requirements from; its host becomes reachable from builds. Null: none.
+   */
+  pipIndexUrl: string | null;
+  /** Absolute path of a folder of wheels (pip's find-links), shown read-only to python builds; null: none. */
+  pipFindLinks: string | null;
 }
 
 const EnvSchema = z.object({
@@ -42,6 +49,8 @@ const EnvSchema = z.object({
   BUILDER_BUILD_SCRATCH_MB: z.coerce.number().int().min(64).max(1_048_576).default(4096),
   BUILDER_SHUTDOWN_GRACE_SECONDS: z.coerce.number().int().min(0).max(3600).default(20),
   NPM_CONFIG_REGISTRY: z.url({ protocol: /^https?$/, error: "must be an http(s) URL" }).optional(),
+  BUILDER_PIP_INDEX_URL: z.url({ protocol: /^https?$/, error: "must be an http(s) URL" }).optional(),
+  BUILDER_PIP_FIND_LINKS: z.string().min(1).optional(),
 });
 
 /** Parses the environment; expected mistakes come back as readable lines, not exceptions. */
@@ -68,6 +77,8 @@ export function loadConfig(
       buildScratchBytes: values.BUILDER_BUILD_SCRATCH_MB * 1024 * 1024,
       shutdownGraceMs: values.BUILDER_SHUTDOWN_GRACE_SECONDS * 1000,
       npmRegistry: values.NPM_CONFIG_REGISTRY ?? null,
+      pipIndexUrl: values.BUILDER_PIP_INDEX_URL ?? null,
+      pipFindLinks: values.BUILDER_PIP_FIND_LINKS === undefined ? null : resolve(cwd, values.BUILDER_PIP_FIND_LINKS),
     },
   };
 }
