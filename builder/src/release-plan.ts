@@ -161,8 +161,14 @@ export async function planRelease(
     if (pkg.scripts?.build) conventionalBuild = { command: `${installed.value.packageManager} run build`, from: "package.json's build script" };
   } else if (runtime === "python") {
     const from = await firstExisting(files, ["requirements.txt", "pyproject.toml"] as const);
-    if (from !== null) install = { packageManager: "pip", lockfile: from as "requirements.txt" | "pyproject.toml" };
-    else nothingToInstall = "no requirements.txt or pyproject.toml: nothing to install (the standard library only)";
+    const requirements = from === "requirements.txt" ? await files.read(from) : null;
+    if (requirements?.split(/\r?\n/).every((line) => /^\s*(#.*)?$/.test(line))) {
+      nothingToInstall = "requirements.txt names no requirements: nothing to install (the standard library only)";
+    } else if (from !== null) {
+      install = { packageManager: "pip", lockfile: from as "requirements.txt" | "pyproject.toml" };
+    } else {
+      nothingToInstall = "no requirements.txt or pyproject.toml: nothing to install (the standard library only)";
+    }
   } else {
     nothingToInstall = "custom runtime: nothing is installed (buildCommand can fetch what the app needs from the package registry)";
   }
@@ -212,7 +218,7 @@ export async function detectRuntime(files: ProjectFiles): Promise<{ runtime: Run
   const read = await readPackageJson(files);
   const pkg = read !== null && !("error" in read) ? read : null;
   const nodeStart = pkg === null ? null : await conventionalStart(files, "node", pkg);
-  if (nodeStart !== null) return { runtime: "node", why: `package.json (${nodeStart.from})` };
+  if (nodeStart !== null) return { runtime: "node", why: "package.json" };
   if (site !== null) return { runtime: "static", why: site.outputDir === "static" ? "static/index.html" : "index.html at the root" };
   if (read !== null) return { runtime: "node", why: "package.json" };
   const entry = await firstExisting(files, PYTHON_ENTRY_FILES);

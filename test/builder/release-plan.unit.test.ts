@@ -103,7 +103,11 @@ describe("planRelease for python and custom", () => {
       install: null,
       nothingToInstall: "no requirements.txt or pyproject.toml: nothing to install (the standard library only)",
     });
-    expect(await plan({ "requirements.txt": "", Procfile: "web: gunicorn app:app" }, "python")).toMatchObject({ startCommand: "gunicorn app:app" });
+    expect(await plan({ "requirements.txt": "gunicorn", Procfile: "web: gunicorn app:app" }, "python")).toMatchObject({ startCommand: "gunicorn app:app" });
+    expect(await plan({ "requirements.txt": "# none yet\n\n", "main.py": "" }, "python")).toMatchObject({
+      install: null,
+      nothingToInstall: "requirements.txt names no requirements: nothing to install (the standard library only)",
+    });
     expect(await refusal({ "requirements.txt": "" }, "python")).toMatch(/^no start command: add startCommand to svc\.json \(e\.g\. "gunicorn app:app"\)/);
   });
 
