@@ -166,6 +166,29 @@ describe("a python app with requirements.txt", () => {
   }, 120_000);
 });
 
+describe("a python project with pyproject.toml", () => {
+  it("is installed with pip install . (its own build backend, its dependency from the wheels) and starts", async () => {
+    const { status, result, log, archive } = await releaseToEnd(
+      builder,
+      storage,
+      releaseSpec(worker, storage, "python-pyproject", join(appsDir, "python-pyproject"), "python"),
+    );
+    expect(status, log).toMatchObject({ status: "succeeded", exitCode: 0 });
+    expect(result).toMatchObject({ runtime: "python", packageManager: "pip", startCommand: "python3 main.py" });
+    expect(svcLines(log)).toContainEqual(expect.stringMatching(/&& \/work\/\.venv\/bin\/pip install \.$/));
+    expect(log).toMatch(/ out Successfully installed pyproject-app-1\.0\.0 svcgreeting-1\.0\.0/);
+    const dir = await unpack(archive, result!);
+    const [python] = await readdir(join(dir, ".venv/lib"));
+    expect(existsSync(join(dir, ".venv/lib", python!, "site-packages/pyproject_app/__init__.py"))).toBe(true);
+    const app = await startApp(dir, result!.startCommand);
+    try {
+      expect(await getFromApp(app, "/")).toEqual({ status: 200, body: "hello from a wheel, through pyproject.toml\n" });
+    } finally {
+      await app.stop();
+    }
+  }, 120_000);
+});
+
 describe("a python app on the standard library alone", () => {
   it("installs nothing, starts python3 main.py and keeps svc.json's health check", async () => {
     const { status, result, log, archive } = await releaseToEnd(

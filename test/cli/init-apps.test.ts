@@ -62,6 +62,10 @@ describe("svc init for apps that run", () => {
     expect(r.stdout).toContain('Detected: python app (requirements.txt), web, port 8080, start "python3 app.py" (found app.py), dependencies from requirements.txt (pip)');
     expect(await written(withRequirements)).toEqual({ name: "python-requirements", runtime: "python", type: "web", startCommand: "python3 app.py", port: 8080 });
 
+    const pyproject = await copy("python-pyproject");
+    const fromPyproject = await svc(["init", "--dir", pyproject], home.env);
+    expect(fromPyproject.stdout).toContain('Detected: python app (pyproject.toml), web, port 8080, start "python3 main.py" (found main.py), dependencies from pyproject.toml (pip)');
+
     const stdlib = await copy("python-stdlib");
     const forced = await svc(["init", "--dir", stdlib, "--force"], home.env);
     expect(forced.code).toBe(0);
