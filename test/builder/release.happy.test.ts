@@ -1,3 +1,4 @@
+import { execFileSync } from "node:child_process";
 import { existsSync } from "node:fs";
 import { lstat, readdir, readFile, readlink, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
@@ -142,6 +143,16 @@ describe("a python app with requirements.txt", () => {
     expect((await lstat(join(dir, ".venv/bin/python3"))).isFile()).toBe(true);
     expect(await readlink(join(dir, ".venv/bin/python"))).toBe("python3");
     expect(await readFile(join(dir, ".venv/pyvenv.cfg"), "utf8")).toMatch(/^home = \/usr\/bin$/m);
+  });
+
+  it("runs its installed commands where nodes put it, at /work (their shebangs name /work/.venv/bin/python3)", () => {
+    const atWork = (command: string[]) =>
+      execFileSync("bwrap", ["--ro-bind", "/", "/", "--bind", dir, "/work", "--dev", "/dev", "--proc", "/proc", "--chdir", "/work", "--", ...command], {
+        encoding: "utf8",
+        env: { PATH: "/work/.venv/bin:/usr/bin:/bin" },
+      });
+    expect(atWork(["pip", "--version"])).toMatch(/^pip \S+ from \/work\/\.venv\/lib\/python3\.\d+\/site-packages\/pip /);
+    expect(atWork(["python3", "-c", "import sys, svcindexed; print(sys.prefix, svcindexed.greeting())"])).toBe("/work/.venv hello from the index\n");
   });
 
   it("starts with python3 app.py from the virtualenv, importing both packages", async () => {
