@@ -31,6 +31,13 @@ export interface BuilderConfig {
   npmRegistry: string | null;
   /** Bytes of the data dir's filesystem never promised to disks; null: 10 % of its size. */
   hostReserveBytes: number | null;
+  /**
+   * Python package index (PEP 503 "simple" URL) pip installs python apps'
+   * requirements from; its host becomes reachable from builds. Null: none.
+   */
+  pipIndexUrl: string | null;
+  /** Absolute path of a folder of wheels (pip's find-links), shown read-only to python builds; null: none. */
+  pipFindLinks: string | null;
 }
 
 const EnvSchema = z.object({
@@ -45,6 +52,8 @@ const EnvSchema = z.object({
   BUILDER_SHUTDOWN_GRACE_SECONDS: z.coerce.number().int().min(0).max(3600).default(20),
   NPM_CONFIG_REGISTRY: z.url({ protocol: /^https?$/, error: "must be an http(s) URL" }).optional(),
   BUILDER_HOST_RESERVE_MB: z.coerce.number().int().min(0).max(1_073_741_824).optional(),
+  BUILDER_PIP_INDEX_URL: z.url({ protocol: /^https?$/, error: "must be an http(s) URL" }).optional(),
+  BUILDER_PIP_FIND_LINKS: z.string().min(1).optional(),
 });
 
 /** Parses the environment; expected mistakes come back as readable lines, not exceptions. */
@@ -72,6 +81,8 @@ export function loadConfig(
       shutdownGraceMs: values.BUILDER_SHUTDOWN_GRACE_SECONDS * 1000,
       npmRegistry: values.NPM_CONFIG_REGISTRY ?? null,
       hostReserveBytes: values.BUILDER_HOST_RESERVE_MB === undefined ? null : values.BUILDER_HOST_RESERVE_MB * 1024 * 1024,
+      pipIndexUrl: values.BUILDER_PIP_INDEX_URL ?? null,
+      pipFindLinks: values.BUILDER_PIP_FIND_LINKS === undefined ? null : resolve(cwd, values.BUILDER_PIP_FIND_LINKS),
     },
   };
 }

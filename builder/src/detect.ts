@@ -49,6 +49,8 @@ export interface PackageJson {
   dependencies?: Record<string, string>;
   devDependencies?: Record<string, string>;
   packageManager?: string;
+  /** The entry point a server app runs (`node <main>`) when it has no start script. */
+  main?: string;
 }
 
 /** People-facing names of the framework ids, for logs and error messages. */
@@ -143,8 +145,14 @@ export async function readPackageJson(files: ProjectFiles): Promise<PackageJson 
   if (dependencies) pkg.dependencies = dependencies;
   if (devDependencies) pkg.devDependencies = devDependencies;
   if (typeof record.packageManager === "string") pkg.packageManager = record.packageManager;
+  if (typeof record.main === "string" && record.main !== "") pkg.main = record.main;
   return pkg;
 }
+
+/** Why a project with dependencies and no lockfile is refused before anything is installed (spec rule 7). */
+export const MISSING_LOCKFILE =
+  `package.json lists dependencies but no lockfile was found: commit one of ${LOCKFILES.map((entry) => entry.file).join(", ")} ` +
+  "(the build installs exactly what it pins)";
 
 /** Whether installing is needed at all: only dependencies and devDependencies count. */
 export function hasDependencies(pkg: PackageJson): boolean {
@@ -339,13 +347,7 @@ export async function planSite(
   let install: SitePlan["install"] = null;
   let nothingToInstall: string | null = null;
   if (buildCommand !== null && pkg !== null && hasDependencies(pkg)) {
-    if (lockfile === null) {
-      const names = LOCKFILES.map((entry) => entry.file).join(", ");
-      return {
-        ok: false,
-        error: `package.json lists dependencies but no lockfile was found: commit one of ${names} (the build installs exactly what it pins)`,
-      };
-    }
+    if (lockfile === null) return { ok: false, error: MISSING_LOCKFILE };
     install = { packageManager: lockfile.packageManager, lockfile: lockfile.file };
   } else if (buildCommand !== null) {
     nothingToInstall = pkg === null ? "no package.json: nothing to install" : "package.json lists no dependencies: nothing to install";

@@ -10,7 +10,7 @@ import { mkdir, readFile, readdir, rename, rm, stat, writeFile } from "node:fs/p
 import { join } from "node:path";
 import { deliverCallback } from "./callback.js";
 import type { DiskStore } from "./disks.js";
-import { runBuild } from "./jobs/build.js";
+import { NO_PIP_SOURCES, type PipSources, runBuild } from "./jobs/build.js";
 import { restoreJob } from "./jobs/restore.js";
 import { runJob } from "./jobs/run.js";
 import { snapshotJob } from "./jobs/snapshot.js";
@@ -140,6 +140,8 @@ export interface JobManagerOptions {
   buildScratchBytes: number;
   /** Package mirror that builds install through (NPM_CONFIG_REGISTRY); null keeps npm's default. */
   npmRegistry: string | null;
+  /** Where python builds install from (BUILDER_PIP_INDEX_URL, BUILDER_PIP_FIND_LINKS); absent: nowhere. */
+  pip?: PipSources;
 }
 
 const isFinal = (status: JobStatus["status"]) => status === "succeeded" || status === "failed" || status === "cancelled";
@@ -219,7 +221,7 @@ export class JobManager {
 
   /** Accepts a static-site build (jobs/build.ts), queued and refused like a run; it uses no disk. */
   submitBuild(spec: BuildSpec): Promise<Admission> {
-    const { host, tenants, secret, npmRegistry, buildScratchBytes } = this.#options;
+    const { host, tenants, secret, npmRegistry, buildScratchBytes, pip = NO_PIP_SOURCES } = this.#options;
     return this.#admit({
       key: spec.key,
       labels: spec.labels,
@@ -228,7 +230,7 @@ export class JobManager {
       ...fairShareOf(spec),
       disk: null,
       execute: async (context) =>
-        runBuild({ ...context, spec, host, user: await tenants.userOf(spec.tenant), scratchBytes: buildScratchBytes, secret, npmRegistry }),
+        runBuild({ ...context, spec, host, user: await tenants.userOf(spec.tenant), scratchBytes: buildScratchBytes, secret, npmRegistry, pip }),
     });
   }
 

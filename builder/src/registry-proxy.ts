@@ -1,6 +1,7 @@
 /**
  * The only way out of a build's sandbox: an HTTP proxy that reaches the package
- * registry and nothing else (spec, static sites rule 7). Builds run in a network
+ * registry (and the python package index, when the builder has one) and
+ * nothing else (spec, static sites rule 7). Builds run in a network
  * namespace with nothing but loopback; a tiny forwarder inside the sandbox
  * (`FORWARDER_SOURCE`, started by the sandbox before the step's command) listens
  * on 127.0.0.1:{@link PROXY_PORT} there and relays every connection to this
@@ -27,6 +28,9 @@ export const SANDBOX_SOCKET_PATH = "/run/svc/registry.sock";
 const DEFAULT_REGISTRY = "https://registry.npmjs.org/";
 /** yarn 1 lockfiles name this host; it serves the same packages as npm's. */
 const YARN_REGISTRY = "https://registry.yarnpkg.com/";
+/** PyPI's index pages link to files on this host. */
+const PYPI_HOST = "pypi.org";
+const PYPI_FILES = "https://files.pythonhosted.org/";
 
 /**
  * The forwarder, run with `node -e` inside the sandbox: it prints one line once
@@ -50,20 +54,31 @@ export class RegistryProxy {
   readonly socketPath: string;
   readonly #server: Server;
   readonly #origins: URL[];
+  /** How many of the origins, first in the list, are the npm registry's. */
+  readonly #npmOrigins: number;
 
-  private constructor(socketPath: string, server: Server, origins: URL[]) {
+  private constructor(socketPath: string, server: Server, origins: URL[], npmOrigins: number) {
     this.socketPath = socketPath;
     this.#server = server;
     this.#origins = origins;
+    this.#npmOrigins = npmOrigins;
   }
 
-  /** Listens on `socketPath` (replacing a stale socket) for the registry `registry` (null: the public npm registry). */
-  static async open(socketPath: string, registry: string | null): Promise<RegistryProxy> {
+  /**
+   * Listens on `socketPath` (replacing a stale socket) for the registry
+   * `registry` (null: the public npm registry) and, when given, the python
+   * package index `pipIndex` (the builder's BUILDER_PIP_INDEX_URL): its whole
+   * origin, since indexes link to their files elsewhere on their host (PyPI:
+   * on files.pythonhosted.org, which comes with it).
+   */
+  static async open(socketPath: string, registry: string | null, pipIndex: string | null = null): Promise<RegistryProxy> {
     // yarn 1 lockfiles name the public registry's other host; it is the same registry, so it comes with it.
     const chosen = registry ?? DEFAULT_REGISTRY;
-    const origins = [chosen, ...(new URL(chosen).host === new URL(DEFAULT_REGISTRY).host ? [YARN_REGISTRY] : [])].map((url) => new URL(url));
+    const npm = [chosen, ...(new URL(chosen).host === new URL(DEFAULT_REGISTRY).host ? [YARN_REGISTRY] : [])];
+    const pip = pipIndex === null ? [] : [new URL("/", pipIndex).href, ...(new URL(pipIndex).hostname === PYPI_HOST ? [PYPI_FILES] : [])];
+    const origins = [...npm, ...pip].map((url) => new URL(url));
     const server = createServer();
-    const proxy = new RegistryProxy(socketPath, server, origins);
+    const proxy = new RegistryProxy(socketPath, server, origins, npm.length);
     server.on("connect", (req: IncomingMessage, socket: Duplex, head: Buffer) => proxy.#tunnel(req, socket, head));
     server.on("request", (req: IncomingMessage, res: ServerResponse) => proxy.#forward(req, res));
     await rm(socketPath, { force: true });
@@ -76,9 +91,17 @@ export class RegistryProxy {
     return proxy;
   }
 
-  /** The registries a build can reach, for the log. */
+  /** The registries (and package index) a build can reach, for the log. */
   get allowed(): string {
     return this.#origins.map((origin) => origin.origin).join(", ");
+  }
+
+  /** The npm registry's origins alone, for the log of a node install. */
+  get npmAllowed(): string {
+    return this.#origins
+      .slice(0, this.#npmOrigins)
+      .map((origin) => origin.origin)
+      .join(", ");
   }
 
   async close(): Promise<void> {
@@ -92,7 +115,7 @@ export class RegistryProxy {
     const target = req.url ?? "";
     const allowed = this.#origins.some((origin) => origin.protocol === "https:" && hostPort(origin) === target);
     if (!allowed) {
-      socket.end(`HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\n\r\nbuilds may only reach the package registry (${this.allowed}), not ${target}\n`);
+      socket.end(`HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\n\r\nbuilds may only reach the package registries (${this.allowed}), not ${target}\n`);
       return;
     }
     const [host, port] = [target.slice(0, target.lastIndexOf(":")), Number(target.slice(target.lastIndexOf(":") + 1))];
@@ -117,7 +140,7 @@ export class RegistryProxy {
     }
     const origin = this.#origins.find((o) => o.origin === url.origin && url.pathname.startsWith(o.pathname));
     if (!origin) {
-      res.writeHead(403, { "Content-Type": "text/plain" }).end(`builds may only reach the package registry (${this.allowed})\n`);
+      res.writeHead(403, { "Content-Type": "text/plain" }).end(`builds may only reach the package registries (${this.allowed})\n`);
       return;
     }
     const send = url.protocol === "https:" ? httpsRequest : httpRequest;

@@ -29,6 +29,8 @@ export interface SandboxHostOptions {
   dataDir: string;
   /** The registry builds may reach (the builder's NPM_CONFIG_REGISTRY); null: the public npm registry. */
   npmRegistry: string | null;
+  /** The python package index builds may reach too (BUILDER_PIP_INDEX_URL); null: none. */
+  pipIndexUrl?: string | null;
   /** A uid to try the sandbox with at startup (the first tenant uid of a root builder). */
   probeUser: JobUser | null;
 }
@@ -94,7 +96,7 @@ export class SandboxHost {
     );
     const network = await RunNetwork.open();
     summary.push(`network: ${"reason" in network ? network.reason : network.description}; builds reach only the package registry`);
-    const registry = await RegistryProxy.open(await socketPath(options.dataDir), options.npmRegistry);
+    const registry = await RegistryProxy.open(await socketPath(options.dataDir), options.npmRegistry, options.pipIndexUrl ?? null);
 
     let failure: string | null = null;
     let alias: { from: string; to: string } | null = null;

@@ -58,6 +58,8 @@ export const SANDBOX_WORK_DIR = "/work";
 export const SANDBOX_HOME_DIR = "/home/svc";
 /** Where a build's helper commands (yarn/pnpm through npx) appear, read-only. */
 export const SANDBOX_TOOLS_DIR = "/run/svc/tools";
+/** Where a python build sees the builder's folder of wheels (BUILDER_PIP_FIND_LINKS), read-only. */
+export const SANDBOX_WHEELS_DIR = "/run/svc/wheels";
 /** Where a run's source archive appears inside the sandbox (unpacked into /work before the command). */
 const SANDBOX_SOURCE_PATH = "/run/svc/source.tar.gz";
 /** Time a job's processes get between SIGTERM and SIGKILL. */
@@ -329,6 +331,8 @@ export interface SandboxOptions {
   network: "egress" | "registry" | "none";
   /** Host folder of builder-made helper commands, shown read-only at {@link SANDBOX_TOOLS_DIR}. */
   tools: string | null;
+  /** Host folder of python wheels, shown read-only at {@link SANDBOX_WHEELS_DIR} (it must be readable by every user). */
+  wheels?: string | null;
   timeoutMs: number;
   memoryLimitBytes: number;
   disk: { path: string; mountPath: string; quotaBytes: number } | null;
@@ -435,6 +439,7 @@ function bwrapOptions(options: SandboxOptions, env: Record<string, string>, with
   if (options.disk) args.push("--bind", host.visible(options.disk.path), options.disk.mountPath);
   if (options.source) args.push("--ro-bind", host.visible(options.source), SANDBOX_SOURCE_PATH);
   if (options.tools) args.push("--ro-bind", host.visible(options.tools), SANDBOX_TOOLS_DIR);
+  if (options.wheels) args.push("--ro-bind", options.wheels, SANDBOX_WHEELS_DIR);
   if (options.network === "registry") args.push("--bind", host.visible(host.registry.socketPath), SANDBOX_SOCKET_PATH);
   args.push("--remount-ro", "/", "--chdir", SANDBOX_WORK_DIR, "--clearenv");
   for (const [name, value] of Object.entries(env)) args.push("--setenv", name, value);

@@ -6,7 +6,7 @@
  * http://host:port` (with the real port when BUILDER_PORT=0) once it accepts
  * requests.
  */
-import { chmod, mkdir } from "node:fs/promises";
+import { chmod, mkdir, stat } from "node:fs/promises";
 import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
@@ -33,9 +33,14 @@ await mkdir(config.dataDir, { recursive: true, mode: 0o711 });
 // Job users bind their disks and scratch space from below it: traversable, never listable.
 await chmod(config.dataDir, 0o711);
 const tenants = await TenantUsers.open(config.dataDir, config.tenantUidBase);
+if (config.pipFindLinks !== null && !(await stat(config.pipFindLinks).catch(() => null))?.isDirectory()) {
+  console.error(`builder: invalid configuration\n  BUILDER_PIP_FIND_LINKS: ${config.pipFindLinks} is not a folder`);
+  process.exit(1);
+}
 const host = await SandboxHost.open({
   dataDir: config.dataDir,
   npmRegistry: config.npmRegistry,
+  pipIndexUrl: config.pipIndexUrl,
   probeUser: config.tenantUidBase === null ? null : { uid: config.tenantUidBase, gid: config.tenantUidBase },
 });
 host.network?.fill(config.maxConcurrentJobs);
@@ -50,6 +55,7 @@ const jobs = await JobManager.open({
   tenants,
   buildScratchBytes: config.buildScratchBytes,
   npmRegistry: config.npmRegistry,
+  pip: { indexUrl: config.pipIndexUrl, findLinks: config.pipFindLinks },
 });
 
 const server = createServer(createRequestHandler({ secret: config.secret, jobs, disks, nonces: new NonceCache() }));
@@ -77,6 +83,10 @@ server.listen(config.port, config.host, () => {
   );
   console.log(
     `builder slots: ${config.maxConcurrentJobs} jobs at once; per account the plan's limit the Worker sends (${config.tenantConcurrency} when it sends none), never all slots when there are several`,
+  );
+  const pip = [config.pipIndexUrl && `index ${config.pipIndexUrl}`, config.pipFindLinks && `wheels in ${config.pipFindLinks}`].filter(Boolean);
+  console.log(
+    `builder python packages: ${pip.length > 0 ? pip.join(", ") : "none (python apps with requirements fail until BUILDER_PIP_INDEX_URL or BUILDER_PIP_FIND_LINKS is set)"}`,
   );
   console.log(`builder listening on http://${where}:${address.port}`);
 });

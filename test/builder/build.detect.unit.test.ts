@@ -159,10 +159,10 @@ describe("contentTypeFor", () => {
 });
 
 describe("parseSvcJson", () => {
-  it("accepts the documented fields and requires runtime static", () => {
+  it("accepts the documented fields and requires a runtime", () => {
     const config = { name: "blog", runtime: "static", buildCommand: "npm run build", outputDir: "dist", port: 80, spa: true };
     expect(parseSvcJson(JSON.stringify(config))).toEqual({ ok: true, config });
-    expect(parseSvcJson("{}")).toEqual({ ok: false, error: 'svc.json: field "runtime" is required and must be "static"' });
+    expect(parseSvcJson("{}")).toEqual({ ok: false, error: 'svc.json: field "runtime" is required: one of "static", "node", "python", "custom"' });
     expect(parseSvcJson('{"runtime":"static","port":80.5}')).toEqual({
       ok: false,
       error: 'svc.json: field "port" must be an integer',

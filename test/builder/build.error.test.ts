@@ -161,18 +161,30 @@ describe("limits", () => {
 });
 
 describe("configuration", () => {
-  it("refuses an svc.json with unknown fields or a non-static runtime, naming each field", async () => {
+  it("refuses an svc.json with unknown fields or bad values, naming each field", async () => {
     const dir = await project({
-      "svc.json": JSON.stringify({ runtime: "node", outputdir: "dist", outputDir: "../up", spa: "yes" }),
+      "svc.json": JSON.stringify({ runtime: "ruby", outputdir: "dist", outputDir: "../up", spa: "yes" }),
       "static/index.html": "<!doctype html>",
     });
     const { status } = await buildToEnd(builder, specFor(dir));
     expect(status).toMatchObject({ status: "failed", reason: "error" });
     expect(status.error).toMatch(/^svc\.json: /);
-    expect(status.error).toContain('unknown field "outputdir" (allowed: name, runtime, buildCommand, outputDir, port, spa)');
-    expect(status.error).toContain('field "runtime" must be "static" (got "node")');
+    expect(status.error).toContain(
+      'unknown field "outputdir" (allowed: name, runtime, type, buildCommand, startCommand, outputDir, spa, port, healthCheckPath)',
+    );
+    expect(status.error).toContain('field "runtime" must be one of "static", "node", "python", "custom" (got "ruby")');
     expect(status.error).toContain('field "outputDir" must be a folder inside the project');
     expect(status.error).toContain('field "spa" must be true or false');
+  });
+
+  it("refuses an svc.json naming a server runtime for a static app, saying how to agree", async () => {
+    const dir = await project({ "svc.json": JSON.stringify({ runtime: "node", startCommand: "npm start" }), "static/index.html": "<!doctype html>" });
+    const { status, log } = await buildToEnd(builder, specFor(dir));
+    expect(status).toMatchObject({ status: "failed", reason: "error" });
+    expect(status.error).toBe(
+      'svc.json says "runtime": "node" but the app\'s runtime is static: set "runtime": "static" in svc.json, or deploy to an app created with --runtime node',
+    );
+    expect(log).not.toMatch(/ (out|err) /);
   });
 
   it("refuses svc.json that is not JSON", async () => {

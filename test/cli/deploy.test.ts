@@ -300,11 +300,13 @@ describe("svc init", () => {
   it("a project nothing recognises needs --output-dir, and then gets exactly what was asked", async () => {
     const dir = await copy("outdir");
     await rm(join(dir, "svc.json"));
+    // A package.json with no framework is a node app, which needs something to start.
     const unknown = await svc(["init", "--dir", dir], home.env);
     expect(unknown.code).toBe(1);
-    expect(unknown.stderr).toContain("Error: no static site found in");
+    expect(unknown.stderr).toContain(`Error: cannot set up ${dir} as a node app`);
+    expect(unknown.stderr).toContain("no start command: add a start script to package.json, or startCommand to svc.json");
     expect(unknown.stderr).toContain(
-      "Hint: put the site in static/index.html (or index.html at the root, without package.json), or say where the build writes it: svc init --output-dir <folder>",
+      'Hint: pass --start-command <command> (e.g. "node server.js") for an app that runs, or for a static site say where the build writes it: svc init --output-dir <folder> --build-command <command>',
     );
 
     const r = await svc(["init", "--dir", dir, "--build-command", "node build.js", "--output-dir", "build", "--spa", "false"], home.env);

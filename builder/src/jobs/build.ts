@@ -1,26 +1,20 @@
 /**
  * The "build" job: turns a static-site project into a manifest of
- * content-addressed blobs in the Worker's storage (DESIGN §4, Static sites).
- * Each step is announced by a `svc` log line and fails early, with a message
- * that says what to do: source → configuration (app overrides, svc.json,
- * detection) → lockfile → install → build → output folder → manifest →
- * generated container files → upload. Install and build run in the sandbox
- * under the job's memory limit; everything else runs in the builder and reads
- * the job's files only through `static/files.ts`.
+ * content-addressed blobs in the Worker's storage (DESIGN §4, Static sites),
+ * or, with `spec.release`, an app that runs into a release (DESIGN §9,
+ * jobs/release.ts). Each step is announced by a `svc` log line and fails
+ * early, with a message that says what to do: source → configuration (app
+ * overrides, svc.json, detection) → lockfile → install → build → then for a
+ * site: output folder → manifest → generated container files → upload; for a
+ * release: the whole tree packed and uploaded in parts. Install and build run
+ * in the sandbox under the job's memory limit, the same way for both;
+ * everything else runs in the builder and reads the job's files only through
+ * `static/files.ts`.
  */
-import { constants } from "node:fs";
-import { access, chown, lstat, mkdir, realpath, rm, writeFile } from "node:fs/promises";
+import { chown, lstat, mkdir, realpath, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { FsImages, IMAGE_DATA_DIR } from "../fs-image.js";
-import {
-  COMMON_OUTPUT_DIRS,
-  PROJECT_ROOT,
-  type PackageJson,
-  type PackageManager,
-  type ProjectFiles,
-  planSite,
-  readPackageJson,
-} from "../detect.js";
+import { COMMON_OUTPUT_DIRS, PROJECT_ROOT, type ProjectFiles, planSite, readPackageJson } from "../detect.js";
 import type { JobOutcome } from "../job-manager.js";
 import type { BuildResult, BuildSpec } from "../protocol.js";
 import type { SandboxHost } from "../sandbox-host.js";
@@ -37,11 +31,15 @@ import {
 import { downloadSource } from "../source-archive.js";
 import { projectFiles, realDirInside } from "../static/files.js";
 import { buildManifest } from "../static/manifest.js";
-import { parseSvcJson, type SvcJson } from "../static/project-config.js";
+import { parseSvcJson, runtimeMismatch, type SvcJson } from "../static/project-config.js";
 import { CONTAINER_FILES, generateServerFiles } from "../static/server-config.js";
 import { uploadMissingBlobs } from "../static/upload.js";
+import { type NodeInstallStep, type PipSources, nodeInstallStep, registryEnv } from "./install.js";
 import { installFailureFromLog } from "./install-error.js";
+import { type ReleaseBuildPlan, planReleaseBuild, publishRelease, releasePath } from "./release.js";
 import { failure, finish, interrupted } from "./run.js";
+
+export { NO_PIP_SOURCES, type PipSources } from "./install.js";
 
 /** The job log's file in the job's folder (job-manager.ts opens it there). */
 const JOB_LOG_FILE = "log";
@@ -62,43 +60,27 @@ export interface BuildJobInput {
   secret: string;
   /** The package mirror (the builder's NPM_CONFIG_REGISTRY), or null for the package managers' default. */
   npmRegistry: string | null;
+  /** Where python releases install from (the builder's BUILDER_PIP_INDEX_URL and BUILDER_PIP_FIND_LINKS). */
+  pip: PipSources;
   /** Aborting cancels the build (reason "shutdown" when the builder stops). */
   signal: AbortSignal;
 }
 
-/** How each package manager installs exactly what its lockfile pins. */
-const INSTALL_COMMANDS: Record<PackageManager, string> = {
-  npm: "npm ci --no-audit --no-fund",
-  yarn: "yarn install --frozen-lockfile",
-  pnpm: "pnpm install --frozen-lockfile",
-};
-
-/**
- * What runs yarn or pnpm when the builder has neither installed: npx, which
- * ships with npm and fetches through the same mirror. (Corepack is not used: the
- * one bundled with Node 20 rejects current registry signatures, and newer Node
- * releases no longer bundle it.) yarn 1 also runs yarn 2+ projects, through the
- * `yarnPath` release they commit.
- */
-const NPX_DEFAULTS: Record<Exclude<PackageManager, "npm">, string> = { yarn: "yarn@1", pnpm: "pnpm@latest" };
-
-/** Everything decided before anything of the user's runs. */
-interface BuildPlan {
+/** Everything decided about a static site before anything of the user's runs. */
+interface SitePlan {
+  kind: "site";
   framework: string | null;
   buildCommand: string | null;
   outputDir: string;
   spa: boolean;
   port: number;
-  install: {
-    packageManager: PackageManager;
-    lockfile: string;
-    command: string;
-    /** npx package spec (`pnpm@9.15.0`) standing in for a package manager the builder lacks. */
-    viaNpx: string | null;
-  } | null;
+  install: NodeInstallStep | null;
   /** `Dockerfile` or `Containerfile` when the project brings one. */
   ownContainerFile: string | null;
 }
+
+/** What the shared install and build steps need, for a site or a release. */
+type BuildPlan = SitePlan | ReleaseBuildPlan;
 
 type Decision<T> = { ok: true; value: T } | { ok: false; error: string };
 
@@ -124,7 +106,11 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
   let peakMemoryBytes = 0;
   let sourceArchive: string | null = null;
   /** Runs one step in the job's sandbox, under its limits, for what is left of its time. */
-  const sandboxed = (command: string, env: Record<string, string>, options: { network: "registry" | "none"; tools: string | null }) =>
+  const sandboxed = (
+    command: string,
+    env: Record<string, string>,
+    options: { network: "registry" | "none"; tools: string | null; wheels?: string | null },
+  ) =>
     runInSandbox({
       host: input.host,
       jobId: input.id,
@@ -135,6 +121,7 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
       source: sourceArchive,
       network: options.network,
       tools: options.tools,
+      wheels: options.wheels ?? null,
       timeoutMs: Math.max(1, deadline - Date.now()),
       memoryLimitBytes: spec.memoryMb * 1024 * 1024,
       disk: null,
@@ -154,19 +141,26 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
     const root = await realpath(workDir);
     const files = projectFiles(root);
 
-    const planned = await planBuild(files, spec, log).catch((error: unknown) => ({
+    const searchPath = spec.env.PATH ?? DEFAULT_PATH;
+    const planning = spec.release
+      ? planReleaseBuild({ files, spec, log, pip: input.pip, searchPath, from: installSource(input) })
+      : planBuild(files, spec, log, installSource(input));
+    const planned = await planning.catch((error: unknown) => ({
       ok: false as const,
       error: error instanceof Error ? error.message : String(error), // e.g. a package.json over 1 MiB
     }));
     if (!planned.ok) return fail(planned.error);
-    const plan = planned.value;
-    const searchPath = spec.env.PATH ?? DEFAULT_PATH;
+    const plan: BuildPlan = planned.value;
     const registry = registryEnv(input.npmRegistry);
 
     // Step runner: the sandbox, reaching only the package registry.
     const step = async (what: string, command: string, env: Record<string, string>): Promise<SandboxOutcome | null> => {
       const started = Date.now();
-      const outcome = await sandboxed(command, env, { network: "registry", tools: plan.install?.viaNpx ? toolsDir : null });
+      const outcome = await sandboxed(command, env, {
+        network: "registry",
+        tools: plan.install?.viaNpx ? toolsDir : null,
+        wheels: plan.install?.wheels ?? null,
+      });
       peakMemoryBytes = Math.max(peakMemoryBytes, outcome.peakMemoryBytes);
       if (outcome.reason === null) {
         log.note(`${what} finished in ${((Date.now() - started) / 1000).toFixed(1)} s`);
@@ -190,16 +184,16 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
     }
 
     if (plan.install) {
-      const { packageManager, lockfile, command, viaNpx } = plan.install;
-      const from = `${input.npmRegistry ? `the registry mirror ${input.npmRegistry}` : `the registry ${input.host.registry.allowed}`} (the only host builds can reach)`;
+      const { packageManager, lockfile, command, viaNpx, from } = plan.install;
       const through = viaNpx ? ` (${packageManager} is not installed: running ${viaNpx} through npx)` : "";
-      log.note(`installing dependencies from ${lockfile} with ${packageManager}${through} from ${from}`);
+      const into = packageManager === "pip" ? " into .venv" : "";
+      log.note(`installing dependencies from ${lockfile} with ${packageManager}${through}${into} from ${from}`);
       log.note(`$ ${command}`);
       // Without NODE_ENV: NODE_ENV=production makes every package manager skip devDependencies, where build tools live.
       const { NODE_ENV: _omitted, ...appEnv } = spec.env;
       await log.settled();
       const installOutput = log.bytes;
-      const failed = await step("install", command, { CI: "true", ...appEnv, ...registry, PATH: toolsPath });
+      const failed = await step("install", command, { CI: "true", ...appEnv, ...registry, ...plan.install.env, PATH: toolsPath });
       if (failed) {
         if (failed.reason === "exit_code") {
           // The cause is one line among many: quote it in the summary, with what to do (install-error.ts).
@@ -214,11 +208,19 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
     if (plan.buildCommand !== null) {
       log.note(`building with a memory limit of ${spec.memoryMb} MiB`);
       log.note(`$ ${plan.buildCommand}`);
-      // Like `npm run`: the project's installed CLIs (vite, astro, …) are on the PATH.
-      const path = `${SANDBOX_WORK_DIR}/node_modules/.bin:${toolsPath}`;
-      const env = { NODE_ENV: "production", CI: "true", ...spec.env, ...registry, PATH: path };
+      // Like `npm run`: the project's installed CLIs (vite, astro, …) are on the PATH; for a release, as its processes will see them.
+      const path = plan.kind === "release" ? releasePath(toolsPath) : `${SANDBOX_WORK_DIR}/node_modules/.bin:${toolsPath}`;
+      const env = { NODE_ENV: "production", CI: "true", ...spec.env, ...registry, ...plan.install?.env, PATH: path };
       const failed = await step("the build", plan.buildCommand, env);
       if (failed) return finish(log, failed);
+    }
+
+    if (plan.kind === "release") {
+      const published = await publishRelease({ root, plan, spec, jobDir: input.jobDir, secret: input.secret, user: input.user, log, signal, peakMemoryBytes });
+      if (!published.ok) return fail(published.error);
+      const { result } = published;
+      const ran = plan.install !== null || plan.buildCommand !== null;
+      return { ...finish(log, { exitCode: ran ? 0 : null, signal: null, reason: null, error: null, peakMemoryBytes }), result };
     }
 
     const outputRoot = await realDirInside(root, plan.outputDir);
@@ -316,7 +318,7 @@ async function removeScratch(host: SandboxHost, scratch: string): Promise<void> 
  * then how the package manager runs here and whether the project brings its own
  * container file.
  */
-async function planBuild(files: ProjectFiles, spec: BuildSpec, log: JobLog): Promise<Decision<BuildPlan>> {
+async function planBuild(files: ProjectFiles, spec: BuildSpec, log: JobLog, from: string): Promise<Decision<SitePlan>> {
   const svcText = await files.read("svc.json");
   let config: SvcJson | null = null;
   if (svcText === null) {
@@ -326,6 +328,8 @@ async function planBuild(files: ProjectFiles, spec: BuildSpec, log: JobLog): Pro
     if (!parsed.ok) return parsed;
     config = parsed.config;
     log.note(`svc.json: ${JSON.stringify(config)}`);
+    const mismatch = runtimeMismatch(config, "static");
+    if (mismatch !== null) return { ok: false, error: mismatch };
   }
   const planned = await planSite(files, config, spec.overrides ?? {});
   if (!planned.ok) return planned;
@@ -333,13 +337,12 @@ async function planBuild(files: ProjectFiles, spec: BuildSpec, log: JobLog): Pro
   log.note(site.summary);
   if (site.nothingToInstall !== null) log.note(site.nothingToInstall);
 
-  let install: BuildPlan["install"] = null;
+  let install: NodeInstallStep | null = null;
   if (site.install !== null) {
-    const { packageManager, lockfile } = site.install;
     const pkg = await readPackageJson(files);
-    const tool = await availableTool(packageManager, pkg !== null && !("error" in pkg) ? pkg : {}, spec.env.PATH ?? DEFAULT_PATH);
-    if (!tool.ok) return tool;
-    install = { packageManager, lockfile, command: INSTALL_COMMANDS[packageManager], viaNpx: tool.value };
+    const step = await nodeInstallStep(site.install, pkg !== null && !("error" in pkg) ? pkg : {}, spec.env.PATH ?? DEFAULT_PATH, from);
+    if (!step.ok) return step;
+    install = step.value;
   }
 
   let ownContainerFile: string | null = null;
@@ -347,59 +350,14 @@ async function planBuild(files: ProjectFiles, spec: BuildSpec, log: JobLog): Pro
   const { framework, buildCommand, outputDir, spa } = site;
   return {
     ok: true,
-    value: { framework, buildCommand, outputDir, spa, port: config?.port ?? 80, install, ownContainerFile },
+    value: { kind: "site", framework, buildCommand, outputDir, spa, port: config?.port ?? 80, install, ownContainerFile },
   };
 }
 
-/**
- * How the package manager runs: installed (value null), or through npx (value
- * the package spec: the exact version package.json's `packageManager` names,
- * else a default). npm itself must be installed; npx comes with it.
- */
-async function availableTool(
-  packageManager: PackageManager,
-  pkg: PackageJson,
-  searchPath: string,
-): Promise<Decision<string | null>> {
-  if (await onPath(packageManager, searchPath)) return { ok: true, value: null };
-  if (packageManager !== "npm" && (await onPath("npx", searchPath))) {
-    const declared = /^(yarn|pnpm)@(\d+\.\d+\.\d+(?:-[\w.]+)?)(?:\+.*)?$/.exec(pkg.packageManager ?? "");
-    return {
-      ok: true,
-      value: declared?.[1] === packageManager ? `${packageManager}@${declared[2]}` : NPX_DEFAULTS[packageManager],
-    };
-  }
-  const missing = packageManager === "npm" ? "npm is not installed" : `${packageManager} is not installed, nor npx to run it,`;
-  return { ok: false, error: `${missing} on this builder, so the dependencies cannot be installed` };
-}
-
-async function onPath(name: string, searchPath: string): Promise<boolean> {
-  for (const dir of searchPath.split(":")) {
-    if (dir === "") continue;
-    try {
-      await access(join(dir, name), constants.X_OK);
-      return true;
-    } catch {
-      // not in this directory
-    }
-  }
-  return false;
-}
-
-/**
- * Points every package manager at the mirror. This is the one builder setting
- * that reaches user commands, on purpose: the build network has no public
- * internet (spec rule 7), so installs must use the mirror, and it is a URL, not
- * a credential. It wins over the app's variables for the same reason. Unset, the
- * package managers keep their defaults.
- */
-function registryEnv(registry: string | null): Record<string, string> {
-  if (registry === null) return {};
-  return {
-    NPM_CONFIG_REGISTRY: registry, // npm, pnpm
-    YARN_REGISTRY: registry, // yarn 1
-    YARN_NPM_REGISTRY_SERVER: registry, // yarn 2+
-  };
+/** Where node packages come from, as the install step's log line says it. */
+function installSource(input: BuildJobInput): string {
+  const registry = input.npmRegistry ? `the registry mirror ${input.npmRegistry}` : `the registry ${input.host.registry.npmAllowed}`;
+  return `${registry} (the only host builds can reach)`;
 }
 
 /** The outputDir is missing: say which usual output folders do exist, so the fix is obvious. */

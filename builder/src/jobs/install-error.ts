@@ -17,14 +17,22 @@ const OUTPUT_RECORD = /^\S+ (?:out|err) (.*)$/;
 /**
  * Lines that state an error: npm's `npm error …` (npm 10+) and `npm ERR! …`,
  * pnpm's ` ERR_PNPM_<CODE>  message`, yarn 1's `error message`, yarn 2+'s
- * `YN0028: │ …` (the lockfile would change).
+ * `YN0028: │ …` (the lockfile would change), pip's `ERROR: …`, and venv's
+ * complaint when the host lacks ensurepip.
  */
-const ERROR_LINE = /^(?:npm (?:error|ERR!)\s|\s*ERR_PNPM_[A-Z0-9_]+|error\s|.*\bYN0028:)/;
+const ERROR_LINE = /^(?:npm (?:error|ERR!)\s|\s*ERR_PNPM_[A-Z0-9_]+|error\s|.*\bYN0028:|ERROR:\s|The virtual environment was not created successfully)/;
 /** npm lines that carry no message of their own: blank, `code E…`, `errno`, `syscall`, where the debug log went. */
 const NPM_FILLER = /^npm (?:error|ERR!)\s*(?:$|code\s|errno\s|syscall\s|A complete log of this run|\S+-debug-\d+\.log$)/;
 
 /** What to do, by what the quoted line (or the npm code before it) says. */
 const FIXES: readonly [RegExp, (lockfile: string, manager: string) => string][] = [
+  [
+    /No matching distribution found|Could not find a version that satisfies/,
+    (lockfile) =>
+      `a requirement is not in the package index (or has no release for this Python): check its name and version in ${lockfile}`,
+  ],
+  [/ensurepip is not\s+available|virtual environment was not created/, () => "this builder cannot make python virtualenvs: install python3-venv on it"],
+  [/ProxyError|Max retries exceeded|Could not fetch URL/, () => "the package index could not be reached: deploy again, and if it keeps failing the index is down"],
   [
     /in sync|ERR_PNPM_OUTDATED_LOCKFILE|lockfile needs to be updated|YN0028|Missing: .* from lock file/i,
     (lockfile, manager) => `the lockfile is out of sync with package.json: run ${manager} install and commit ${lockfile}`,

@@ -1,60 +1,18 @@
 /**
  * The "snapshot" job: a gzip-compressed tar of a disk's data directory,
  * uploaded to object storage in parts through presigned URLs the Worker hands
- * out one at a time (protocol.ts, "Disk snapshots and restores").
- *
- * Compression uses every core: the tar stream is cut into 1 MiB blocks that
- * compress at once on the threadpool into concatenated gzip members
- * (tar/parallel-gzip.ts), one standard `.tar.gz` for any gzip reader.
- *
- * Memory stays bounded whatever the disk holds: files stream through in
- * 512 KiB chunks, and the compressed stream is cut into parts spooled to files
- * in the job's `work/` directory rather than held in memory, since a part may
- * be up to 5 GiB and a failed PUT must be retried with the same bytes. At most
- * two parts exist at once: one uploading while the next is written. Size and
- * SHA-256 of the whole archive are computed as it is produced.
+ * out one at a time (protocol.ts, "Disk snapshots and restores"). Packing,
+ * parallel gzip, spooling and the part uploads are tar/multipart-upload.ts,
+ * which release builds share.
  */
-import { createHash } from "node:crypto";
-import { createReadStream } from "node:fs";
-import { type FileHandle, mkdir, open, rm } from "node:fs/promises";
-import { request as httpRequest } from "node:http";
-import { request as httpsRequest } from "node:https";
-import { availableParallelism } from "node:os";
 import { join } from "node:path";
-import { pipeline } from "node:stream/promises";
-import { setTimeout as sleep } from "node:timers/promises";
 import type { DiskStore } from "../disks.js";
 import type { JobContext, JobOutcome } from "../job-manager.js";
-import {
-  PartUrlResponse,
-  SNAPSHOT_MAX_PARTS,
-  type SnapshotPart,
-  type SnapshotSpec,
-  signRequest,
-} from "../protocol.js";
-import { type JobLog, formatBytes } from "../sandbox.js";
-import { DirectoryPacker, SnapshotLimitExceeded } from "../tar/pack.js";
-import { parallelGzip } from "../tar/parallel-gzip.js";
+import type { SnapshotSpec } from "../protocol.js";
+import { formatBytes } from "../sandbox.js";
+import { PartUploadFailed, uploadDirectoryArchive } from "../tar/multipart-upload.js";
+import { SnapshotLimitExceeded } from "../tar/pack.js";
 import { failed, messageOf, succeeded } from "./outcome.js";
-
-/** Tries per part (URL request plus PUT), waiting 0.5 s, then doubling, between them. */
-const PART_ATTEMPTS = 5;
-const FIRST_RETRY_MS = 500;
-/** A PUT or URL request that makes no progress for this long is abandoned (and retried). */
-const REQUEST_IDLE_MS = 60_000;
-/** Same level as `gzip` and `tar czf`. */
-const GZIP_LEVEL = 6;
-/** Uncompressed bytes per gzip member: the ratio lost at member edges is about 0.1 % at this size. */
-const GZIP_BLOCK_BYTES = 1024 * 1024;
-/**
- * Blocks compressing at once: one more than the cores, so they stay busy while
- * the event loop fills the next block, but never the whole threadpool (4
- * threads unless UV_THREADPOOL_SIZE says otherwise), which file reads need too.
- */
-const GZIP_CONCURRENCY = Math.max(1, Math.min(availableParallelism() + 1, (Number(process.env.UV_THREADPOOL_SIZE) || 4) - 1));
-/** Every spool write and read costs a threadpool round trip: gathered writes and large reads keep them few. */
-const SPOOL_WRITE_BYTES = 1024 * 1024;
-const PUT_READ_BYTES = 1024 * 1024;
 
 /** Inputs of {@link snapshotJob}. */
 export interface SnapshotJobInput extends JobContext {
@@ -69,265 +27,28 @@ export async function snapshotJob(input: SnapshotJobInput): Promise<JobOutcome> 
   const { spec, log, signal } = input;
   const quotaBytes = await input.disks.quotaBytes(spec.diskId);
   if (quotaBytes === null) return failed(log, signal, `disk ${spec.diskId} does not exist`);
-  const spoolDir = join(input.jobDir, "work");
-  const uploader = new PartUploader(spec.partUrlEndpoint, input.secret, log, signal);
-  const spooler = new PartSpooler(spoolDir, spec.partSizeBytes, uploader);
   try {
-    await mkdir(spoolDir, { mode: 0o700 });
     log.note(`snapshot of disk ${spec.diskId}: packing, gzip, parts of ${formatBytes(spec.partSizeBytes)}`);
-    // The backup limits a restore of this disk enforces (protocol.ts): past one, the snapshot fails with the reason.
-    const packer = new DirectoryPacker(input.disks.dataPath(spec.diskId), (message) => log.note(message), { quotaBytes });
-    const hash = createHash("sha256");
-    let sizeBytes = 0;
-    await pipeline(
-      packer.stream(),
-      (tar: AsyncIterable<Buffer>) => parallelGzip(tar, { level: GZIP_LEVEL, blockBytes: GZIP_BLOCK_BYTES, concurrency: GZIP_CONCURRENCY }),
-      async (compressed: AsyncIterable<Buffer>) => {
-        for await (const chunk of compressed) {
-          hash.update(chunk);
-          sizeBytes += chunk.length;
-          await spooler.write(chunk);
-        }
-        await spooler.end();
-      },
-      { signal: AbortSignal.any([signal, uploader.failed]) },
-    );
-    const parts = await uploader.finish();
-    const sha256 = hash.digest("hex");
+    const archive = await uploadDirectoryArchive({
+      root: input.disks.dataPath(spec.diskId),
+      spoolDir: join(input.jobDir, "work"),
+      partUrlEndpoint: spec.partUrlEndpoint,
+      partSizeBytes: spec.partSizeBytes,
+      secret: input.secret,
+      log,
+      signal,
+      // The backup limits a restore of this disk enforces (protocol.ts): past one, the snapshot fails with the reason.
+      limits: { quotaBytes },
+    });
     log.note(
-      `archived ${packer.entries} entries, ${formatBytes(packer.bytes)} uncompressed, ` +
-        `${formatBytes(sizeBytes)} compressed in ${parts.length} part(s), sha256 ${sha256}`,
+      `archived ${archive.entries} entries, ${formatBytes(archive.expandedBytes)} uncompressed, ` +
+        `${formatBytes(archive.sizeBytes)} compressed in ${archive.parts.length} part(s), sha256 ${archive.sha256}`,
     );
-    return succeeded(log, { kind: "snapshot", sizeBytes, sha256, parts, entries: packer.entries, expandedBytes: packer.bytes });
+    return succeeded(log, { kind: "snapshot", ...archive });
   } catch (error) {
-    const limit = error instanceof SnapshotLimitExceeded || (error as { cause?: unknown }).cause instanceof SnapshotLimitExceeded;
-    const message = uploader.error ?? (limit ? `snapshot refused: ${limitMessage(error)}` : `snapshot failed: ${messageOf(error)}`);
-    uploader.stop();
-    return failed(log, signal, message);
-  } finally {
-    await spooler.discard();
-    await uploader.settled();
-    await rm(spoolDir, { recursive: true, force: true });
+    if (error instanceof PartUploadFailed) return failed(log, signal, error.message);
+    const limit = error instanceof SnapshotLimitExceeded ? error : (error as { cause?: unknown }).cause;
+    if (limit instanceof SnapshotLimitExceeded) return failed(log, signal, `snapshot refused: ${messageOf(limit)}`);
+    return failed(log, signal, `snapshot failed: ${messageOf(error)}`);
   }
-}
-
-/** The limit's own message, whether it arrives as is or as the cause of the pipeline's error. */
-function limitMessage(error: unknown): string {
-  return messageOf(error instanceof SnapshotLimitExceeded ? error : (error as { cause?: unknown }).cause);
-}
-
-/** A part written to its spool file, ready to upload. */
-interface SpooledPart {
-  partNumber: number;
-  path: string;
-  size: number;
-}
-
-/** The part being written, and the chunks not yet written to its file. */
-interface OpenPart {
-  part: SpooledPart;
-  file: FileHandle;
-  pending: Buffer[];
-  pendingBytes: number;
-}
-
-/** Cuts the compressed stream into files of exactly `partSize` bytes (the last one smaller, never empty). */
-class PartSpooler {
-  readonly #dir: string;
-  readonly #partSize: number;
-  readonly #uploader: PartUploader;
-  #current: OpenPart | null = null;
-  #count = 0;
-
-  constructor(dir: string, partSize: number, uploader: PartUploader) {
-    this.#dir = dir;
-    this.#partSize = partSize;
-    this.#uploader = uploader;
-  }
-
-  async write(chunk: Buffer): Promise<void> {
-    let offset = 0;
-    while (offset < chunk.length) {
-      this.#current ??= await this.#open();
-      const current = this.#current;
-      const take = Math.min(chunk.length - offset, this.#partSize - current.part.size);
-      current.pending.push(chunk.subarray(offset, offset + take));
-      current.pendingBytes += take;
-      current.part.size += take;
-      offset += take;
-      if (current.part.size === this.#partSize) await this.#seal();
-      else if (current.pendingBytes >= SPOOL_WRITE_BYTES) await this.#flush(current);
-    }
-  }
-
-  /** Seals the last part (gzip output is never empty, so there always is one). */
-  async end(): Promise<void> {
-    if (this.#current !== null) await this.#seal();
-  }
-
-  /** Closes the part a failure left open, if any (its file goes with the spool directory). */
-  async discard(): Promise<void> {
-    const current = this.#current;
-    this.#current = null;
-    await current?.file.close();
-  }
-
-  async #open(): Promise<OpenPart> {
-    const partNumber = ++this.#count;
-    if (partNumber > SNAPSHOT_MAX_PARTS) {
-      throw new Error(`the archive needs more than ${SNAPSHOT_MAX_PARTS} parts of ${formatBytes(this.#partSize)}; ask for larger parts`);
-    }
-    const path = join(this.#dir, `part-${partNumber}`);
-    return { part: { partNumber, path, size: 0 }, file: await open(path, "wx", 0o600), pending: [], pendingBytes: 0 };
-  }
-
-  async #flush(current: OpenPart): Promise<void> {
-    let pending = current.pending;
-    current.pending = [];
-    current.pendingBytes = 0;
-    while (pending.length > 0) {
-      let { bytesWritten } = await current.file.writev(pending);
-      // A short write: drop what was written and write the rest again.
-      while (pending.length > 0 && bytesWritten >= pending[0]!.length) bytesWritten -= pending.shift()!.length;
-      if (bytesWritten > 0) pending = [pending[0]!.subarray(bytesWritten), ...pending.slice(1)];
-    }
-  }
-
-  async #seal(): Promise<void> {
-    const current = this.#current!;
-    this.#current = null;
-    await this.#flush(current);
-    await current.file.close();
-    await this.#uploader.enqueue(current.part);
-  }
-}
-
-/**
- * Uploads parts one at a time, in order, while the next one is being spooled:
- * `enqueue` waits for the previous upload, so at most two spool files exist.
- * A part that still fails after its retries aborts `failed`, which stops the
- * pipeline feeding it.
- */
-class PartUploader {
-  readonly #endpoint: URL;
-  readonly #secret: string;
-  readonly #log: JobLog;
-  readonly #signal: AbortSignal;
-  readonly #failure = new AbortController();
-  /** Aborts an upload in flight when the snapshot failed for another reason. */
-  readonly #stop = new AbortController();
-  readonly #parts: SnapshotPart[] = [];
-  #uploaded = 0;
-  #inFlight: Promise<void> = Promise.resolve();
-  /** Why the upload failed, once it did. */
-  error: string | null = null;
-
-  constructor(endpoint: string, secret: string, log: JobLog, signal: AbortSignal) {
-    this.#endpoint = new URL(endpoint);
-    this.#secret = secret;
-    this.#log = log;
-    this.#signal = AbortSignal.any([signal, this.#stop.signal]);
-  }
-
-  /** Aborted when a part could not be uploaded. */
-  get failed(): AbortSignal {
-    return this.#failure.signal;
-  }
-
-  async enqueue(part: SpooledPart): Promise<void> {
-    await this.#inFlight;
-    if (this.error !== null) throw new Error(this.error);
-    // Never rejects: a failure is recorded and aborts `failed`, so no rejection goes unhandled meanwhile.
-    this.#inFlight = this.#upload(part).catch((error: unknown) => {
-      this.error ??= messageOf(error);
-      this.#failure.abort();
-    });
-  }
-
-  /** Abandons the upload in flight, if any. */
-  stop(): void {
-    this.#stop.abort();
-  }
-
-  /** Resolves once no upload is in flight. */
-  settled(): Promise<void> {
-    return this.#inFlight;
-  }
-
-  /** Waits for the last upload; the parts in order, or throws if one failed. */
-  async finish(): Promise<SnapshotPart[]> {
-    await this.#inFlight;
-    if (this.error !== null) throw new Error(this.error);
-    return this.#parts;
-  }
-
-  async #upload(part: SpooledPart): Promise<void> {
-    let delay = FIRST_RETRY_MS;
-    for (let attempt = 1; ; attempt++) {
-      try {
-        const url = await this.#partUrl(part.partNumber);
-        const etag = await putFile(url, part.path, part.size, this.#signal);
-        this.#parts.push({ partNumber: part.partNumber, etag });
-        this.#uploaded += part.size;
-        this.#log.note(`uploaded part ${part.partNumber} (${formatBytes(part.size)}; ${formatBytes(this.#uploaded)} so far)`);
-        await rm(part.path, { force: true });
-        return;
-      } catch (error) {
-        if (this.#signal.aborted) throw error;
-        if (attempt >= PART_ATTEMPTS) {
-          throw new Error(`part ${part.partNumber} upload failed after ${PART_ATTEMPTS} attempts: ${messageOf(error)}`);
-        }
-        this.#log.note(`part ${part.partNumber} upload attempt ${attempt} failed (${messageOf(error)}); retrying in ${delay / 1000} s`);
-        await sleep(delay, undefined, { signal: this.#signal });
-        delay *= 2;
-      }
-    }
-  }
-
-  /** Asks the Worker for the part's presigned URL (a fresh one per attempt: the last may have expired). */
-  async #partUrl(partNumber: number): Promise<URL> {
-    const body = JSON.stringify({ partNumber });
-    const path = this.#endpoint.pathname + this.#endpoint.search;
-    const headers = await signRequest({ secret: this.#secret, method: "POST", path, body });
-    const response = await fetch(this.#endpoint, {
-      method: "POST",
-      headers: { ...headers, "Content-Type": "application/json" },
-      body,
-      signal: AbortSignal.any([this.#signal, AbortSignal.timeout(REQUEST_IDLE_MS)]),
-    });
-    if (!response.ok) {
-      await response.body?.cancel();
-      throw new Error(`part URL request answered HTTP ${response.status}`);
-    }
-    const parsed = PartUrlResponse.safeParse(await response.json().catch(() => null));
-    if (!parsed.success) throw new Error('part URL response is not {"url": "<http(s) URL>"}');
-    return new URL(parsed.data.url);
-  }
-}
-
-/** PUTs a file with its exact Content-Length (no chunked encoding, no auth: the URL is presigned); answers the ETag. */
-function putFile(url: URL, path: string, size: number, signal: AbortSignal): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const send = url.protocol === "https:" ? httpsRequest : httpRequest;
-    const request = send(url, { method: "PUT", headers: { "Content-Length": String(size) }, signal }, (response) => {
-      let detail = "";
-      response.setEncoding("utf8");
-      response.on("data", (text: string) => {
-        if (detail.length < 300) detail += text;
-      });
-      response.on("error", reject);
-      response.on("end", () => {
-        const status = response.statusCode ?? 0;
-        const etag = response.headers.etag;
-        if (status < 200 || status > 299) reject(new Error(`PUT answered HTTP ${status} ${detail.trim().slice(0, 300)}`.trim()));
-        else if (!etag) reject(new Error(`PUT answered HTTP ${status} without an ETag header`));
-        else resolve(etag);
-      });
-    });
-    request.setTimeout(REQUEST_IDLE_MS, () => request.destroy(new Error(`no progress for ${REQUEST_IDLE_MS / 1000} s`)));
-    request.on("error", reject);
-    const file = createReadStream(path, { highWaterMark: PUT_READ_BYTES });
-    file.on("error", (error) => request.destroy(error));
-    file.pipe(request);
-  });
 }

@@ -1,32 +1,76 @@
 /**
- * `svc.json`, the static-site project configuration (spec, "Static-site project
- * configuration"). Strict on purpose: a misspelt field (`outputdir`) silently
- * ignored would build and serve the wrong folder, so unknown fields are refused
- * by name, as are values of the wrong type.
+ * `svc.json`, the project configuration (spec, "Static-site project
+ * configuration", plus the fields of apps that run: DESIGN §9). Strict on
+ * purpose: a misspelt field (`outputdir`) silently ignored would build and
+ * serve the wrong folder, so unknown fields are refused by name, as are values
+ * of the wrong type and fields that do not fit the runtime (`outputDir` on a
+ * node app, `startCommand` on a static site, `port` on a worker). The builder
+ * and the CLI (`svc init`, `svc deploy`'s checks) share this parser.
  */
 import { z } from "zod";
-import { siteDir } from "../protocol.js";
+import { ProcessType, ServerRuntime, siteDir } from "../protocol.js";
 
-const FIELDS = ["name", "runtime", "buildCommand", "outputDir", "port", "spa"] as const;
+const FIELDS = ["name", "runtime", "type", "buildCommand", "startCommand", "outputDir", "spa", "port", "healthCheckPath"] as const;
+
+/** Every runtime svc.json may name: `static`, or one that runs a process. */
+export const RUNTIMES = ["static", ...ServerRuntime.options] as const;
+export type Runtime = (typeof RUNTIMES)[number];
+
+const RUNTIME_LIST = RUNTIMES.map((runtime) => `"${runtime}"`).join(", ");
+const command = z.string({ error: "must be a string" }).min(1, "must not be empty").max(100_000).refine((value) => !value.includes("\0"), "must not contain NUL");
+
+/** Fields only a static site has, and fields only a server app has (and, of those, only a web process). */
+const STATIC_ONLY = ["outputDir", "spa"] as const;
+const SERVER_ONLY = ["type", "startCommand", "healthCheckPath"] as const;
+const WEB_ONLY = ["port", "healthCheckPath"] as const;
 
 /** The fields svc.json may hold; `runtime` is the only required one. */
-export const SvcJson = z.strictObject({
-  name: z.string({ error: "must be a string" }).min(1, "must not be empty").max(100).optional(),
-  runtime: z.literal("static", {
-    error: (issue) =>
-      issue.input === undefined ? 'is required and must be "static"' : `must be "static" (got ${JSON.stringify(issue.input)})`,
-  }),
-  buildCommand: z.string({ error: "must be a string" }).min(1, "must not be empty").max(100_000).optional(),
-  outputDir: z
-    .string({ error: "must be a string" })
-    .refine(
-      (path) => siteDir(path) !== null,
-      'must be a folder inside the project: relative, without .. (e.g. dist), or "." for a plain folder served as it is',
-    )
-    .optional(),
-  port: z.int({ error: "must be an integer" }).min(1, "must be 1–65535").max(65_535, "must be 1–65535").optional(),
-  spa: z.boolean({ error: "must be true or false" }).optional(),
-});
+export const SvcJson = z
+  .strictObject({
+    name: z.string({ error: "must be a string" }).min(1, "must not be empty").max(100).optional(),
+    runtime: z.enum(RUNTIMES, {
+      error: (issue) =>
+        issue.input === undefined ? `is required: one of ${RUNTIME_LIST}` : `must be one of ${RUNTIME_LIST} (got ${JSON.stringify(issue.input)})`,
+    }),
+    /** Server apps: `web` (listens on `port`, default) or `worker` (no port). */
+    type: z.enum(ProcessType.options, { error: 'must be "web" or "worker"' }).optional(),
+    buildCommand: command.optional(),
+    /** Server apps: what runs, with `/bin/sh -c` in the app's folder. */
+    startCommand: command.optional(),
+    outputDir: z
+      .string({ error: "must be a string" })
+      .refine(
+        (path) => siteDir(path) !== null,
+        'must be a folder inside the project: relative, without .. (e.g. dist), or "." for a plain folder served as it is',
+      )
+      .optional(),
+    /** Static sites: the generated web server's port; web apps: the port the app listens on (given in PORT). */
+    port: z.int({ error: "must be an integer" }).min(1, "must be 1–65535").max(65_535, "must be 1–65535").optional(),
+    spa: z.boolean({ error: "must be true or false" }).optional(),
+    /** Web apps: a path answered with 2xx once the app is ready for traffic. */
+    healthCheckPath: z
+      .string({ error: "must be a string" })
+      .max(1024)
+      .regex(/^\/[\x21-\x7e]*$/, "must be a path starting with / (no spaces or control characters), e.g. /healthz")
+      .optional(),
+  })
+  .superRefine((config, ctx) => {
+    const misplaced = (field: string, why: string) => ctx.addIssue({ code: "custom", path: [field], message: why });
+    if (config.runtime === "static") {
+      for (const field of SERVER_ONLY) {
+        if (config[field] !== undefined) misplaced(field, 'is for apps that run (runtime "node", "python" or "custom"), not static sites');
+      }
+      return;
+    }
+    for (const field of STATIC_ONLY) {
+      if (config[field] !== undefined) misplaced(field, `is for static sites (runtime "static"); a ${config.runtime} app keeps its whole folder and runs startCommand`);
+    }
+    if (config.type === "worker") {
+      for (const field of WEB_ONLY) {
+        if (config[field] !== undefined) misplaced(field, 'is for web processes; a worker ("type": "worker") listens on no port and has no health check');
+      }
+    }
+  });
 export type SvcJson = z.infer<typeof SvcJson>;
 
 /** Parses svc.json's text; the error names the file and the field, and says what is accepted. */
@@ -48,4 +92,16 @@ export function parseSvcJson(text: string): { ok: true; config: SvcJson } | { ok
     return `field "${issue.path.join(".")}" ${issue.message}`;
   });
   return { ok: false, error: `svc.json: ${problems.join("; ")}` };
+}
+
+/**
+ * Why svc.json cannot build for an app of `runtime` (the app's runtime is
+ * chosen when it is created, so svc.json must agree with it), or null.
+ */
+export function runtimeMismatch(config: SvcJson | null, runtime: Runtime): string | null {
+  if (config === null || config.runtime === runtime) return null;
+  return (
+    `svc.json says "runtime": "${config.runtime}" but the app's runtime is ${runtime}: ` +
+    `set "runtime": "${runtime}" in svc.json, or deploy to an app created with --runtime ${config.runtime}`
+  );
 }

@@ -226,7 +226,7 @@ function typeflagOf(block: Buffer | null): string {
  * stack from the root, or "outside". Links met on the way are followed like
  * the kernel does; a path that does not exist yet counts as a directory.
  */
-function resolveLink(from: string[], target: string, links: Map<string, string>, hops = { count: 0 }): string[] | "outside" | "loop" {
+export function resolveLink(from: string[], target: string, links: Map<string, string>, hops = { count: 0 }): string[] | "outside" | "loop" {
   if (target.startsWith("/")) return "outside";
   const stack = [...from];
   for (const part of target.split("/")) {

@@ -10,7 +10,8 @@ import { buildLogs } from "./logs.js";
 export type App = Schemas["App"];
 type Deleted = ResponseData<"/v1/apps/{app}", "delete", 200>;
 
-const RUNTIMES = "static (a site served at the edge), node, python, custom (any start command); docs/apps.md";
+/** The runtimes `svc deploy` builds and the platform runs (docs/apps.md). */
+const RUNTIMES = "static, node, python, custom";
 
 /** Error context for a call about one app, so "not found" names the list command and the app. */
 function aboutApp(what: string, app: string): Call {
@@ -48,8 +49,9 @@ function processLine(process: App["process"]): string {
 const create = defineCommand({
   name: "create",
   summary: "Create an app",
-  description: `Runtimes: ${RUNTIMES}. The name becomes the app's subdomain, so it is unique across the
-whole service: lower-case letters, digits and hyphens.`,
+  description: `Runtimes: ${RUNTIMES} (custom: any start command the platform's image can run; see
+docs/apps.md). The name becomes the app's subdomain, so it is unique across the whole service:
+lower-case letters, digits and hyphens.`,
   options: {
     name: { type: "string", value: "name", description: "app name (a DNS label, e.g. my-site)", required: true },
     runtime: { type: "string", value: "runtime", description: RUNTIMES, required: true },

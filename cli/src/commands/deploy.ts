@@ -2,8 +2,9 @@ import { createReadStream } from "node:fs";
 import { readFile, stat } from "node:fs/promises";
 import { join, resolve } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
-import { PROJECT_ROOT, planSite } from "../../../builder/src/detect.js";
-import { parseSvcJson, type SvcJson } from "../../../builder/src/static/project-config.js";
+import { detectProject, PROJECT_ROOT, planSite } from "../../../builder/src/detect.js";
+import { planRelease } from "../../../builder/src/release-plan.js";
+import { parseSvcJson, RUNTIMES, type Runtime, runtimeMismatch, type SvcJson } from "../../../builder/src/static/project-config.js";
 import type { ResponseData, Schemas } from "../../../openapi/types.js";
 import { type ApiClient, type Call, path, RequestFailed } from "../api.js";
 import { colouredLines, colourWanted } from "../colour.js";
@@ -27,11 +28,11 @@ const POLL_MS = 500;
 const FOLLOW_LIMIT_MS = 30 * 60_000;
 
 /** Error context for a call about one app's deployments. */
-export function aboutDeployments(what: string, app: string): Call {
+export function aboutDeployments(what: string, app: string, runtime: string = "static"): Call {
   return {
     what,
     hints: {
-      APP_NOT_FOUND: `no app "${app}" in this account: create it with \`svc apps create --name ${app} --runtime static\`, or see \`svc apps list\``,
+      APP_NOT_FOUND: `no app "${app}" in this account: create it with \`svc apps create --name ${app} --runtime ${runtime}\`, or see \`svc apps list\``,
       DEPLOYMENT_NOT_FOUND: `\`svc deployments list --app ${app}\` shows the app's deployments (the last 10 are kept)`,
       DEPLOYMENT_NOT_READY: `only a ready deployment can be served: \`svc deployments list --app ${app}\` shows their status`,
       UPLOAD_INCOMPLETE: "the source did not fully arrive: run svc deploy again",
@@ -84,20 +85,42 @@ function leftOut(path: string, ignored: readonly string[]): boolean {
 /** The fix-it line for what the build would refuse, by what the plan says. */
 function planHint(error: string): string {
   if (/no lockfile/.test(error)) return "run npm install (or yarn / pnpm install) in the project and commit the lockfile it writes";
+  if (/no start command|needs a start command/.test(error)) return "`svc init --force --start-command <command>` writes it into svc.json";
+  if (/svc\.json says "runtime"/.test(error)) return 'make "runtime" in svc.json the app\'s (`svc apps info <app>` shows it)';
+  if (/needs a package\.json/.test(error)) return "add package.json, or deploy to an app created with --runtime custom";
   if (/the project root/.test(error)) return 'set "outputDir" in svc.json to the folder the build writes';
   if (/not a static site|server runtime/.test(error)) return "svc init says what it finds; or set outputDir (and buildCommand) in svc.json";
   return "fix the project and deploy again";
 }
 
 /**
- * Refuses, before any request, a source the build would refuse: the builder's
- * own plan (detect.ts: static site found, output folder allowed, lockfile
- * present) over the folder, then what packing left out: a lockfile or an output
- * folder that `.gitignore` keeps from being uploaded, and an output folder that
- * does not exist when nothing builds it.
+ * Refuses, before the upload, a source the build would refuse: the builder's
+ * own plan over the folder (for an app that runs, release-plan.ts: svc.json
+ * agreeing with the app's runtime, lockfile present, a start command found),
+ * then what packing left out (a lockfile or requirements file that
+ * `.gitignore` keeps from being uploaded).
  */
-async function preflight(source: string, config: SvcJson | null, ignored: readonly string[]): Promise<void> {
+async function preflight(source: string, config: SvcJson | null, ignored: readonly string[], runtime: Runtime): Promise<void> {
   const cannot = (detail: string, hint: string) => new CliError(`cannot deploy ${source}`, [detail], hint);
+  if (runtime === "static") return preflightSite(source, config, ignored);
+  const planned = await planRelease(folderFiles(source), config, runtime);
+  if (!planned.ok) throw cannot(planned.error, planHint(planned.error));
+  const { install } = planned.value;
+  if (install !== null && leftOut(install.lockfile, ignored)) {
+    throw cannot(`${install.lockfile} is left out by .gitignore, so the build would install without it`, `remove it from .gitignore and commit it`);
+  }
+}
+
+/**
+ * A static site's checks: the builder's own plan (detect.ts: static site
+ * found, output folder allowed, lockfile present), then what packing left
+ * out: a lockfile or an output folder that `.gitignore` keeps from being
+ * uploaded, and an output folder that does not exist when nothing builds it.
+ */
+async function preflightSite(source: string, config: SvcJson | null, ignored: readonly string[]): Promise<void> {
+  const cannot = (detail: string, hint: string) => new CliError(`cannot deploy ${source}`, [detail], hint);
+  const mismatch = runtimeMismatch(config, "static");
+  if (mismatch !== null) throw cannot(mismatch, planHint(mismatch));
   const planned = await planSite(folderFiles(source), config);
   if (!planned.ok) throw cannot(planned.error, planHint(planned.error));
   const { install, buildCommand, outputDir } = planned.value;
@@ -224,6 +247,9 @@ function why(err: unknown): string {
 function failureHint(error: string, app: string, id: string): string {
   if (/OOMKilled|memory limit .* exceeded/.test(error)) return "the build needs more memory than the app's limit: slim the build (fewer parallel workers, no source maps) or give the app more memory";
   if (/no lockfile/.test(error)) return "run npm install (or yarn / pnpm install) in the project and commit the lockfile it writes";
+  if (/no start command|needs a start command/.test(error)) return "add a start script to package.json, startCommand to svc.json or a Procfile (`svc init --force` writes svc.json)";
+  if (/BUILDER_PIP_/.test(error)) return "the builder has no python package index: its operator sets BUILDER_PIP_INDEX_URL or BUILDER_PIP_FIND_LINKS (see docs/apps.md)";
+  if (/links? leading outside/.test(error)) return "links in a release must stay inside the app's folder: make them relative, or remove them in the build command";
   if (/^install failed/.test(error)) return `the quote above is the package manager's own reason; \`svc apps logs --app ${app} --deployment ${id}\` shows all it printed`;
   if (/outputDir/.test(error)) return "set outputDir in svc.json to the folder the build writes";
   if (/svc\.json/.test(error)) return "fix svc.json (`svc init --force` writes a fresh one)";
@@ -247,12 +273,15 @@ function finish(out: Output, app: string, d: Deployment): void {
 
 export const deploy = defineCommand({
   name: "deploy",
-  summary: "Build and publish a static site from a source folder",
+  summary: "Build and deploy a static site or an app that runs from a source folder",
   description: `Packs the folder (default: the current one) into a .tar.gz, leaving out what .gitignore files
 exclude and always node_modules and .git; refuses a source over 100 MB compressed before
-uploading anything. The app is --app, else "name" in the folder's svc.json. Then uploads,
-starts the build and streams its log; prints "Deployed: <url>" when the site is live, or the
-build's error (exit 1). With --no-follow it prints the deployment and returns at once.`,
+uploading anything. The app is --app, else "name" in the folder's svc.json. Its runtime (static,
+node, python or custom) is the app's; before uploading, the build's own checks run on the folder
+(svc.json agreeing with the app's runtime, a lockfile for dependencies, a start command for an app
+that runs). Then uploads, starts the build and streams its log; prints "Deployed: <url>" when the
+deployment is live, or the build's error (exit 1). With --no-follow it prints the deployment and
+returns at once.`,
   optionalArg: { ...APP_ARG, description: 'app name or id (default: "name" in svc.json)' },
   options: {
     source: { type: "string", value: "path", description: "the project folder to deploy (default: the current folder)" },
@@ -275,15 +304,24 @@ build's error (exit 1). With --no-follow it prints the deployment and returns at
     const client = await api();
     const packed = await packSource(source, { maxBytes: MAX_UPLOAD_BYTES });
     let deployment: Deployment;
-    const call = aboutDeployments(`deploy to app ${app}`, app);
+    const call = aboutDeployments(`deploy to app ${app}`, app, config?.runtime);
     try {
-      await preflight(source, config, packed.ignored);
+      // What the folder says it is (svc.json, else a static site detected) is checked before any request;
+      // the app's own runtime, once the API has answered, decides.
+      const offline: Runtime | null = config?.runtime ?? ((await detectProject(folderFiles(source))) ? "static" : null);
+      if (offline !== null) await preflight(source, config, packed.ignored, offline);
       const skipped = packed.ignored.length > 0 ? `; left out by .gitignore: ${packed.ignored.length} path${packed.ignored.length === 1 ? "" : "s"}` : "";
       out.step(`Packed ${packed.fileCount} file${packed.fileCount === 1 ? "" : "s"} (${formatBytes(packed.totalBytes)}) into ${formatBytes(packed.sizeBytes)}${skipped}`);
       const target = await client.data<App>("GET", path`/v1/apps/${app}`, undefined, call);
-      if (target.runtime !== "static") {
-        throw new CliError(`could not deploy to app ${app}`, [`its runtime is ${target.runtime}; svc deploy builds static sites`], `create a static app: svc apps create --name <name> --runtime static`);
+      const runtime = RUNTIMES.find((known) => known === target.runtime);
+      if (runtime === undefined) {
+        throw new CliError(
+          `could not deploy to app ${app}`,
+          [`its runtime is ${target.runtime}; svc deploy builds static sites and node, python and custom apps`],
+          `create an app with one of those: svc apps create --name <name> --runtime node (or ${RUNTIMES.filter((r) => r !== "node").join(", ")})`,
+        );
       }
+      if (runtime !== offline) await preflight(source, config, packed.ignored, runtime);
       const created = await client.data<Created>(
         "POST",
         path`/v1/apps/${app}/deployments`,

@@ -8,6 +8,9 @@ import { Action, Badge, Bytes, Empty, ErrorNote, LogView, Pending, ProgressBar, 
 type App = Schemas["App"];
 type Deployment = Schemas["Deployment"];
 
+/** Runtimes a deployment from source builds (the builder's: a static site, or a release of an app that runs). */
+const BUILT_RUNTIMES: readonly string[] = ["static", "node", "python", "custom"];
+
 /** Statuses a deployment does not leave. */
 const FINAL = new Set<Deployment["status"]>(["ready", "failed", "cancelled"]);
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -176,9 +179,16 @@ function DeployPanel({ app, onUploading, onStarted }: { app: App; onUploading: (
   return (
     <section class="card" aria-label="Deploy">
       <h2>Deploy</h2>
-      {app.runtime !== "static" && (
+      {BUILT_RUNTIMES.includes(app.runtime) ? (
+        app.runtime !== "static" && (
+          <p class="hint">
+            Deploying builds a release of this <code>{app.runtime}</code> app: dependencies installed, the build command run, started with the
+            start command from <code>svc.json</code>, a <code>Procfile</code> or the runtime's conventions.
+          </p>
+        )
+      ) : (
         <p class="notice">
-          Deploying from source builds static sites; this app's runtime is <code>{app.runtime}</code>.
+          Deploying from source builds static sites and node, python and custom apps; this app's runtime is <code>{app.runtime}</code>.
         </p>
       )}
       <div class="choices">
