@@ -94,12 +94,24 @@ export interface JobUser {
 // ---------------------------------------------------------------------------
 
 /**
+ * Where a sandbox's output and the builder's notes about it go: a job's log
+ * ({@link JobLog}), or an app's runtime log (processes/app-log.ts). Both write
+ * the same line format (protocol.ts).
+ */
+export interface OutputLog {
+  /** Appends one builder message (`svc` line). */
+  note(text: string): void;
+  /** Copies a child's stdout or stderr into the log, line by line. */
+  capture(stream: "out" | "err", source: Readable): void;
+}
+
+/**
  * The log file of one job. Output is split into timestamped lines (format in
  * protocol.ts), appended through one queue per job so lines of different jobs
  * can never mix, and capped at LOG_LIMIT_BYTES with a single truncation marker.
  * `bytes` counts what is already on disk, so followers never read past it.
  */
-export class JobLog {
+export class JobLog implements OutputLog {
   readonly #file: FileHandle;
   readonly #onChange: () => void;
   readonly #partial = new Map<LogStream, Buffer>();
@@ -243,7 +255,7 @@ export class JobLog {
 const ANSI_SEQUENCE = /\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[ -/]*[0-~])/g;
 
 /** A line of output without escape sequences; bytes, not text, so a line cut inside a UTF-8 character stays as it was. */
-function withoutAnsi(line: Buffer): Buffer {
+export function withoutAnsi(line: Buffer): Buffer {
   if (!line.includes(0x1b)) return line;
   return Buffer.from(line.toString("latin1").replace(ANSI_SEQUENCE, ""), "latin1");
 }
@@ -329,12 +341,21 @@ export interface SandboxOptions {
   network: "egress" | "registry" | "none";
   /** Host folder of builder-made helper commands, shown read-only at {@link SANDBOX_TOOLS_DIR}. */
   tools: string | null;
-  timeoutMs: number;
+  /** Wall-clock limit; null for none (an app's long-running process). */
+  timeoutMs: number | null;
   memoryLimitBytes: number;
   disk: { path: string; mountPath: string; quotaBytes: number } | null;
-  log: JobLog;
+  log: OutputLog;
   /** Aborting cancels the job; `signal.reason === "shutdown"` marks a builder shutdown. */
   signal: AbortSignal;
+  /** After an abort, how long the processes get between SIGTERM and SIGKILL; 2 s when absent. */
+  killGraceMs?: number;
+  /**
+   * Called once the sandbox's first process exists, with its address on the
+   * run network (null without one) and bubblewrap's pid: a long-running
+   * process is reached (health check, proxied traffic) at that address.
+   */
+  onSpawn?: (instance: { address: string | null; pid: number }) => void;
 }
 
 /** Why the builder ended a job, or "shutdown" when the builder itself is stopping. */
@@ -594,6 +615,7 @@ export async function runInSandbox(options: SandboxOptions): Promise<SandboxOutc
   const stdout = child.stdout;
   const stderr = child.stderr;
   const reports = new PreludeReports(pipes[5] as Readable, stderr);
+  options.onSpawn?.({ address: slot?.address ?? null, pid: rootPid });
   const outputClosed = Promise.all([stdout, stderr].map((stream) => (stream ? streamClosed(stream) : Promise.resolve())));
   if (stdout) log.capture("out", stdout);
   if (stderr) log.capture("err", stderr);
@@ -618,8 +640,8 @@ export async function runInSandbox(options: SandboxOptions): Promise<SandboxOutc
     killing = killSandbox(graceMs);
   };
 
-  const timeout = setTimeout(() => terminate("timeout", KILL_GRACE_MS), options.timeoutMs);
-  const onAbort = () => terminate(options.signal.reason === "shutdown" ? "shutdown" : "cancelled", KILL_GRACE_MS);
+  const timeout = options.timeoutMs === null ? undefined : setTimeout(() => terminate("timeout", KILL_GRACE_MS), options.timeoutMs);
+  const onAbort = () => terminate(options.signal.reason === "shutdown" ? "shutdown" : "cancelled", options.killGraceMs ?? KILL_GRACE_MS);
   if (options.signal.aborted) onAbort();
   else options.signal.addEventListener("abort", onAbort, { once: true });
 
@@ -695,7 +717,7 @@ export async function runInSandbox(options: SandboxOptions): Promise<SandboxOutc
   }
   switch (finalCause) {
     case "timeout":
-      return { ...outcome, reason: "timeout", error: `timed out after ${options.timeoutMs / 1000} s` };
+      return { ...outcome, reason: "timeout", error: `timed out after ${(options.timeoutMs ?? 0) / 1000} s` };
     case "OOMKilled":
       return {
         ...outcome,
