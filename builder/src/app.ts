@@ -5,6 +5,7 @@
  */
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { z } from "zod";
+import type { DiskLeases } from "./disk-leases.js";
 import { DiskOwnedElsewhere, DiskStore } from "./disks.js";
 import type { Admission, JobManager } from "./job-manager.js";
 import { streamLog } from "./logs.js";
@@ -30,6 +31,8 @@ export interface BuilderServices {
   jobs: JobManager;
   disks: DiskStore;
   nonces: NonceCache;
+  /** Who uses which disk (jobs and app processes): deleting a disk in use is refused. */
+  leases: DiskLeases;
 }
 
 interface RouteContext {
@@ -91,7 +94,7 @@ function diskId(context: RouteContext): string | null {
   return null;
 }
 
-function routes({ jobs, disks }: BuilderServices): Route[] {
+function routes({ jobs, disks, leases }: BuilderServices): Route[] {
   const jobNotFound = (response: ServerResponse) => sendError(response, 404, "JOB_NOT_FOUND", "job not found");
   return [
     {
@@ -198,7 +201,8 @@ function routes({ jobs, disks }: BuilderServices): Route[] {
       async handle(context) {
         const id = diskId(context);
         if (id === null) return;
-        if (jobs.diskInUse(id)) return sendError(context.response, 409, "DISK_BUSY", "disk is used by a queued or running job");
+        const busy = leases.busy(id);
+        if (busy !== null) return sendError(context.response, 409, "DISK_BUSY", busy);
         if (!(await disks.remove(id))) return sendError(context.response, 404, "DISK_NOT_FOUND", "disk not found");
         context.response.writeHead(204).end();
       },

@@ -12,6 +12,7 @@ import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import { createRequestHandler } from "./app.js";
 import { loadConfig } from "./config.js";
+import { DiskLeases } from "./disk-leases.js";
 import { DiskStore } from "./disks.js";
 import { JobManager } from "./job-manager.js";
 import { NonceCache } from "./protocol.js";
@@ -40,19 +41,21 @@ const host = await SandboxHost.open({
 });
 host.network?.fill(config.maxConcurrentJobs);
 const disks = await DiskStore.open(join(config.dataDir, "disks"), tenants, host.images);
+const leases = new DiskLeases();
 const jobs = await JobManager.open({
   dataDir: config.dataDir,
   maxConcurrent: config.maxConcurrentJobs,
   tenantConcurrency: config.tenantConcurrency,
   secret: config.secret,
   disks,
+  leases,
   host,
   tenants,
   buildScratchBytes: config.buildScratchBytes,
   npmRegistry: config.npmRegistry,
 });
 
-const server = createServer(createRequestHandler({ secret: config.secret, jobs, disks, nonces: new NonceCache() }));
+const server = createServer(createRequestHandler({ secret: config.secret, jobs, disks, nonces: new NonceCache(), leases }));
 
 let stopping = false;
 async function stop(): Promise<void> {
