@@ -351,11 +351,12 @@ export interface SandboxOptions {
   /** After an abort, how long the processes get between SIGTERM and SIGKILL; 2 s when absent. */
   killGraceMs?: number;
   /**
-   * Called once the sandbox's first process exists, with its address on the
-   * run network (null without one) and bubblewrap's pid: a long-running
-   * process is reached (health check, proxied traffic) at that address.
+   * Called once the command has started (the sandbox is made, the prelude
+   * handed over), with its address on the run network (null without one) and
+   * bubblewrap's pid: a long-running process is reached (health check,
+   * proxied traffic) at that address.
    */
-  onSpawn?: (instance: { address: string | null; pid: number }) => void;
+  onStart?: (instance: { address: string | null; pid: number }) => void;
 }
 
 /** Why the builder ended a job, or "shutdown" when the builder itself is stopping. */
@@ -520,10 +521,12 @@ class PreludeReports {
   #text = "";
   #stderr = "";
 
-  constructor(reports: Readable, stderr: Readable | null) {
+  constructor(reports: Readable, stderr: Readable | null, onStarted?: () => void) {
     reports.setEncoding("latin1");
     reports.on("data", (chunk: string) => {
+      const before = this.has("started");
       this.#text += chunk;
+      if (!before && this.has("started")) onStarted?.();
     });
     reports.on("error", () => undefined);
     const tap = (chunk: Buffer) => {
@@ -614,8 +617,8 @@ export async function runInSandbox(options: SandboxOptions): Promise<SandboxOutc
   args.end(`${bwrapOptions(options, env, slot !== null).join("\0")}\0`);
   const stdout = child.stdout;
   const stderr = child.stderr;
-  const reports = new PreludeReports(pipes[5] as Readable, stderr);
-  options.onSpawn?.({ address: slot?.address ?? null, pid: rootPid });
+  const onStart = options.onStart;
+  const reports = new PreludeReports(pipes[5] as Readable, stderr, onStart && (() => onStart({ address: slot?.address ?? null, pid: rootPid })));
   const outputClosed = Promise.all([stdout, stderr].map((stream) => (stream ? streamClosed(stream) : Promise.resolve())));
   if (stdout) log.capture("out", stdout);
   if (stderr) log.capture("err", stderr);
@@ -625,9 +628,13 @@ export async function runInSandbox(options: SandboxOptions): Promise<SandboxOutc
   let running = true;
   let killing: Promise<void> | null = null;
 
-  /** SIGTERM every process of the sandbox, wait up to `graceMs`, then kill bubblewrap: the kernel ends the rest. */
+  /**
+   * SIGTERM every process of the sandbox, wait up to `graceMs`, then kill
+   * bubblewrap: the kernel ends the rest. A sandbox still being made (the
+   * command not started) has nothing to end gracefully: it is killed at once.
+   */
   const killSandbox = async (graceMs: number): Promise<void> => {
-    if (graceMs > 0) {
+    if (graceMs > 0 && reports.has("started")) {
       for (const pid of sandboxMembers(rootPid)) signal(pid, "SIGTERM");
       const deadline = Date.now() + graceMs;
       while (running && Date.now() < deadline) await sleep(50);
