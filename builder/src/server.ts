@@ -15,6 +15,8 @@ import { loadConfig } from "./config.js";
 import { DiskLeases } from "./disk-leases.js";
 import { DiskStore } from "./disks.js";
 import { JobManager } from "./job-manager.js";
+import { ProcessManager } from "./processes/manager.js";
+import { AppProxy } from "./processes/proxy.js";
 import { NonceCache } from "./protocol.js";
 import { SandboxHost } from "./sandbox-host.js";
 import { TenantUsers } from "./tenants.js";
@@ -55,14 +57,20 @@ const jobs = await JobManager.open({
   npmRegistry: config.npmRegistry,
 });
 
-const server = createServer(createRequestHandler({ secret: config.secret, jobs, disks, nonces: new NonceCache(), leases }));
+const processes = await ProcessManager.open({ dataDir: config.dataDir, secret: config.secret, host, tenants, disks, leases });
+const proxy = new AppProxy({ secret: config.secret, lookup: (id) => processes.lookup(id) });
+
+const server = createServer(createRequestHandler({ secret: config.secret, jobs, disks, nonces: new NonceCache(), leases, processes, proxy }));
+// WebSockets (and any other upgrade) of the apps' traffic; every other path is refused there.
+server.on("upgrade", (request, socket, head) => proxy.upgrade(request, socket, head));
 
 let stopping = false;
 async function stop(): Promise<void> {
   if (stopping) return;
   stopping = true;
   server.close();
-  await jobs.shutdown(config.shutdownGraceMs);
+  // App processes end with the builder (their sandboxes die with it anyway): stopped cleanly, reported.
+  await Promise.all([jobs.shutdown(config.shutdownGraceMs), processes.shutdown()]);
   server.closeAllConnections();
   await disks.close();
   await host.close();
