@@ -122,6 +122,7 @@ export class ProcessManager {
     }
     const user = await tenants.userOf(spec.tenant);
     const appLog = await this.appLogs.get(spec.appId);
+    if (this.#closing) return { ok: false, code: "UNAVAILABLE", message: "builder is shutting down; start the process on another node" };
     const id = newId("prc");
     let releaseDisk = () => {};
     if (spec.disk) {
