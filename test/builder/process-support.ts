@@ -36,7 +36,7 @@ export async function makeRelease(files: Record<string, string>): Promise<Releas
 
 /**
  * The test app: a Node HTTP server on PORT. `/healthz` (500 when HEALTH=fail),
- * `/hello`, `/slow?ms=N`, `/sse` (three events 300 ms apart), `/info` (its
+ * `/hello`, `/big?bytes=N`, `/slow?ms=N`, `/sse` (three events 300 ms apart), `/info` (its
  * address, uid and some env), `/ws` (a WebSocket echo, frames under 126
  * bytes), anything else echoes method, URL, headers and the body's size and
  * SHA-256. Its response carries an X-Svc-Leak header the node must drop.
@@ -53,6 +53,11 @@ const server = http.createServer((req, res) => {
     return res.end("ok");
   }
   if (url.pathname === "/hello") return res.end("hello from the app");
+  if (url.pathname === "/big") {
+    const size = Number(url.searchParams.get("bytes") || 0);
+    res.writeHead(200, { "Content-Length": size, "Content-Type": "application/octet-stream" });
+    return res.end(Buffer.alloc(size, 7));
+  }
   if (url.pathname === "/slow") return void setTimeout(() => res.end("slow done"), Number(url.searchParams.get("ms") || 1000));
   if (url.pathname === "/sse") {
     res.writeHead(200, { "Content-Type": "text/event-stream", "Cache-Control": "no-cache" });

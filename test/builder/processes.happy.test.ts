@@ -96,6 +96,34 @@ describe("an app process: start, health check, proxied traffic", () => {
     await waitFor(builder, first.id, (status) => status.state === "stopped");
   });
 
+  it("passes a chunked request body, a HEAD request and a large response", async () => {
+    const app = await readyApp();
+    const parts = [randomBytes(100_000), randomBytes(50_000), randomBytes(1)];
+    const stream = new ReadableStream<Uint8Array>({
+      start(controller) {
+        for (const part of parts) controller.enqueue(part);
+        controller.close();
+      },
+    });
+    const posted = await proxyFetch(builder, app.id, "/echo", { method: "PUT", body: stream, duplex: "half" } as RequestInit);
+    const echo = (await posted.json()) as { headers: Record<string, string>; bodyLength: number; bodySha256: string };
+    expect(echo.headers["transfer-encoding"]).toBe("chunked");
+    expect(echo.bodyLength).toBe(150_001);
+    expect(echo.bodySha256).toBe(createHash("sha256").update(Buffer.concat(parts)).digest("hex"));
+
+    const head = await proxyFetch(builder, app.id, "/big?bytes=100", { method: "HEAD" });
+    expect(head.status).toBe(200);
+    expect(head.headers.get("content-length")).toBe("100");
+    expect(await head.text()).toBe("");
+
+    const big = await proxyFetch(builder, app.id, "/big?bytes=5000000");
+    expect(big.headers.get("content-length")).toBe("5000000");
+    const bytes = Buffer.from(await big.arrayBuffer());
+    expect(bytes.length).toBe(5_000_000);
+    expect(bytes.every((byte) => byte === 7)).toBe(true);
+    await stopProcess(builder, app.id);
+  });
+
   it("streams a response without a length event by event (server-sent events)", async () => {
     const app = await readyApp();
     const response = await proxyFetch(builder, app.id, "/sse");
