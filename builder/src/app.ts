@@ -1,13 +1,17 @@
 /**
  * The builder's HTTP API in one request handler, shared by the entry point and
  * anything that embeds the builder. Every route but `GET /healthz` requires a
- * valid signature (protocol.ts); answers are JSON except the job log.
+ * valid signature (protocol.ts), except apps' proxied traffic (`/v1/proxy/…`,
+ * processes/proxy.ts), which carries its own; answers are JSON except logs.
  */
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { z } from "zod";
+import type { DiskLeases } from "./disk-leases.js";
 import { DiskOwnedElsewhere, DiskStore, InsufficientStorage } from "./disks.js";
 import type { Admission, JobManager } from "./job-manager.js";
 import { streamLog } from "./logs.js";
+import type { ProcessAdmission, ProcessManager } from "./processes/manager.js";
+import { type AppProxy, PROXY_PREFIX } from "./processes/proxy.js";
 import {
   BuildSpec,
   type BuilderError,
@@ -16,8 +20,12 @@ import {
   JOB_KEY_PATTERN,
   JobSpec,
   type NonceCache,
+  ProcessSpec,
+  ProcessStop,
   RestoreSpec,
+  processSpecProblems,
   SnapshotSpec,
+  TENANT_PATTERN,
   verifyRequest,
 } from "./protocol.js";
 
@@ -30,6 +38,11 @@ export interface BuilderServices {
   jobs: JobManager;
   disks: DiskStore;
   nonces: NonceCache;
+  /** Who uses which disk (jobs and app processes): deleting a disk in use is refused. */
+  leases: DiskLeases;
+  processes: ProcessManager;
+  /** App traffic (`/v1/proxy/…`), authenticated by its own headers, streamed, never read here. */
+  proxy: AppProxy;
 }
 
 interface RouteContext {
@@ -64,6 +77,12 @@ function sendAdmission(response: ServerResponse, admission: Admission): void {
   else sendError(response, ADMISSION_STATUS[admission.code], admission.code, admission.message);
 }
 
+/** Answers a process start: 201 (200 when its key named one already), or the refusal's error. */
+function sendProcessAdmission(response: ServerResponse, admission: ProcessAdmission): void {
+  if (admission.ok) sendJson(response, admission.existing ? 200 : 201, admission.status);
+  else sendError(response, ADMISSION_STATUS[admission.code], admission.code, admission.message);
+}
+
 /** Parses and validates a JSON body; on failure the 400 is already sent and null returned. */
 function parseBody<T extends z.ZodType>(schema: T, context: RouteContext): z.infer<T> | null {
   let value: unknown;
@@ -91,8 +110,9 @@ function diskId(context: RouteContext): string | null {
   return null;
 }
 
-function routes({ jobs, disks }: BuilderServices): Route[] {
+function routes({ jobs, disks, leases, processes }: BuilderServices): Route[] {
   const jobNotFound = (response: ServerResponse) => sendError(response, 404, "JOB_NOT_FOUND", "job not found");
+  const processNotFound = (response: ServerResponse) => sendError(response, 404, "PROCESS_NOT_FOUND", "process not found");
   return [
     {
       method: "POST",
@@ -199,7 +219,8 @@ function routes({ jobs, disks }: BuilderServices): Route[] {
       async handle(context) {
         const id = diskId(context);
         if (id === null) return;
-        if (jobs.diskInUse(id)) return sendError(context.response, 409, "DISK_BUSY", "disk is used by a queued or running job");
+        const busy = leases.busy(id);
+        if (busy !== null) return sendError(context.response, 409, "DISK_BUSY", busy);
         if (!(await disks.remove(id))) return sendError(context.response, 404, "DISK_NOT_FOUND", "disk not found");
         context.response.writeHead(204).end();
       },
@@ -220,6 +241,78 @@ function routes({ jobs, disks }: BuilderServices): Route[] {
         const spec = parseBody(RestoreSpec, context);
         if (!spec) return;
         sendAdmission(context.response, await jobs.submitRestore(spec));
+      },
+    },
+    {
+      method: "POST",
+      pattern: /^\/v1\/processes$/,
+      async handle(context) {
+        const spec = parseBody(ProcessSpec, context);
+        if (!spec) return;
+        const problems = processSpecProblems(spec);
+        if (problems.length > 0) return sendError(context.response, 400, "VALIDATION_ERROR", "body does not match the schema", problems);
+        sendProcessAdmission(context.response, await processes.start(spec));
+      },
+    },
+    {
+      method: "GET",
+      pattern: /^\/v1\/processes$/,
+      async handle({ url, response }) {
+        const key = url.searchParams.get("key");
+        if (key === null || !JOB_KEY_PATTERN.test(key)) {
+          return sendError(response, 400, "VALIDATION_ERROR", "give the process's key: GET /v1/processes?key=…", [{ path: "key", message: "invalid key" }]);
+        }
+        const status = processes.statusByKey(key);
+        if (status) sendJson(response, 200, status);
+        else processNotFound(response);
+      },
+    },
+    {
+      method: "GET",
+      pattern: /^\/v1\/processes\/([^/]+)$/,
+      async handle({ params, response }) {
+        const status = processes.status(params[0] ?? "");
+        if (status) sendJson(response, 200, status);
+        else processNotFound(response);
+      },
+    },
+    {
+      method: "POST",
+      pattern: /^\/v1\/processes\/([^/]+)\/stop$/,
+      async handle(context) {
+        // An empty body is a stop without drain.
+        if (context.body.length === 0) context.body = Buffer.from("{}");
+        const stop = parseBody(ProcessStop, context);
+        if (!stop) return;
+        const status = processes.stop(context.params[0] ?? "", stop.drainSeconds);
+        if (status) sendJson(context.response, 202, status);
+        else processNotFound(context.response);
+      },
+    },
+    {
+      method: "GET",
+      pattern: /^\/v1\/app-logs\/([^/]+)$/,
+      async handle({ params, url, response }) {
+        const appId = params[0] ?? "";
+        if (!TENANT_PATTERN.test(appId)) {
+          return sendError(response, 400, "VALIDATION_ERROR", "app id must match ^[A-Za-z0-9_-]{1,64}$", [{ path: "appId", message: "invalid app id" }]);
+        }
+        const tailParam = url.searchParams.get("tail");
+        if (tailParam !== null && !/^\d{1,15}$/.test(tailParam)) {
+          return sendError(response, 400, "VALIDATION_ERROR", "tail must be a non-negative integer (bytes)", [
+            { path: "tail", message: "expected a non-negative integer" },
+          ]);
+        }
+        const follow = ["1", "true"].includes(url.searchParams.get("follow") ?? "");
+        const log = await processes.appLogs.get(appId);
+        response.writeHead(200, {
+          "Content-Type": "text/plain; charset=utf-8",
+          "Cache-Control": "no-store",
+          "X-Content-Type-Options": "nosniff",
+        });
+        // Followers must see lines the moment they are written.
+        if (follow) response.flushHeaders();
+        await log.stream(tailParam === null ? null : Number(tailParam), follow, response);
       },
     },
   ];
@@ -257,6 +350,7 @@ export function createRequestHandler(services: BuilderServices): (request: Incom
   const handle = async (request: IncomingMessage, response: ServerResponse): Promise<void> => {
     const target = request.url ?? "/";
     const method = request.method ?? "GET";
+    if (target.startsWith(PROXY_PREFIX)) return services.proxy.handle(request, response);
     const url = new URL(target, "http://builder.invalid");
     if (method === "GET" && url.pathname === "/healthz") return sendJson(response, 200, { ok: true });
 

@@ -6,12 +6,13 @@
  * poll `GET /v1/jobs/:id`.
  */
 import { setTimeout as sleep } from "node:timers/promises";
-import { type JobStatus, signRequest } from "./protocol.js";
+import { type JobStatus, type ProcessStatus, signRequest } from "./protocol.js";
 
 /** Inputs of {@link deliverCallback}; the timings exist so tests and operators can tune them. */
 export interface CallbackOptions {
   url: string;
-  status: JobStatus;
+  /** A job's final (or start) status, or an app process's new one. */
+  status: JobStatus | ProcessStatus;
   secret: string;
   attempts?: number;
   initialDelayMs?: number;

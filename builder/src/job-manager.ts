@@ -5,11 +5,12 @@
  * kept 24 h so the Worker can poll after a lost callback), cancellation, and the
  * completion callback. Running one job is `runJob`'s business, not this file's.
  */
-import { randomBytes } from "node:crypto";
 import { mkdir, readFile, readdir, rename, rm, stat, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { deliverCallback } from "./callback.js";
+import type { DiskLeases } from "./disk-leases.js";
 import type { DiskStore } from "./disks.js";
+import { newId } from "./ids.js";
 import { NO_PIP_SOURCES, type PipSources, runBuild } from "./jobs/build.js";
 import { restoreJob } from "./jobs/restore.js";
 import { runJob } from "./jobs/run.js";
@@ -26,19 +27,6 @@ const PRUNE_INTERVAL_MS = 60 * 60 * 1000;
 /** After the grace period, how long interrupted jobs and their callbacks get to finish. */
 const SHUTDOWN_WAIT_MS = 10_000;
 const JOB_ID_PATTERN = /^job_[0-9A-Za-z]{24}$/;
-const BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
-
-/** `job_` + 24 random base62 characters, like every id on the platform (DESIGN §3). */
-function newJobId(): string {
-  let id = "";
-  while (id.length < 24) {
-    for (const byte of randomBytes(32)) {
-      // 248 = 4 × 62: rejecting the rest keeps every character equally likely.
-      if (byte < 248 && id.length < 24) id += BASE62[byte % 62];
-    }
-  }
-  return `job_${id}`;
-}
 
 /** Wakes everyone waiting for "something happened" on one job. */
 class Changes {
@@ -88,7 +76,8 @@ interface JobWork {
   startCallback: boolean;
   /**
    * The disk the job uses. An exclusive job (a restore) is refused while any
-   * other job uses the disk, and every other job is refused while it holds it.
+   * other job or an app process uses the disk, and every other job is refused
+   * while it holds it (disk-leases.ts).
    */
   disk: { id: string; exclusive: boolean } | null;
   /** Runs the job; ends the log with the outcome line and never throws for expected failures. */
@@ -115,6 +104,8 @@ interface JobEntry {
   callbackUrl: string | null;
   /** Held only until the job ends: a run's env may carry the app's secrets. */
   work: JobWork | null;
+  /** Returns the job's lease on its disk (a no-op without one); called when the job ends. */
+  releaseDisk: () => void;
   log: JobLog | null;
   abort: AbortController;
   changes: Changes;
@@ -134,6 +125,8 @@ export interface JobManagerOptions {
   tenantConcurrency: number;
   secret: string;
   disks: DiskStore;
+  /** Disk use shared with the app processes: a restore waits for neither, it is refused while either holds the disk. */
+  leases: DiskLeases;
   host: SandboxHost;
   tenants: TenantUsers;
   /** Room a build gets for its project, dependencies and output. */
@@ -175,9 +168,6 @@ export class JobManager {
   /** Tenants with queued or running jobs; a tenant leaves once it has neither. */
   readonly #shares = new Map<string, TenantShare>();
   #admitted = 0;
-  readonly #diskUse = new Map<string, number>();
-  /** Disks an exclusive job (a restore) holds. */
-  readonly #exclusiveDisks = new Set<string>();
   readonly #stopCallbacks = new AbortController();
   #running = 0;
   #closing = false;
@@ -276,23 +266,19 @@ export class JobManager {
     const full = this.#queueFull(work, limit);
     if (full) return { ok: false, code: "TENANT_QUEUE_FULL", message: full };
     const { disk } = work;
+    const id = newId("job");
+    let releaseDisk = () => {};
     if (disk) {
-      if (this.#exclusiveDisks.has(disk.id)) {
-        return { ok: false, code: "DISK_BUSY", message: `disk ${disk.id} is being restored; retry once the restore has ended` };
-      }
-      if (disk.exclusive && this.diskInUse(disk.id)) {
-        return { ok: false, code: "DISK_BUSY", message: `disk ${disk.id} is used by a queued or running job` };
-      }
-      // Claimed before the first await, so two submissions cannot both pass the checks above.
-      this.#diskUse.set(disk.id, (this.#diskUse.get(disk.id) ?? 0) + 1);
-      if (disk.exclusive) this.#exclusiveDisks.add(disk.id);
+      // Taken before the first await, so two submissions cannot both pass the check.
+      const lease = this.#options.leases.acquire(disk.id, { kind: "job", id }, disk.exclusive);
+      if (!lease.ok) return { ok: false, code: "DISK_BUSY", message: lease.message };
+      releaseDisk = lease.release;
     }
-    const id = newJobId();
     const dir = join(this.#jobsDir, id);
     try {
       await mkdir(dir, { mode: 0o711 });
     } catch (error) {
-      this.#releaseDisk(work);
+      releaseDisk();
       throw error;
     }
     let markFinished = () => {};
@@ -325,6 +311,7 @@ export class JobManager {
       dir,
       callbackUrl: work.callbackUrl ?? null,
       work,
+      releaseDisk,
       log: null,
       abort: new AbortController(),
       changes: new Changes(),
@@ -419,11 +406,6 @@ export class JobManager {
       ended: () => isFinal(entry.status.status),
       changed: () => entry.changes.wait(),
     };
-  }
-
-  /** Whether a queued or running job names this disk (it must not be deleted then). */
-  diskInUse(diskId: string): boolean {
-    return (this.#diskUse.get(diskId) ?? 0) > 0;
   }
 
   /**
@@ -556,7 +538,7 @@ export class JobManager {
     status.finishedAt = new Date().toISOString();
     status.result = outcome.result ?? null;
     entry.log = null;
-    if (entry.work) this.#releaseDisk(entry.work);
+    entry.releaseDisk();
     entry.work = null;
     entry.changes.notify();
     await this.#persist(entry);
@@ -575,15 +557,6 @@ export class JobManager {
     });
     this.#deliveries.add(delivery);
     void delivery.finally(() => this.#deliveries.delete(delivery));
-  }
-
-  #releaseDisk(work: JobWork): void {
-    if (!work.disk) return;
-    const { id, exclusive } = work.disk;
-    const users = (this.#diskUse.get(id) ?? 1) - 1;
-    if (users > 0) this.#diskUse.set(id, users);
-    else this.#diskUse.delete(id);
-    if (exclusive) this.#exclusiveDisks.delete(id);
   }
 
   /**
@@ -633,6 +606,7 @@ export class JobManager {
         dir,
         callbackUrl: typeof callback === "string" ? callback : null,
         work: null,
+        releaseDisk: () => {},
         log: null,
         abort: new AbortController(),
         changes: new Changes(),

@@ -5,7 +5,10 @@
  * rules on the host then drop whatever a job sends to the host itself (the
  * builder's control port, wrangler, sshd, … on any address) and to private,
  * loopback and link-local ranges (cloud metadata, the host's LAN), except DNS to
- * the host's resolvers. Loopback inside the namespace is the job's own.
+ * the host's resolvers. Loopback inside the namespace is the job's own. The
+ * host itself may open connections into a namespace (an app's health check and
+ * its proxied traffic, processes/): only replies to those come back in, every
+ * connection a namespace opens towards the host is still refused.
  *
  * Runs never reach each other: frames between two ports of the bridge are
  * switched, not routed, so the host's inet rules see them only when
@@ -56,6 +59,11 @@ const BLOCKED_RANGES = [
 export interface NetworkSlot {
   /** Path nsenter joins (`/run/netns/svc3-7`). */
   path: string;
+  /**
+   * The namespace's address on the bridge (`10.213.3.8`): where the host
+   * reaches a server it runs (an app's health check and proxied traffic).
+   */
+  address: string;
   release(): void;
 }
 
@@ -147,6 +155,7 @@ export class RunNetwork {
     let released = false;
     return {
       path: join(NETNS_DIR, taken),
+      address: `10.213.${this.#index}.${Number(taken.slice(taken.lastIndexOf("-") + 1)) + 1}`,
       release: () => {
         if (released || this.#closed) return;
         released = true;
@@ -193,6 +202,7 @@ export class RunNetwork {
 table inet svc_${this.#index} {
   chain input {
     type filter hook input priority -10; policy accept;
+    iifname "${bridge}" ct state established,related accept
     iifname "${bridge}" meta l4proto tcp reject with tcp reset
     iifname "${bridge}" reject
   }

@@ -848,10 +848,19 @@ export type ReleaseResult = z.infer<typeof ReleaseResult>;
 //     ANY  /v1/proxy/:id/<path>       the app's own HTTP, WebSocket and SSE traffic (below)
 //
 // A stop keeps serving proxied requests for `drainSeconds` (the edge caches
-// which process serves an app for a few seconds), then sends SIGTERM, lets
-// requests in flight finish (at most 30 s), then SIGKILL; a stopped process
-// answers proxied requests with 404 PROCESS_NOT_FOUND, which tells the edge to
-// look up the app's process again.
+// which process serves an app for a few seconds), then answers new ones with
+// 404 PROCESS_NOT_FOUND, lets requests in flight finish (at most 30 s), then
+// sends SIGTERM, then SIGKILL after 10 s. In-flight requests finish before
+// SIGTERM, so an app without a SIGTERM handler (Node's default is to exit at
+// once) loses none of them. A stopped process answers proxied requests with
+// 404 PROCESS_NOT_FOUND, which tells the edge to look up the app's process
+// again; one that is (re)starting holds them up to 5 s for its readiness,
+// then 503 UNAVAILABLE; a failed one, and a worker, answer 503 UNAVAILABLE.
+//
+// App processes do not survive a restart of the node's builder: afterwards
+// the process reads `failed` (lastExit.reason `error`, "the builder
+// restarted…"), reported through its callback, and the control plane starts a
+// new one (with a new key: a key names one process for good).
 
 export const ProcessState = z.enum(["starting", "running", "backoff", "crash_loop", "stopping", "stopped", "failed"]);
 export type ProcessState = z.infer<typeof ProcessState>;
@@ -894,6 +903,21 @@ export const ProcessSpec = z.object({
   labels: z.record(z.string(), z.string()).optional(),
 });
 export type ProcessSpec = z.infer<typeof ProcessSpec>;
+
+/**
+ * What the schema cannot say about a {@link ProcessSpec}: a `web` process needs
+ * a port; a `worker` has neither port nor health check. The node answers 400
+ * VALIDATION_ERROR with these; empty when the spec is coherent. (A web process
+ * with `healthCheck: null` is ready once its port accepts connections, within
+ * 60 s.)
+ */
+export function processSpecProblems(spec: ProcessSpec): { path: string; message: string }[] {
+  if (spec.type === "web") return spec.port === null ? [{ path: "port", message: "a web process needs the port it listens on" }] : [];
+  const problems: { path: string; message: string }[] = [];
+  if (spec.port !== null) problems.push({ path: "port", message: "a worker has no port (null)" });
+  if (spec.healthCheck !== null) problems.push({ path: "healthCheck", message: "a worker has no health check (null)" });
+  return problems;
+}
 
 /** What the process routes answer and its callbacks carry. */
 export const ProcessStatus = z.object({

@@ -96,12 +96,24 @@ export interface JobUser {
 // ---------------------------------------------------------------------------
 
 /**
+ * Where a sandbox's output and the builder's notes about it go: a job's log
+ * ({@link JobLog}), or an app's runtime log (processes/app-log.ts). Both write
+ * the same line format (protocol.ts).
+ */
+export interface OutputLog {
+  /** Appends one builder message (`svc` line). */
+  note(text: string): void;
+  /** Copies a child's stdout or stderr into the log, line by line. */
+  capture(stream: "out" | "err", source: Readable): void;
+}
+
+/**
  * The log file of one job. Output is split into timestamped lines (format in
  * protocol.ts), appended through one queue per job so lines of different jobs
  * can never mix, and capped at LOG_LIMIT_BYTES with a single truncation marker.
  * `bytes` counts what is already on disk, so followers never read past it.
  */
-export class JobLog {
+export class JobLog implements OutputLog {
   readonly #file: FileHandle;
   readonly #onChange: () => void;
   readonly #partial = new Map<LogStream, Buffer>();
@@ -245,7 +257,7 @@ export class JobLog {
 const ANSI_SEQUENCE = /\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[ -/]*[0-~])/g;
 
 /** A line of output without escape sequences; bytes, not text, so a line cut inside a UTF-8 character stays as it was. */
-function withoutAnsi(line: Buffer): Buffer {
+export function withoutAnsi(line: Buffer): Buffer {
   if (!line.includes(0x1b)) return line;
   return Buffer.from(line.toString("latin1").replace(ANSI_SEQUENCE, ""), "latin1");
 }
@@ -333,12 +345,22 @@ export interface SandboxOptions {
   tools: string | null;
   /** Host folder of python wheels, shown read-only at {@link SANDBOX_WHEELS_DIR} (it must be readable by every user). */
   wheels?: string | null;
-  timeoutMs: number;
+  /** Wall-clock limit; null for none (an app's long-running process). */
+  timeoutMs: number | null;
   memoryLimitBytes: number;
   disk: { path: string; mountPath: string; quotaBytes: number } | null;
-  log: JobLog;
+  log: OutputLog;
   /** Aborting cancels the job; `signal.reason === "shutdown"` marks a builder shutdown. */
   signal: AbortSignal;
+  /** After an abort, how long the processes get between SIGTERM and SIGKILL; 2 s when absent. */
+  killGraceMs?: number;
+  /**
+   * Called once the command has started (the sandbox is made, the prelude
+   * handed over), with its address on the run network (null without one) and
+   * bubblewrap's pid: a long-running process is reached (health check,
+   * proxied traffic) at that address.
+   */
+  onStart?: (instance: { address: string | null; pid: number }) => void;
 }
 
 /** Why the builder ended a job, or "shutdown" when the builder itself is stopping. */
@@ -509,10 +531,12 @@ class PreludeReports {
   #text = "";
   #stderr = "";
 
-  constructor(reports: Readable, stderr: Readable | null) {
+  constructor(reports: Readable, stderr: Readable | null, onStarted?: () => void) {
     reports.setEncoding("latin1");
     reports.on("data", (chunk: string) => {
+      const before = this.has("started");
       this.#text += chunk;
+      if (!before && this.has("started")) onStarted?.();
     });
     reports.on("error", () => undefined);
     const tap = (chunk: Buffer) => {
@@ -603,7 +627,8 @@ export async function runInSandbox(options: SandboxOptions): Promise<SandboxOutc
   args.end(`${bwrapOptions(options, env, slot !== null).join("\0")}\0`);
   const stdout = child.stdout;
   const stderr = child.stderr;
-  const reports = new PreludeReports(pipes[5] as Readable, stderr);
+  const onStart = options.onStart;
+  const reports = new PreludeReports(pipes[5] as Readable, stderr, onStart && (() => onStart({ address: slot?.address ?? null, pid: rootPid })));
   const outputClosed = Promise.all([stdout, stderr].map((stream) => (stream ? streamClosed(stream) : Promise.resolve())));
   if (stdout) log.capture("out", stdout);
   if (stderr) log.capture("err", stderr);
@@ -613,9 +638,13 @@ export async function runInSandbox(options: SandboxOptions): Promise<SandboxOutc
   let running = true;
   let killing: Promise<void> | null = null;
 
-  /** SIGTERM every process of the sandbox, wait up to `graceMs`, then kill bubblewrap: the kernel ends the rest. */
+  /**
+   * SIGTERM every process of the sandbox, wait up to `graceMs`, then kill
+   * bubblewrap: the kernel ends the rest. A sandbox still being made (the
+   * command not started) has nothing to end gracefully: it is killed at once.
+   */
   const killSandbox = async (graceMs: number): Promise<void> => {
-    if (graceMs > 0) {
+    if (graceMs > 0 && reports.has("started")) {
       for (const pid of sandboxMembers(rootPid)) signal(pid, "SIGTERM");
       const deadline = Date.now() + graceMs;
       while (running && Date.now() < deadline) await sleep(50);
@@ -628,8 +657,8 @@ export async function runInSandbox(options: SandboxOptions): Promise<SandboxOutc
     killing = killSandbox(graceMs);
   };
 
-  const timeout = setTimeout(() => terminate("timeout", KILL_GRACE_MS), options.timeoutMs);
-  const onAbort = () => terminate(options.signal.reason === "shutdown" ? "shutdown" : "cancelled", KILL_GRACE_MS);
+  const timeout = options.timeoutMs === null ? undefined : setTimeout(() => terminate("timeout", KILL_GRACE_MS), options.timeoutMs);
+  const onAbort = () => terminate(options.signal.reason === "shutdown" ? "shutdown" : "cancelled", options.killGraceMs ?? KILL_GRACE_MS);
   if (options.signal.aborted) onAbort();
   else options.signal.addEventListener("abort", onAbort, { once: true });
 
@@ -707,7 +736,7 @@ export async function runInSandbox(options: SandboxOptions): Promise<SandboxOutc
   }
   switch (finalCause) {
     case "timeout":
-      return { ...outcome, reason: "timeout", error: `timed out after ${options.timeoutMs / 1000} s` };
+      return { ...outcome, reason: "timeout", error: `timed out after ${(options.timeoutMs ?? 0) / 1000} s` };
     case "OOMKilled":
       return {
         ...outcome,

@@ -12,8 +12,11 @@ import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import { createRequestHandler } from "./app.js";
 import { loadConfig } from "./config.js";
+import { DiskLeases } from "./disk-leases.js";
 import { DiskStore } from "./disks.js";
 import { JobManager } from "./job-manager.js";
+import { ProcessManager } from "./processes/manager.js";
+import { AppProxy } from "./processes/proxy.js";
 import { NonceCache } from "./protocol.js";
 import { SandboxHost } from "./sandbox-host.js";
 import { TenantUsers } from "./tenants.js";
@@ -45,12 +48,14 @@ const host = await SandboxHost.open({
 });
 host.network?.fill(config.maxConcurrentJobs);
 const disks = await DiskStore.open(join(config.dataDir, "disks"), tenants, host.images, { hostReserveBytes: config.hostReserveBytes });
+const leases = new DiskLeases();
 const jobs = await JobManager.open({
   dataDir: config.dataDir,
   maxConcurrent: config.maxConcurrentJobs,
   tenantConcurrency: config.tenantConcurrency,
   secret: config.secret,
   disks,
+  leases,
   host,
   tenants,
   buildScratchBytes: config.buildScratchBytes,
@@ -58,14 +63,20 @@ const jobs = await JobManager.open({
   pip: { indexUrl: config.pipIndexUrl, findLinks: config.pipFindLinks },
 });
 
-const server = createServer(createRequestHandler({ secret: config.secret, jobs, disks, nonces: new NonceCache() }));
+const processes = await ProcessManager.open({ dataDir: config.dataDir, secret: config.secret, host, tenants, disks, leases });
+const proxy = new AppProxy({ secret: config.secret, lookup: (id) => processes.lookup(id) });
+
+const server = createServer(createRequestHandler({ secret: config.secret, jobs, disks, nonces: new NonceCache(), leases, processes, proxy }));
+// WebSockets (and any other upgrade) of the apps' traffic; every other path is refused there.
+server.on("upgrade", (request, socket, head) => proxy.upgrade(request, socket, head));
 
 let stopping = false;
 async function stop(): Promise<void> {
   if (stopping) return;
   stopping = true;
   server.close();
-  await jobs.shutdown(config.shutdownGraceMs);
+  // App processes end with the builder (their sandboxes die with it anyway): stopped cleanly, reported.
+  await Promise.all([jobs.shutdown(config.shutdownGraceMs), processes.shutdown()]);
   server.closeAllConnections();
   await disks.close();
   await host.close();

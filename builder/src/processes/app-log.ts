@@ -1,0 +1,399 @@
+/**
+ * The runtime log of each app on this node: its processes' stdout and stderr
+ * and the supervisor's `svc` lines, in the job log's line format (protocol.ts),
+ * kept across the app's restarts and deploys (every process of the app writes
+ * to the same log) and across builder restarts (it is a file).
+ *
+ * Bounded: the log is two files, `app-logs/<appId>/log` (being written) and
+ * `log.1` (the one before). When `log` would pass half of LOG_LIMIT_BYTES it
+ * becomes `log.1` (the older one is dropped), so between 5 and 10 MiB of the
+ * latest output are kept, never more, and nothing is ever rewritten in place.
+ *
+ * Readers address the log by a logical offset that only grows (bytes written
+ * since the log was opened by this builder), so a follower keeps its place
+ * across rotations; one that falls behind a whole file skips what was dropped.
+ *
+ * An app that writes faster than the file takes it is slowed down, not cut:
+ * its pipes are paused while more than {@link QUEUE_HIGH_BYTES} wait, so it
+ * blocks on its writes like on a slow terminal.
+ */
+import { mkdir, open, readdir, rename, rm, stat } from "node:fs/promises";
+import type { ServerResponse } from "node:http";
+import { join } from "node:path";
+import type { Readable } from "node:stream";
+import { LOG_LIMIT_BYTES, LOG_MAX_LINE_BYTES, PROCESS_LAST_LINES } from "../protocol.js";
+import { type OutputLog, withoutAnsi } from "../sandbox.js";
+
+/** Size at which the current file becomes the previous one. */
+export const APP_LOG_FILE_BYTES = LOG_LIMIT_BYTES / 2;
+/** Output waiting for the file beyond which the writers' pipes are paused. */
+const QUEUE_HIGH_BYTES = 1024 * 1024;
+const CHUNK_BYTES = 64 * 1024;
+const NEWLINE = Buffer.from("\n");
+const CURRENT = "log";
+const PREVIOUS = "log.1";
+
+/** Wakes everyone waiting for "the log grew" (or closed). */
+class Changes {
+  #waiters: Array<() => void> = [];
+
+  wait(): Promise<void> {
+    return new Promise((resolve) => this.#waiters.push(resolve));
+  }
+
+  notify(): void {
+    const waiters = this.#waiters;
+    this.#waiters = [];
+    for (const resolve of waiters) resolve();
+  }
+}
+
+/** One app's log: appends in order through one queue, rotation, and reads by logical offset. */
+export class AppLog {
+  readonly #dir: string;
+  readonly #changes = new Changes();
+  #queue: Buffer[] = [];
+  #queuedBytes = 0;
+  #draining: Promise<void> | null = null;
+  /** Logical offset of the first byte of `log.1` (of `log` when there is no `log.1`). */
+  #base = 0;
+  #previousBytes = 0;
+  #currentBytes = 0;
+  /** Rotation and reads take turns, so a read never maps an offset to a file being renamed. */
+  #lock: Promise<unknown> = Promise.resolve();
+  #closed = false;
+  #writeFailed = false;
+  /** Pipes paused while the queue is over its bound; resumed once it drains. */
+  readonly #paused = new Set<Readable>();
+
+  private constructor(dir: string) {
+    this.#dir = dir;
+  }
+
+  /** Opens the log of one app (creating its folder), continuing what an earlier builder left. */
+  static async open(dir: string): Promise<AppLog> {
+    await mkdir(dir, { recursive: true, mode: 0o700 });
+    const log = new AppLog(dir);
+    log.#previousBytes = await sizeOf(join(dir, PREVIOUS));
+    log.#currentBytes = await sizeOf(join(dir, CURRENT));
+    // A builder that died mid-write may have left half a line: end it, so the next record starts its own.
+    if (log.#currentBytes > 0 && (await lastByte(join(dir, CURRENT))) !== 0x0a) log.append(NEWLINE);
+    return log;
+  }
+
+  /** Logical offset one past the last byte on disk. */
+  get end(): number {
+    return this.#base + this.#previousBytes + this.#currentBytes;
+  }
+
+  /** Logical offset of the oldest byte still kept. */
+  get start(): number {
+    return this.#base;
+  }
+
+  /** Queues whole records (lines with their newline) for the file. */
+  append(records: Buffer): void {
+    if (this.#writeFailed || this.#closed) return;
+    this.#queue.push(records);
+    this.#queuedBytes += records.length;
+    this.#draining ??= this.#drain();
+  }
+
+  /** Pauses `source` while the queue is over its bound (an app writing faster than the disk). */
+  throttle(source: Readable): void {
+    if (this.#queuedBytes <= QUEUE_HIGH_BYTES || this.#paused.has(source)) return;
+    this.#paused.add(source);
+    source.pause();
+  }
+
+  /** Resolves once everything appended so far is in the file. */
+  async settled(): Promise<void> {
+    while (this.#draining) await this.#draining;
+  }
+
+  /** Ends followers; appends after this are dropped. */
+  async close(): Promise<void> {
+    await this.settled();
+    this.#closed = true;
+    this.#changes.notify();
+  }
+
+  /**
+   * Writes the log to `response`: the last `tail` bytes (from the first line
+   * that starts in them; everything kept when null), then, with `follow`, new
+   * lines as they are written, until the client goes away or the log closes.
+   */
+  async stream(tail: number | null, follow: boolean, response: ServerResponse): Promise<void> {
+    let gone = false;
+    const disconnected = new Promise<void>((resolve) =>
+      response.once("close", () => {
+        gone = true;
+        resolve();
+      }),
+    );
+    let position = tail === null ? this.start : await this.#lineStart(Math.max(this.start, this.end - tail));
+    for (;;) {
+      const changed = follow && !this.#closed ? this.#changes.wait() : null;
+      while (!gone && position < this.end) {
+        position = Math.max(position, this.start); // fell behind a rotation: what it missed is gone
+        const chunk = await this.#read(position, Math.min(CHUNK_BYTES, this.end - position));
+        if (chunk.length === 0) break;
+        position += chunk.length;
+        if (!response.write(chunk)) await drained(response);
+      }
+      if (gone || !changed) break;
+      await Promise.race([changed, disconnected]);
+    }
+    if (!gone) response.end();
+  }
+
+  /** The offset of the first line starting at or after `offset`. */
+  async #lineStart(offset: number): Promise<number> {
+    if (offset <= this.start) return this.start;
+    let position = offset - 1;
+    // A record is at most LOG_MAX_LINE_BYTES plus its prefix: two chunks always find its end.
+    for (let scanned = 0; scanned < 2 * CHUNK_BYTES && position < this.end; ) {
+      const chunk = await this.#read(position, Math.min(CHUNK_BYTES, this.end - position));
+      if (chunk.length === 0) break;
+      const newline = chunk.indexOf(0x0a);
+      if (newline !== -1) return position + newline + 1;
+      position += chunk.length;
+      scanned += chunk.length;
+    }
+    return position;
+  }
+
+  /** Up to `length` bytes from logical `offset` (within one file: callers loop). */
+  #read(offset: number, length: number): Promise<Buffer> {
+    return this.#exclusive(async () => {
+      if (offset < this.#base) return Buffer.alloc(0);
+      const inPrevious = offset < this.#base + this.#previousBytes;
+      const path = join(this.#dir, inPrevious ? PREVIOUS : CURRENT);
+      const at = inPrevious ? offset - this.#base : offset - this.#base - this.#previousBytes;
+      const available = (inPrevious ? this.#previousBytes : this.#currentBytes) - at;
+      const buffer = Buffer.allocUnsafe(Math.max(0, Math.min(length, available)));
+      if (buffer.length === 0) return buffer;
+      const file = await open(path, "r");
+      try {
+        const { bytesRead } = await file.read(buffer, 0, buffer.length, at);
+        return buffer.subarray(0, bytesRead);
+      } finally {
+        await file.close();
+      }
+    });
+  }
+
+  #exclusive<T>(work: () => Promise<T>): Promise<T> {
+    const result = this.#lock.then(work, work);
+    this.#lock = result.catch(() => undefined);
+    return result;
+  }
+
+  async #drain(): Promise<void> {
+    try {
+      while (this.#queue.length > 0) {
+        // Take what fits in the current file (at least one record, so a huge one cannot stall).
+        let take = 0;
+        let bytes = 0;
+        while (take < this.#queue.length) {
+          const next = this.#queue[take]!.length;
+          if (this.#currentBytes + bytes + next > APP_LOG_FILE_BYTES && (take > 0 || this.#currentBytes > 0)) break;
+          bytes += next;
+          take++;
+        }
+        if (take === 0) {
+          await this.#rotate();
+          continue;
+        }
+        const batch = Buffer.concat(this.#queue.splice(0, take), bytes);
+        const file = await open(join(this.#dir, CURRENT), "a", 0o600);
+        try {
+          await file.appendFile(batch);
+        } finally {
+          await file.close();
+        }
+        this.#currentBytes += batch.length;
+        this.#queuedBytes -= batch.length;
+        this.#changes.notify();
+        if (this.#queuedBytes <= QUEUE_HIGH_BYTES / 2) this.#resume();
+      }
+    } catch (error) {
+      this.#writeFailed = true;
+      this.#queue = [];
+      this.#queuedBytes = 0;
+      this.#resume();
+      console.error(`builder: app log write failed (${this.#dir}): ${String(error)}`);
+    } finally {
+      this.#draining = null;
+    }
+  }
+
+  #resume(): void {
+    for (const source of this.#paused) source.resume();
+    this.#paused.clear();
+  }
+
+  /** `log` becomes `log.1` (the older one is dropped); the next write starts a fresh `log`. */
+  #rotate(): Promise<void> {
+    return this.#exclusive(async () => {
+      await rename(join(this.#dir, CURRENT), join(this.#dir, PREVIOUS));
+      this.#base += this.#previousBytes;
+      this.#previousBytes = this.#currentBytes;
+      this.#currentBytes = 0;
+    });
+  }
+}
+
+/**
+ * What one process writes into its app's log ({@link OutputLog}, so the sandbox
+ * captures into it as into a job log), remembering its own last lines for
+ * `lastLines` (the app's log may interleave another process's during a deploy).
+ */
+export class ProcessOutput implements OutputLog {
+  readonly #log: AppLog;
+  readonly #partial = new Map<"out" | "err", Buffer>();
+  /** The last records (without newline), oldest first. */
+  #last: Buffer[] = [];
+
+  constructor(log: AppLog) {
+    this.#log = log;
+  }
+
+  note(text: string): void {
+    this.#write("svc", text.split("\n").map((line) => Buffer.from(line)));
+  }
+
+  capture(stream: "out" | "err", source: Readable): void {
+    source.on("data", (chunk: Buffer) => {
+      this.#ingest(stream, chunk);
+      this.#log.throttle(source);
+    });
+    source.on("end", () => this.#flushPartial(stream));
+  }
+
+  /** The process's last lines in the log (at most PROCESS_LAST_LINES), oldest first. */
+  lastLines(): string[] {
+    return this.#last.map((line) => line.toString("utf8"));
+  }
+
+  /** Resolves once everything written so far is in the file. */
+  settled(): Promise<void> {
+    return this.#log.settled();
+  }
+
+  #ingest(stream: "out" | "err", chunk: Buffer): void {
+    const pending = this.#partial.get(stream);
+    const data = pending ? Buffer.concat([pending, chunk]) : chunk;
+    const lines: Buffer[] = [];
+    let start = 0;
+    for (;;) {
+      const newline = data.indexOf(0x0a, start);
+      if (newline !== -1 && newline - start <= LOG_MAX_LINE_BYTES) {
+        lines.push(withoutAnsi(data.subarray(start, newline)));
+        start = newline + 1;
+      } else if (data.length - start >= LOG_MAX_LINE_BYTES) {
+        lines.push(withoutAnsi(data.subarray(start, start + LOG_MAX_LINE_BYTES)));
+        start += LOG_MAX_LINE_BYTES;
+      } else {
+        break;
+      }
+    }
+    this.#partial.set(stream, Buffer.from(data.subarray(start)));
+    this.#write(stream, lines);
+  }
+
+  #flushPartial(stream: "out" | "err"): void {
+    const pending = this.#partial.get(stream);
+    this.#partial.delete(stream);
+    if (pending && pending.length > 0) this.#write(stream, [withoutAnsi(pending)]);
+  }
+
+  /** Appends the lines as records (one time stamp for all: they arrived together) and remembers the last ones. */
+  #write(stream: "out" | "err" | "svc", lines: Buffer[]): void {
+    if (lines.length === 0) return;
+    const prefix = Buffer.from(`${new Date().toISOString()} ${stream} `);
+    const parts: Buffer[] = [];
+    for (const line of lines) parts.push(prefix, line, NEWLINE);
+    this.#log.append(Buffer.concat(parts));
+    const kept = lines.slice(-PROCESS_LAST_LINES).map((line) => Buffer.concat([prefix, line]));
+    this.#last = [...this.#last, ...kept].slice(-PROCESS_LAST_LINES);
+  }
+}
+
+/** Every app's log on this node, opened on first use. */
+export class AppLogs {
+  readonly #root: string;
+  readonly #logs = new Map<string, Promise<AppLog>>();
+
+  constructor(root: string) {
+    this.#root = root;
+  }
+
+  /** The app's log (appId already validated: it becomes a directory name). */
+  get(appId: string): Promise<AppLog> {
+    let log = this.#logs.get(appId);
+    if (!log) {
+      log = AppLog.open(join(this.#root, appId));
+      this.#logs.set(appId, log);
+      log.catch(() => this.#logs.delete(appId));
+    }
+    return log;
+  }
+
+  /**
+   * Deletes the logs of apps that run nothing here (`active` says which do)
+   * and were last written more than `maxAgeMs` ago.
+   */
+  async prune(active: (appId: string) => boolean, maxAgeMs: number): Promise<void> {
+    const cutoff = Date.now() - maxAgeMs;
+    for (const appId of await readdir(this.#root).catch(() => [] as string[])) {
+      if (active(appId)) continue;
+      const written = await stat(join(this.#root, appId, CURRENT)).then(
+        (stats) => stats.mtimeMs,
+        () => 0,
+      );
+      if (written >= cutoff) continue;
+      const open = this.#logs.get(appId);
+      this.#logs.delete(appId);
+      await open?.then((log) => log.close()).catch(() => undefined);
+      await rm(join(this.#root, appId), { recursive: true, force: true });
+    }
+  }
+
+  /** Ends every follower (builder shutdown), after the last lines reached the files. */
+  async close(): Promise<void> {
+    await Promise.all([...this.#logs.values()].map((log) => log.then((opened) => opened.close()).catch(() => undefined)));
+  }
+}
+
+async function sizeOf(path: string): Promise<number> {
+  return stat(path).then(
+    (stats) => stats.size,
+    () => 0,
+  );
+}
+
+async function lastByte(path: string): Promise<number | null> {
+  const file = await open(path, "r");
+  try {
+    const { size } = await file.stat();
+    if (size === 0) return null;
+    const buffer = Buffer.alloc(1);
+    await file.read(buffer, 0, 1, size - 1);
+    return buffer[0]!;
+  } finally {
+    await file.close();
+  }
+}
+
+function drained(response: ServerResponse): Promise<void> {
+  return new Promise((resolve) => {
+    const done = () => {
+      response.off("drain", done);
+      response.off("close", done);
+      resolve();
+    };
+    response.on("drain", done);
+    response.on("close", done);
+  });
+}

@@ -1,0 +1,319 @@
+/**
+ * The app processes of this node (the "processes" room, STYLE 14): admission
+ * (`POST /v1/processes`), one {@link Supervisor} per process, their records,
+ * callbacks, the runtime logs, and the lookups of the proxy.
+ *
+ * Processes are not jobs: they take no job slot and never queue; each one is
+ * bounded by its own cgroup (the app's memory limit). A process's disk is held
+ * through the shared DiskLeases, so a restore or a deletion of it is refused
+ * (DISK_BUSY) until the process has stopped, and a process cannot start on a
+ * disk being restored.
+ *
+ * Records: `processes/<id>/process.json` holds the status and the callback URL,
+ * never the spec (its env carries the app's secrets; it lives in memory only,
+ * which is all restarting a crashed app needs). App processes do not survive a
+ * builder restart (their sandboxes die with it): at startup, a record that was
+ * not stopped becomes `failed` ("the builder restarted") and is reported, and
+ * the control plane, which owns what should run, starts a new process. Records
+ * of stopped and failed processes are kept 24 h for polling, as jobs are.
+ */
+import { mkdir, readFile, readdir, rename, rm, writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import { deliverCallback } from "../callback.js";
+import type { DiskLeases } from "../disk-leases.js";
+import type { DiskStore } from "../disks.js";
+import { isId, newId } from "../ids.js";
+import { type ProcessSpec, ProcessStatus, TENANT_PATTERN } from "../protocol.js";
+import type { SandboxHost } from "../sandbox-host.js";
+import type { TenantUsers } from "../tenants.js";
+import { AppLogs, ProcessOutput } from "./app-log.js";
+import type { ProxiedProcess } from "./proxy.js";
+import { ReleaseStore } from "./releases.js";
+import { IN_FLIGHT_WAIT_MS, STOP_GRACE_MS, Supervisor } from "./supervisor.js";
+import { removeWorkTree } from "./worktree.js";
+
+/** How long records of stopped and failed processes (and unused app logs) stay. */
+const RETENTION_MS = 24 * 60 * 60 * 1000;
+const PRUNE_INTERVAL_MS = 60 * 60 * 1000;
+/** After every process has stopped, how long their last callbacks get at shutdown. */
+const SHUTDOWN_CALLBACKS_MS = 10_000;
+
+/** What the manager needs from the server. */
+export interface ProcessManagerOptions {
+  dataDir: string;
+  secret: string;
+  host: SandboxHost;
+  tenants: TenantUsers;
+  disks: DiskStore;
+  leases: DiskLeases;
+}
+
+/** Answer to `POST /v1/processes` (`existing`: its key named a process already); refusals are values. */
+export type ProcessAdmission =
+  | { ok: true; status: ProcessStatus; existing: boolean }
+  | { ok: false; code: "DISK_BUSY" | "UNAVAILABLE"; message: string };
+
+interface Entry {
+  dir: string;
+  /** Null for a record an earlier builder left (its process is gone). */
+  supervisor: Supervisor | null;
+  /** The latest status (as recorded and reported). */
+  status: ProcessStatus;
+  callbackUrl: string | null;
+  /** The last record write; writes follow one another. */
+  persisted: Promise<void>;
+  /** The callbacks in order; a newer status cuts short the delivery of an older one. */
+  delivering: Promise<void>;
+  delivery: AbortController | null;
+}
+
+const isFinal = (state: ProcessStatus["state"]) => state === "stopped" || state === "failed";
+
+export class ProcessManager {
+  readonly #options: ProcessManagerOptions;
+  readonly #dir: string;
+  readonly #entries = new Map<string, Entry>();
+  readonly #byKey = new Map<string, Entry>();
+  /** Admissions under way by key, so a retried POST never starts a second process. */
+  readonly #admitting = new Map<string, Promise<ProcessAdmission>>();
+  readonly #releases: ReleaseStore;
+  readonly appLogs: AppLogs;
+  readonly #deliveries = new Set<Promise<unknown>>();
+  readonly #stopCallbacks = new AbortController();
+  #closing = false;
+  #pruneTimer: NodeJS.Timeout | undefined;
+
+  private constructor(options: ProcessManagerOptions, releases: ReleaseStore) {
+    this.#options = options;
+    this.#dir = join(options.dataDir, "processes");
+    this.#releases = releases;
+    this.appLogs = new AppLogs(join(options.dataDir, "app-logs"));
+  }
+
+  /** Loads what an earlier builder left (its processes are gone: reported failed), then starts pruning. */
+  static async open(options: ProcessManagerOptions): Promise<ProcessManager> {
+    const releases = await ReleaseStore.open(join(options.dataDir, "releases"));
+    const manager = new ProcessManager(options, releases);
+    await mkdir(manager.#dir, { recursive: true, mode: 0o711 });
+    await mkdir(join(options.dataDir, "app-logs"), { recursive: true, mode: 0o700 });
+    await manager.#recover();
+    manager.#pruneTimer = setInterval(() => void manager.#prune(), PRUNE_INTERVAL_MS);
+    manager.#pruneTimer.unref();
+    return manager;
+  }
+
+  /** Starts a process (or answers the one its key already names). */
+  start(spec: ProcessSpec): Promise<ProcessAdmission> {
+    const known = this.#byKey.get(spec.key);
+    if (known) return Promise.resolve({ ok: true, status: this.#statusOf(known), existing: true });
+    const pending = this.#admitting.get(spec.key);
+    if (pending) return pending.then((admission) => (admission.ok ? { ...admission, existing: true } : admission));
+    const admission = this.#admit(spec).finally(() => this.#admitting.delete(spec.key));
+    this.#admitting.set(spec.key, admission);
+    return admission;
+  }
+
+  async #admit(spec: ProcessSpec): Promise<ProcessAdmission> {
+    if (this.#closing) return { ok: false, code: "UNAVAILABLE", message: "builder is shutting down; start the process on another node" };
+    const { disks, leases, tenants, host } = this.#options;
+    if (spec.disk) {
+      const owner = await disks.tenantOf(spec.disk.id);
+      if (owner !== null && owner !== spec.tenant) return { ok: false, code: "DISK_BUSY", message: `disk ${spec.disk.id} belongs to another tenant` };
+    }
+    const user = await tenants.userOf(spec.tenant);
+    const appLog = await this.appLogs.get(spec.appId);
+    if (this.#closing) return { ok: false, code: "UNAVAILABLE", message: "builder is shutting down; start the process on another node" };
+    const id = newId("prc");
+    let releaseDisk = () => {};
+    if (spec.disk) {
+      const lease = leases.acquire(spec.disk.id, { kind: "process", id }, false);
+      if (!lease.ok) return { ok: false, code: "DISK_BUSY", message: lease.message };
+      releaseDisk = lease.release;
+    }
+    const dir = join(this.#dir, id);
+    try {
+      await mkdir(dir, { mode: 0o711 });
+    } catch (error) {
+      releaseDisk();
+      throw error;
+    }
+    const supervisor = new Supervisor(
+      id,
+      spec,
+      {
+        host,
+        disks,
+        releases: this.#releases,
+        user,
+        output: new ProcessOutput(appLog),
+        dir,
+        releaseDisk,
+        changed: (status) => this.#changed(entry, status),
+      },
+      new Date().toISOString(),
+    );
+    const entry: Entry = {
+      dir,
+      supervisor,
+      status: supervisor.status(),
+      callbackUrl: spec.callbackUrl ?? null,
+      persisted: Promise.resolve(),
+      delivering: Promise.resolve(),
+      delivery: null,
+    };
+    this.#entries.set(id, entry);
+    this.#byKey.set(spec.key, entry);
+    supervisor.start();
+    return { ok: true, status: this.#statusOf(entry), existing: false };
+  }
+
+  /** The process's status, or null for an unknown (or pruned) id. */
+  status(id: string): ProcessStatus | null {
+    const entry = this.#entry(id);
+    return entry ? this.#statusOf(entry) : null;
+  }
+
+  /** The process started with this key, or null. */
+  statusByKey(key: string): ProcessStatus | null {
+    const entry = this.#byKey.get(key);
+    return entry ? this.#statusOf(entry) : null;
+  }
+
+  /** Stops the process (idempotent; see Supervisor.stop) and answers its status (`stopping`, or already final); null when unknown. */
+  stop(id: string, drainSeconds: number): ProcessStatus | null {
+    const entry = this.#entry(id);
+    if (!entry) return null;
+    entry.supervisor?.stop(drainSeconds);
+    return this.#statusOf(entry);
+  }
+
+  /** The live process the proxy forwards to, or undefined (unknown, or gone with an earlier builder). */
+  lookup(id: string): ProxiedProcess | undefined {
+    return this.#entry(id)?.supervisor ?? undefined;
+  }
+
+  /**
+   * Stops every process (no drain: the builder is going away; requests in
+   * flight still get their IN_FLIGHT_WAIT_MS), waits for them and for their
+   * last callbacks (each bounded), then closes the runtime logs.
+   */
+  async shutdown(): Promise<void> {
+    this.#closing = true;
+    clearInterval(this.#pruneTimer);
+    const live = [...this.#entries.values()].flatMap((entry) => (entry.supervisor ? [entry.supervisor] : []));
+    for (const supervisor of live) supervisor.stop(0);
+    await within(IN_FLIGHT_WAIT_MS + STOP_GRACE_MS + 5_000, Promise.all(live.map((supervisor) => supervisor.finished)));
+    await within(SHUTDOWN_CALLBACKS_MS, Promise.all([...this.#deliveries]));
+    this.#stopCallbacks.abort();
+    await Promise.all([...this.#entries.values()].map((entry) => entry.persisted));
+    await this.appLogs.close();
+  }
+
+  #entry(id: string): Entry | undefined {
+    return isId("prc", id) ? this.#entries.get(id) : undefined;
+  }
+
+  #statusOf(entry: Entry): ProcessStatus {
+    return entry.supervisor ? entry.supervisor.status() : { ...entry.status };
+  }
+
+  #changed(entry: Entry, status: ProcessStatus): void {
+    entry.status = status;
+    void this.#persist(entry);
+    this.#report(entry, status);
+  }
+
+  /** Sends the status to the callback URL after the ones before it; a newer status cuts short an older one's retries. */
+  #report(entry: Entry, status: ProcessStatus): void {
+    const url = entry.callbackUrl;
+    if (!url) return;
+    entry.delivery?.abort();
+    const superseded = new AbortController();
+    entry.delivery = superseded;
+    const signal = AbortSignal.any([superseded.signal, this.#stopCallbacks.signal]);
+    const delivery = entry.delivering.then(() => deliverCallback({ url, status, secret: this.#options.secret, signal }));
+    entry.delivering = delivery.then(() => undefined);
+    this.#deliveries.add(delivery);
+    void delivery.finally(() => this.#deliveries.delete(delivery));
+  }
+
+  /** Writes process.json atomically (status and callback URL: never the spec, whose env holds secrets). */
+  #persist(entry: Entry): Promise<void> {
+    const write = async () => {
+      try {
+        const temporary = join(entry.dir, "process.json.tmp");
+        await writeFile(temporary, JSON.stringify({ status: entry.status, callbackUrl: entry.callbackUrl }), { mode: 0o600 });
+        await rename(temporary, join(entry.dir, "process.json"));
+      } catch (error) {
+        console.error(`builder: could not record process ${entry.status.id}: ${String(error)}`);
+      }
+    };
+    entry.persisted = entry.persisted.then(write);
+    return entry.persisted;
+  }
+
+  async #recover(): Promise<void> {
+    const cutoff = Date.now() - RETENTION_MS;
+    for (const id of await readdir(this.#dir)) {
+      const dir = join(this.#dir, id);
+      await removeWorkTree(this.#options.host, dir);
+      let record: { status: ProcessStatus; callbackUrl: string | null } | null = null;
+      try {
+        const parsed = JSON.parse(await readFile(join(dir, "process.json"), "utf8")) as { status?: unknown; callbackUrl?: unknown };
+        const status = ProcessStatus.safeParse(parsed.status);
+        if (status.success && status.data.id === id) {
+          record = { status: status.data, callbackUrl: typeof parsed.callbackUrl === "string" ? parsed.callbackUrl : null };
+        }
+      } catch {
+        record = null;
+      }
+      const stoppedAt = record?.status.stoppedAt;
+      if (!record || (stoppedAt && Date.parse(stoppedAt) < cutoff)) {
+        await rm(dir, { recursive: true, force: true });
+        continue;
+      }
+      const entry: Entry = {
+        dir,
+        supervisor: null,
+        status: record.status,
+        callbackUrl: record.callbackUrl,
+        persisted: Promise.resolve(),
+        delivering: Promise.resolve(),
+        delivery: null,
+      };
+      this.#entries.set(id, entry);
+      this.#byKey.set(record.status.key, entry);
+      if (isFinal(record.status.state)) continue;
+      const message = "the builder restarted and the process ended with it; start a new process";
+      const now = new Date().toISOString();
+      if (TENANT_PATTERN.test(record.status.appId)) {
+        const log = await this.appLogs.get(record.status.appId).catch(() => null);
+        log?.append(Buffer.from(`${now} svc ${id} failed: ${message}\n`));
+      }
+      this.#changed(entry, {
+        ...record.status,
+        state: "failed",
+        ready: false,
+        lastExit: { at: now, reason: "error", exitCode: null, signal: null, message },
+        stoppedAt: now,
+      });
+    }
+  }
+
+  async #prune(): Promise<void> {
+    const cutoff = Date.now() - RETENTION_MS;
+    for (const [id, entry] of this.#entries) {
+      const { stoppedAt, state, key } = this.#statusOf(entry);
+      if (!isFinal(state) || stoppedAt === null || Date.parse(stoppedAt) >= cutoff) continue;
+      this.#entries.delete(id);
+      if (this.#byKey.get(key) === entry) this.#byKey.delete(key);
+      await rm(entry.dir, { recursive: true, force: true });
+    }
+    const active = new Set([...this.#entries.values()].filter((entry) => !isFinal(this.#statusOf(entry).state)).map((entry) => entry.status.appId));
+    await this.appLogs.prune((appId) => active.has(appId), RETENTION_MS);
+  }
+}
+
+function within(ms: number, work: Promise<unknown>): Promise<unknown> {
+  return Promise.race([work, new Promise((resolve) => setTimeout(resolve, ms).unref())]);
+}

@@ -1,0 +1,213 @@
+import { mkdtemp, readFile, readdir, rm } from "node:fs/promises";
+import type { ServerResponse } from "node:http";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { PassThrough } from "node:stream";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { DiskLeases } from "../../builder/src/disk-leases.js";
+import { isId, newId } from "../../builder/src/ids.js";
+import { APP_LOG_FILE_BYTES, AppLog, ProcessOutput } from "../../builder/src/processes/app-log.js";
+import { forwardedRequestHeaders, forwardedResponseHeaders, parseProxyPath } from "../../builder/src/processes/proxy.js";
+import { RESTART_POLICY, TRANSITIONS, afterExit } from "../../builder/src/processes/supervisor.js";
+import { workTreeBytes } from "../../builder/src/processes/worktree.js";
+import { LOG_LIMIT_BYTES, type ProcessSpec, ProcessState, parseLogLine, processSpecProblems } from "../../builder/src/protocol.js";
+
+describe("restart policy", () => {
+  it("backs off 0.5, 1, 2, 4 s, then calls the fifth exit a crash loop retried every 60 s", () => {
+    let exits = 0;
+    const plan: string[] = [];
+    for (let i = 0; i < 6; i++) {
+      const next = afterExit(exits, 1_000);
+      exits = next.exits;
+      plan.push(`${next.state} ${next.delayMs}`);
+    }
+    expect(plan).toEqual(["backoff 500", "backoff 1000", "backoff 2000", "backoff 4000", "crash_loop 60000", "crash_loop 60000"]);
+  });
+
+  it("starts counting again after an instance ran 10 minutes", () => {
+    expect(afterExit(7, RESTART_POLICY.resetAfterMs)).toEqual({ exits: 1, state: "backoff", delayMs: 500 });
+    expect(afterExit(3, RESTART_POLICY.resetAfterMs - 1).exits).toBe(4);
+  });
+
+  it("names every state in the transition table, and only stopping leads to stopped", () => {
+    expect(Object.keys(TRANSITIONS).sort()).toEqual([...ProcessState.options].sort());
+    for (const [from, targets] of Object.entries(TRANSITIONS)) {
+      if (targets.includes("stopped")) expect(from).toBe("stopping");
+      if (from !== "stopped" && from !== "failed" && from !== "stopping") expect(targets).toContain("stopping");
+    }
+    expect(TRANSITIONS.stopped).toEqual([]);
+    expect(TRANSITIONS.failed).toEqual([]);
+  });
+});
+
+describe("process specs", () => {
+  const base = {
+    key: "a/b/1",
+    tenant: "t",
+    appId: "a",
+    release: { url: "https://r.example/x", sha256: "0".repeat(64), sizeBytes: 1 },
+    command: "node server.js",
+    env: {},
+    memoryMb: 256,
+  };
+  it("needs a port for a web process and neither port nor health check for a worker", () => {
+    expect(processSpecProblems({ ...base, type: "web", port: 8080, healthCheck: null } as ProcessSpec)).toEqual([]);
+    expect(processSpecProblems({ ...base, type: "web", port: null, healthCheck: null } as ProcessSpec).map((p) => p.path)).toEqual(["port"]);
+    expect(processSpecProblems({ ...base, type: "worker", port: null, healthCheck: null } as ProcessSpec)).toEqual([]);
+    expect(
+      processSpecProblems({ ...base, type: "worker", port: 1, healthCheck: { path: null, timeoutSeconds: 5 } } as ProcessSpec).map((p) => p.path),
+    ).toEqual(["port", "healthCheck"]);
+  });
+
+  it("gives a working tree twice the release, at least 1 GiB", () => {
+    expect(workTreeBytes(10)).toBe(1024 ** 3);
+    expect(workTreeBytes(3 * 1024 ** 3)).toBe(6 * 1024 ** 3);
+  });
+
+  it("names processes prc_ + 24 base62 characters", () => {
+    const id = newId("prc");
+    expect(id).toMatch(/^prc_[0-9A-Za-z]{24}$/);
+    expect(isId("prc", id)).toBe(true);
+    expect(isId("prc", "prc_../../etc/passwd000000")).toBe(false);
+    expect(isId("job", id)).toBe(false);
+  });
+});
+
+describe("proxy paths and headers", () => {
+  it("splits the process id from the app's path, keeping the query as sent", () => {
+    expect(parseProxyPath("/v1/proxy/prc_abc/a/b%20c?x=1&y")).toEqual({ id: "prc_abc", path: "/a/b%20c?x=1&y" });
+    expect(parseProxyPath("/v1/proxy/prc_abc")).toEqual({ id: "prc_abc", path: "/" });
+    expect(parseProxyPath("/v1/proxy/prc_abc?x=1")).toEqual({ id: "prc_abc", path: "/?x=1" });
+    expect(parseProxyPath("/v1/proxy//x")).toBeNull();
+    expect(parseProxyPath("/v1/proxy/../jobs")).toBeNull();
+    expect(parseProxyPath("/v1/jobs")).toBeNull();
+  });
+
+  it("drops X-Svc-* and hop-by-hop headers (and those Connection names), sets Host from X-Forwarded-Host", () => {
+    const raw = [
+      "Host", "node.internal:8788",
+      "X-Svc-Proxy-Signature", "abc",
+      "x-svc-proxy-timestamp", "1",
+      "X-Forwarded-Host", "app.example",
+      "X-Forwarded-For", "203.0.113.7",
+      "Connection", "keep-alive, X-Hop",
+      "X-Hop", "gone",
+      "Keep-Alive", "timeout=5",
+      "TE", "trailers",
+      "Proxy-Authorization", "secret",
+      "Set-Cookie-Like", "a",
+      "Set-Cookie-Like", "b",
+      "Content-Length", "3",
+    ];
+    expect(forwardedRequestHeaders(raw, false)).toEqual([
+      "Host", "app.example",
+      "X-Forwarded-Host", "app.example",
+      "X-Forwarded-For", "203.0.113.7",
+      "Set-Cookie-Like", "a",
+      "Set-Cookie-Like", "b",
+      "Content-Length", "3",
+    ]);
+  });
+
+  it("keeps a chunked body chunked, and an upgrade's Connection and Upgrade", () => {
+    expect(forwardedRequestHeaders(["Host", "h", "Transfer-Encoding", "chunked"], false)).toEqual(["Host", "h", "Transfer-Encoding", "chunked"]);
+    expect(forwardedRequestHeaders(["Host", "h", "Connection", "Upgrade", "Upgrade", "websocket", "Sec-WebSocket-Key", "k"], true)).toEqual([
+      "Host", "h", "Sec-WebSocket-Key", "k", "Connection", "Upgrade", "Upgrade", "websocket",
+    ]);
+  });
+
+  it("passes the app's response headers but hop-by-hop and X-Svc-* ones", () => {
+    expect(
+      forwardedResponseHeaders(["Content-Type", "text/plain", "Transfer-Encoding", "chunked", "Connection", "close", "X-Svc-Anything", "1", "Set-Cookie", "a=1", "Set-Cookie", "b=2"]),
+    ).toEqual(["Content-Type", "text/plain", "Set-Cookie", "a=1", "Set-Cookie", "b=2"]);
+  });
+});
+
+describe("disk leases", () => {
+  it("shares a disk between runs and a process, and keeps a restore out while either holds it", () => {
+    const leases = new DiskLeases();
+    const app = leases.acquire("d", { kind: "process", id: "prc_1" }, false);
+    expect(app.ok).toBe(true);
+    expect(leases.acquire("d", { kind: "job", id: "job_run" }, false).ok).toBe(true);
+    const restore = leases.acquire("d", { kind: "job", id: "job_restore" }, true);
+    expect(restore).toEqual({ ok: false, message: "disk d is used by a queued or running job" });
+    expect(leases.busy("other")).toBeNull();
+  });
+
+  it("names the process when only a process holds the disk, and frees it on release (idempotent)", () => {
+    const leases = new DiskLeases();
+    const app = leases.acquire("d", { kind: "process", id: "prc_1" }, false);
+    expect(leases.busy("d")).toBe("disk d is used by app process prc_1; stop the app's process first");
+    if (app.ok) {
+      app.release();
+      app.release();
+    }
+    expect(leases.busy("d")).toBeNull();
+    const restore = leases.acquire("d", { kind: "job", id: "job_restore" }, true);
+    expect(restore.ok).toBe(true);
+    expect(leases.acquire("d", { kind: "process", id: "prc_2" }, false)).toEqual({
+      ok: false,
+      message: "disk d is being restored; retry once the restore has ended",
+    });
+  });
+});
+
+describe("the runtime log", () => {
+  let dir: string;
+  beforeEach(async () => {
+    dir = await mkdtemp(join(tmpdir(), "svc-app-log-"));
+  });
+  afterEach(async () => {
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  /** Reads the log as the route does, into a string. */
+  async function read(log: AppLog, tail: number | null): Promise<string> {
+    const sink = new PassThrough();
+    const chunks: Buffer[] = [];
+    sink.on("data", (chunk: Buffer) => chunks.push(chunk));
+    await log.stream(tail, false, sink as unknown as ServerResponse);
+    return Buffer.concat(chunks).toString("utf8");
+  }
+
+  it("writes records in the job log format, splitting streams into lines and keeping the last lines of the process", async () => {
+    const log = await AppLog.open(join(dir, "app"));
+    const output = new ProcessOutput(log);
+    const out = new PassThrough();
+    output.capture("out", out);
+    output.note("prc_x starting: release abc");
+    out.write("one\ntw");
+    out.end("o\n\u001b[31mred\u001b[0m");
+    await new Promise((resolve) => setImmediate(resolve));
+    await log.settled();
+    const text = await read(log, null);
+    const records = text.trimEnd().split("\n").map((line) => parseLogLine(line));
+    expect(records.map((r) => r && `${r.stream} ${r.text}`)).toEqual(["svc prc_x starting: release abc", "out one", "out two", "out red"]);
+    expect(output.lastLines().map((line) => line.slice(25))).toEqual(["svc prc_x starting: release abc", "out one", "out two", "out red"]);
+  });
+
+  it("stays within LOG_LIMIT_BYTES in two files, keeping the newest lines, and a tail starts at a whole line", async () => {
+    const log = await AppLog.open(join(dir, "app"));
+    const output = new ProcessOutput(log);
+    const line = "x".repeat(1000);
+    const total = Math.ceil((LOG_LIMIT_BYTES * 1.6) / 1030);
+    for (let i = 0; i < total; i++) output.note(`${i} ${line}`);
+    await log.settled();
+    const files = await readdir(join(dir, "app"));
+    expect(files.sort()).toEqual(["log", "log.1"]);
+    const sizes = await Promise.all(files.map(async (name) => (await readFile(join(dir, "app", name))).length));
+    for (const size of sizes) expect(size).toBeLessThanOrEqual(APP_LOG_FILE_BYTES);
+    const kept = await read(log, null);
+    expect(kept.length).toBeLessThanOrEqual(LOG_LIMIT_BYTES);
+    expect(kept.length).toBeGreaterThanOrEqual(LOG_LIMIT_BYTES / 2);
+    expect(kept.trimEnd().split("\n").at(-1)).toContain(`svc ${total - 1} x`);
+    const tail = await read(log, 2500);
+    expect(tail.length).toBeLessThanOrEqual(2500);
+    expect(tail.split("\n")[0]).toMatch(/^\d{4}-\d{2}-\d{2}T/);
+    expect(kept.endsWith(tail)).toBe(true);
+
+    // A reopened log (a builder restart) continues where the files end.
+    const reopened = await AppLog.open(join(dir, "app"));
+    expect(await read(reopened, null)).toBe(kept);
+  });
+});
