@@ -973,6 +973,12 @@ export type ProcessStop = z.infer<typeof ProcessStop>;
 export const HEADER_PROXY_TIMESTAMP = "X-Svc-Proxy-Timestamp";
 /** Header of a proxied request: hex HMAC of `proxy\n<processId>\n<timestamp>`. */
 export const HEADER_PROXY_SIGNATURE = "X-Svc-Proxy-Signature";
+/**
+ * Set on the answers the node itself gives to proxied requests (never on the
+ * app's: the node drops every `X-Svc-*` header the app sends), with the error
+ * code, so the edge can tell "this process is gone" from an app's own 404.
+ */
+export const HEADER_PROXY_ERROR = "X-Svc-Proxy-Error";
 /** Largest request body passed to an app (Cloudflare's own limit on request bodies is 100 MB). */
 export const MAX_PROXY_BODY_BYTES = 100 * 1024 * 1024;
 

@@ -1,11 +1,9 @@
-import { MAX_PROXY_BODY_BYTES, signProxy } from "../../builder/src/protocol";
+import { HEADER_PROXY_ERROR, MAX_PROXY_BODY_BYTES, signProxy } from "../../builder/src/protocol";
 import type { Config } from "../env";
 
 /** An app that runs, as the edge knows it: the process serving it and its node (apps.live_*). */
 export type ProcessTarget = { processId: string; node: string };
 
-/** What a node answers (in this header) when it has no such process: the edge looks the app up again. */
-export const PROCESS_GONE_HEADER = "X-Svc-Proxy-Error";
 
 /** Headers a client may not send on to an app: ours, and hop-by-hop ones the fetch to the node sets itself. */
 const DROPPED = /^(x-svc-|x-forwarded-|cf-|connection$|keep-alive$|proxy-|te$|trailer$|transfer-encoding$)/i;
@@ -51,13 +49,13 @@ export async function proxyToProcess(
   const length = Number(request.headers.get("Content-Length") ?? 0);
   if (length > MAX_PROXY_BODY_BYTES) return plain(413, `request bodies are limited to ${MAX_PROXY_BODY_BYTES} bytes`);
   let response = await send(request, config, target);
-  if (response.headers.get(PROCESS_GONE_HEADER) === "PROCESS_NOT_FOUND" && (request.method === "GET" || request.method === "HEAD")) {
+  if (response.headers.get(HEADER_PROXY_ERROR) === "PROCESS_NOT_FOUND" && (request.method === "GET" || request.method === "HEAD")) {
     const again = await lookUpAgain();
     if (again && again.processId !== target.processId) response = await send(request, config, again);
   }
   if (response.webSocket) return response;
   const out = new Response(response.body, response);
-  out.headers.delete(PROCESS_GONE_HEADER);
+  out.headers.delete(HEADER_PROXY_ERROR);
   // A body of unknown length is a stream (chunks, events): the edge's compressor would hold it back.
   if (!out.headers.has("Content-Length") && !out.headers.has("Content-Encoding") && response.body) out.headers.set("Content-Encoding", "identity");
   return out;

@@ -36,6 +36,7 @@ import { type Socket, connect } from "node:net";
 import type { Duplex } from "node:stream";
 import { setTimeout as sleep } from "node:timers/promises";
 import {
+  HEADER_PROXY_ERROR,
   type BuilderError,
   type BuilderErrorCode,
   HEADER_PROXY_SIGNATURE,
@@ -169,7 +170,12 @@ function sendError(response: ServerResponse, status: number, code: BuilderErrorC
     return;
   }
   const text = errorBody(code, message);
-  response.writeHead(status, { "Content-Type": "application/json; charset=utf-8", "Content-Length": Buffer.byteLength(text), "Cache-Control": "no-store" });
+  response.writeHead(status, {
+    "Content-Type": "application/json; charset=utf-8",
+    "Content-Length": Buffer.byteLength(text),
+    "Cache-Control": "no-store",
+    [HEADER_PROXY_ERROR]: code,
+  });
   response.end(text);
 }
 
@@ -177,7 +183,7 @@ function sendError(response: ServerResponse, status: number, code: BuilderErrorC
 function rawError(socket: Duplex, status: number, code: BuilderErrorCode, message: string): void {
   const text = errorBody(code, message);
   socket.end(
-    `HTTP/1.1 ${status} ${STATUS_CODES[status] ?? ""}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(text)}\r\nConnection: close\r\n\r\n${text}`,
+    `HTTP/1.1 ${status} ${STATUS_CODES[status] ?? ""}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(text)}\r\n${HEADER_PROXY_ERROR}: ${code}\r\nConnection: close\r\n\r\n${text}`,
   );
 }
 
