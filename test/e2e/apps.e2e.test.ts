@@ -248,16 +248,18 @@ describe("apps that run: deploy, serve, supervise", () => {
         expectExit(await svc(["disk", "attach", `data-${suffix}`, "--app", withDisk], env), 0, "disk attach");
         await deploy(withDisk, await copy("node-features"));
         expect((await bodyRequest(stack, withDisk, "PUT", "/disk?value=before-backup", Buffer.alloc(0))).trim()).toBe("wrote before-backup");
-        expectExit(await svc(["backups", "create", `data-${suffix}`, "--wait"], env), 0, "backups create");
+        const backup = JSON.parse(expectExit(await svc(["backups", "create", `data-${suffix}`, "--wait", "--json"], env), 0, "backups create").stdout) as {
+          id: string;
+        };
         await bodyRequest(stack, withDisk, "PUT", "/disk?value=after-backup", Buffer.alloc(0));
         expect((await siteRequest(stack, withDisk, "/disk")).body).toBe("read after-backup\n");
 
         // Restoring is refused while the app uses the disk; stopped, it goes through and the app starts again.
-        const refused = await svc(["backups", "restore", `data-${suffix}`, "--yes"], env);
+        const refused = await svc(["backups", "restore", `data-${suffix}`, "--backup", backup.id, "--yes"], env);
         expect(refused.code).toBe(1);
         expect(refused.stderr).toContain("DISK_IN_USE");
         expectExit(await svc(["apps", "stop", withDisk], env), 0, "stop");
-        expectExit(await svc(["backups", "restore", `data-${suffix}`, "--yes"], env), 0, "restore");
+        expectExit(await svc(["backups", "restore", `data-${suffix}`, "--backup", backup.id, "--yes"], env), 0, "restore");
         expect((await servedWithin(withDisk, "/disk", "read before-backup", 60_000)).body).toBe("read before-backup\n");
         expect((await appInfo(withDisk)).status).toBe("running");
       },
