@@ -1,10 +1,12 @@
 import { randomBytes } from "node:crypto";
 import { readFile, writeFile } from "node:fs/promises";
+import { join } from "node:path";
 import { networkInterfaces } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { LocalStack } from "../../scripts/local-stack.js";
-import { STACK_START_TIMEOUT_MS, startStack } from "../cli/svc.js";
+import { type LocalStack, ROOT } from "../../scripts/local-stack.js";
+import { STACK_START_TIMEOUT_MS, startStack, svc, tempHome } from "../cli/svc.js";
+import { siteRequest } from "./sites.js";
 
 /**
  * Issue 9's acceptance: two accounts on the stack `npm start` runs. The
@@ -171,12 +173,7 @@ only("two accounts on one builder", () => {
   }, 300_000);
 
   it("a run cannot connect to a server in another account's run, with the host's bridge netfilter off", async () => {
-    // Runs share a bridge; with br_netfilter off (a fresh VM without Docker) the host's inet rules never see
-    // bridged traffic, so isolation must hold at the bridge itself.
-    const sysctl = "/proc/sys/net/bridge/bridge-nf-call-iptables";
-    const before = await readFile(sysctl, "utf8").catch(() => null);
-    if (before !== null) await writeFile(sysctl, "0");
-    try {
+    await withBridgeNetfilterOff(async () => {
       const victimApp = `server-${randomBytes(3).toString("hex")}`;
       const attackerApp = `client-${randomBytes(3).toString("hex")}`;
       await api(victim, "POST", "/v1/apps", { name: victimApp, runtime: "node", memoryMb: 256 });
@@ -204,8 +201,58 @@ sleep 1; echo "self=$(node -e "${connect("require('os').networkInterfaces().eth0
       expect(results(probeLog).peer, probeLog).toMatch(/^(timeout|ECONNREFUSED|EHOSTUNREACH|ENETUNREACH)$/);
       // The server was there all along: its own run reached it.
       expect(results(await logsOf(victim, server.id, server.jobName)).self).toBe("open");
-    } finally {
-      if (before !== null) await writeFile(sysctl, before);
-    }
+    });
   }, 180_000);
+
+  it("another account's run cannot reach an app's port: only the edge's path leads there", async () => {
+    const home = await tempHome();
+    try {
+      const victimApp = `web-${randomBytes(3).toString("hex")}`;
+      const attackerApp = `scan-${randomBytes(3).toString("hex")}`;
+      await api(victim, "POST", "/v1/apps", { name: victimApp, runtime: "node", memoryMb: 256 });
+      await api(attacker, "POST", "/v1/apps", { name: attackerApp, runtime: "node", memoryMb: 256 });
+      const env = { ...home.env, SVC_API_URL: stack.apiUrl, SVC_API_KEY: victim.key };
+      const deployed = await svc(["deploy", "--source", join(ROOT, "test", "fixtures", "apps", "node-features"), "--app", victimApp], env);
+      expect(deployed.code, deployed.stderr).toBe(0);
+      expect((await siteRequest(stack, victimApp, "/")).status).toBe(200);
+      await withBridgeNetfilterOff(async () => {
+        // Every address of the attacker's own subnet (where app processes and runs live), the app's port.
+        const scan = `node -e "
+const net = require('net');
+const own = require('os').networkInterfaces().eth0.find((a) => a.family === 'IPv4').address;
+const prefix = own.split('.').slice(0, 3).join('.');
+const open = [];
+let pending = 254;
+for (let i = 1; i < 255; i++) {
+  const s = net.connect(8080, prefix + '.' + i);
+  const done = (ok) => { if (ok) open.push(prefix + '.' + i); s.destroy(); if (--pending === 0) { console.log('open=' + open.join(',')); console.log('scanned=' + prefix + '.0/24'); } };
+  s.setTimeout(2000, () => done(false));
+  s.on('connect', () => done(true)).on('error', () => done(false));
+}"`;
+        const probe = await startRun(attacker, attackerApp, "scan", scan);
+        const run = await finished(attacker, probe.id, probe.jobName);
+        const log = await logsOf(attacker, probe.id, probe.jobName);
+        expect(run.status, log).toBe("success");
+        expect(results(log).scanned, log).toMatch(/^10\.213\.\d+\.0\/24$/);
+        expect(results(log).open, log).toBe("");
+      });
+    } finally {
+      await home.remove();
+    }
+  }, 240_000);
 });
+
+/**
+ * Runs share a bridge; with br_netfilter off (a fresh VM without Docker) the host's inet rules never see
+ * bridged traffic, so isolation must hold at the bridge itself: the setting is off while `check` runs.
+ */
+async function withBridgeNetfilterOff(check: () => Promise<void>): Promise<void> {
+  const sysctl = "/proc/sys/net/bridge/bridge-nf-call-iptables";
+  const before = await readFile(sysctl, "utf8").catch(() => null);
+  if (before !== null) await writeFile(sysctl, "0");
+  try {
+    await check();
+  } finally {
+    if (before !== null) await writeFile(sysctl, before);
+  }
+}
