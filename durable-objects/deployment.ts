@@ -204,11 +204,7 @@ export class Deployment extends SingleBuilderJob {
     let error = failureOf(ending);
     if (!error && result?.kind !== "build") error = "the builder reported no build result";
     if (error || result?.kind !== "build") {
-      const cancelled = "id" in ending && ending.status === "cancelled";
-      await this.db
-        .update(deployments)
-        .set({ status: cancelled ? "cancelled" : "failed", error, startedAt, finishedAt: now })
-        .where(eq(deployments.id, row.id));
+      await this.ended(row.id, ending, error, startedAt, now);
       return;
     }
     await this.db
@@ -265,6 +261,15 @@ export class Deployment extends SingleBuilderJob {
     await this.publish();
   }
 
+  /** A build that made nothing to publish: the deployment is `cancelled` (when it was) or `failed`, with why. */
+  private async ended(id: string, ending: Ending, error: string | null, startedAt: number | null, now: number): Promise<void> {
+    const cancelled = "id" in ending && ending.status === "cancelled";
+    await this.db
+      .update(deployments)
+      .set({ status: cancelled ? "cancelled" : "failed", error, startedAt, finishedAt: now })
+      .where(eq(deployments.id, id));
+  }
+
   /**
    * An app that runs: completes the release's upload, records the release and
    * how to run it, and hands it to the app's AppRuntime object, which starts it
@@ -284,11 +289,7 @@ export class Deployment extends SingleBuilderJob {
     if (error || result?.kind !== "release") {
       if (!kv.get("releaseCompleted")) await this.env.BUCKET.resumeMultipartUpload(key, uploadId).abort().catch(() => undefined);
       await this.env.BUCKET.delete(key);
-      const cancelled = "id" in ending && ending.status === "cancelled";
-      await this.db
-        .update(deployments)
-        .set({ status: cancelled ? "cancelled" : "failed", error, startedAt, finishedAt: now })
-        .where(eq(deployments.id, row.id));
+      await this.ended(row.id, ending, error, startedAt, now);
       return;
     }
     await this.db

@@ -20,6 +20,7 @@ import { type BuildSpec, type JobResult, type JobSpec, JobStatus, type RestoreSp
 import type { SandboxHost } from "./sandbox-host.js";
 import { JobLog, type SandboxOutcome } from "./sandbox.js";
 import type { TenantUsers } from "./tenants.js";
+import { Changes } from "./changes.js";
 
 /** How long finished jobs (status and log) stay available. */
 const JOB_RETENTION_MS = 24 * 60 * 60 * 1000;
@@ -27,21 +28,6 @@ const PRUNE_INTERVAL_MS = 60 * 60 * 1000;
 /** After the grace period, how long interrupted jobs and their callbacks get to finish. */
 const SHUTDOWN_WAIT_MS = 10_000;
 const JOB_ID_PATTERN = /^job_[0-9A-Za-z]{24}$/;
-
-/** Wakes everyone waiting for "something happened" on one job. */
-class Changes {
-  #waiters: Array<() => void> = [];
-
-  wait(): Promise<void> {
-    return new Promise((resolve) => this.#waiters.push(resolve));
-  }
-
-  notify(): void {
-    const waiters = this.#waiters;
-    this.#waiters = [];
-    for (const resolve of waiters) resolve();
-  }
-}
 
 /** What {@link JobWork.execute} gets from the manager. */
 export interface JobContext {

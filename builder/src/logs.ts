@@ -61,20 +61,23 @@ async function copyRange(
       const { bytesRead } = await file.read(buffer, 0, buffer.length, position);
       if (bytesRead === 0) break;
       position += bytesRead;
-      if (!response.write(buffer.subarray(0, bytesRead))) {
-        await new Promise<void>((resolve) => {
-          const done = () => {
-            response.off("drain", done);
-            response.off("close", done);
-            resolve();
-          };
-          response.on("drain", done);
-          response.on("close", done);
-        });
-      }
+      if (!response.write(buffer.subarray(0, bytesRead))) await drained(response);
     }
   } finally {
     await file.close();
   }
   return position;
+}
+
+/** Resolves once a response whose buffer is full can take more (or the client went away). */
+export function drained(response: ServerResponse): Promise<void> {
+  return new Promise((resolve) => {
+    const done = () => {
+      response.off("drain", done);
+      response.off("close", done);
+      resolve();
+    };
+    response.on("drain", done);
+    response.on("close", done);
+  });
 }

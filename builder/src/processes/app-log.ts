@@ -23,6 +23,8 @@ import { join } from "node:path";
 import type { Readable } from "node:stream";
 import { LOG_LIMIT_BYTES, LOG_MAX_LINE_BYTES, PROCESS_LAST_LINES } from "../protocol.js";
 import { type OutputLog, withoutAnsi } from "../sandbox.js";
+import { Changes } from "../changes.js";
+import { drained } from "../logs.js";
 
 /** Size at which the current file becomes the previous one. */
 export const APP_LOG_FILE_BYTES = LOG_LIMIT_BYTES / 2;
@@ -32,21 +34,6 @@ const CHUNK_BYTES = 64 * 1024;
 const NEWLINE = Buffer.from("\n");
 const CURRENT = "log";
 const PREVIOUS = "log.1";
-
-/** Wakes everyone waiting for "the log grew" (or closed). */
-class Changes {
-  #waiters: Array<() => void> = [];
-
-  wait(): Promise<void> {
-    return new Promise((resolve) => this.#waiters.push(resolve));
-  }
-
-  notify(): void {
-    const waiters = this.#waiters;
-    this.#waiters = [];
-    for (const resolve of waiters) resolve();
-  }
-}
 
 /** One app's log: appends in order through one queue, rotation, and reads by logical offset. */
 export class AppLog {
@@ -384,16 +371,4 @@ async function lastByte(path: string): Promise<number | null> {
   } finally {
     await file.close();
   }
-}
-
-function drained(response: ServerResponse): Promise<void> {
-  return new Promise((resolve) => {
-    const done = () => {
-      response.off("drain", done);
-      response.off("close", done);
-      resolve();
-    };
-    response.on("drain", done);
-    response.on("close", done);
-  });
 }

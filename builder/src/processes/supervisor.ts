@@ -36,6 +36,7 @@ import type { ProcessOutput } from "./app-log.js";
 import { type ProbeResult, probe } from "./health.js";
 import { type ReleaseHandle, type ReleaseStore, ReleaseUnavailable } from "./releases.js";
 import { type WorkTree, createWorkTree, removeWorkTree } from "./worktree.js";
+import { Changes } from "../changes.js";
 
 /** Restarts: 0.5 s doubling to 30 s; 5 exits without 10 minutes of running make a crash loop, retried every 60 s. */
 export const RESTART_POLICY = {
@@ -134,21 +135,6 @@ interface Instance {
   /** Resolves once the sandbox is gone (its network, cgroup and processes). */
   done: Promise<void>;
   upgrades: Set<Socket>;
-}
-
-/** Wakes everyone waiting for "something changed". */
-class Changes {
-  #waiters: Array<() => void> = [];
-
-  wait(): Promise<void> {
-    return new Promise((resolve) => this.#waiters.push(resolve));
-  }
-
-  notify(): void {
-    const waiters = this.#waiters;
-    this.#waiters = [];
-    for (const resolve of waiters) resolve();
-  }
 }
 
 export class Supervisor {

@@ -427,14 +427,18 @@ export async function extractTar(options: ExtractOptions): Promise<ExtractSummar
    * created with its mode (the staging directory is the builder's alone), so
    * a chmod is needed only for bits the umask took away.
    */
-  const writeFile = async (at: string, name: string, chunks: AsyncIterable<Buffer> | Buffer, mode: number, mtime: number) => {
-    let file: Awaited<ReturnType<typeof open>>;
+  /** Opens a new file for `name`, with its mode; a member naming one already restored is refused. */
+  const createExclusive = async (at: string, name: string, mode: number) => {
     try {
-      file = await open(at, "wx", mode);
+      return await open(at, "wx", mode);
     } catch (error) {
       if (code(error) === "EEXIST") throw duplicate(name);
       throw error;
     }
+  };
+
+  const writeFile = async (at: string, name: string, chunks: AsyncIterable<Buffer> | Buffer, mode: number, mtime: number) => {
+    const file = await createExclusive(at, name, mode);
     try {
       for await (const chunk of Buffer.isBuffer(chunks) ? [chunks] : chunks) {
         let offset = 0;
@@ -454,13 +458,7 @@ export async function extractTar(options: ExtractOptions): Promise<ExtractSummar
    * file gets its real size, owner, mode and mtime.
    */
   const writeSparseFile = async (at: string, name: string, chunks: AsyncIterable<Buffer>, regions: Region[], realSize: number, mode: number, mtime: number) => {
-    let file: Awaited<ReturnType<typeof open>>;
-    try {
-      file = await open(at, "wx", mode);
-    } catch (error) {
-      if (code(error) === "EEXIST") throw duplicate(name);
-      throw error;
-    }
+    const file = await createExclusive(at, name, mode);
     try {
       let region = 0;
       let done = 0;
