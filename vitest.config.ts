@@ -12,9 +12,10 @@ const builderSecret = process.env.SVC_TEST_BUILDER_SECRET;
 const builderUrl = `http://127.0.0.1:${process.env.SVC_TEST_BUILDER_PORT}`;
 
 /**
- * Two projects: the Worker suites run inside real workerd (D1, R2, Durable
- * Objects through Miniflare); the builder, CLI and end-to-end suites run in
- * Node against real processes (builder, `wrangler dev`).
+ * Three projects: the Worker suites run inside real workerd (D1, R2, Durable
+ * Objects through Miniflare); the builder suites run in Node against real
+ * builder processes; the CLI and end-to-end suites run in Node against a
+ * stack (`wrangler dev` + builder) they share.
  */
 export default defineConfig({
   test: {
@@ -58,9 +59,20 @@ export default defineConfig({
         test: {
           name: "node",
           environment: "node",
-          include: ["test/builder/**/*.test.ts", "test/cli/**/*.test.ts", "test/dashboard/**/*.test.ts", "test/e2e/**/*.test.ts"],
+          include: ["test/builder/**/*.test.ts", "test/dashboard/**/*.test.ts"],
           testTimeout: 60_000,
           hookTimeout: 120_000,
+        },
+      },
+      {
+        test: {
+          // The CLI and end-to-end files share one stack (an account each); see test/support/shared-stack.ts.
+          name: "e2e",
+          environment: "node",
+          include: ["test/cli/**/*.test.ts", "test/e2e/**/*.test.ts"],
+          globalSetup: ["./test/support/shared-stack.ts"],
+          testTimeout: 60_000,
+          hookTimeout: 240_000,
         },
       },
     ],

@@ -22,6 +22,8 @@ type Pending = Instance & {
   deadline: number;
 };
 
+/** A new release that exits this many times before it was ever ready fails its deploy (the old one keeps serving). */
+const EXITS_BEFORE_READY = 3;
 /** Seconds a web release has from each start to pass its health check. */
 export const HEALTH_CHECK_TIMEOUT_SECONDS = 60;
 /** Seconds a replaced process keeps serving: longer than the edge trusts its copy of the app (2 s). */
@@ -210,7 +212,9 @@ export class AppRuntime extends DurableObject<Env> {
       status.state === "failed" ||
       status.state === "stopped" ||
       status.lastExit?.reason === "start_timeout" ||
-      status.lastExit?.reason === "health_check";
+      status.lastExit?.reason === "health_check" ||
+      // A release that exited {@link EXITS_BEFORE_READY} times without ever being ready will not get there: say so now.
+      (status.state === "backoff" && status.readyAt === null && status.restarts + 1 >= EXITS_BEFORE_READY);
     if (hopeless) await this.failPending(pending, status.lastExit?.message ?? `the process is ${status.state}`, status.lastLines);
     else if (Date.now() > pending.deadline) await this.failPending(pending, "the new release did not get ready in time", status.lastLines);
   }

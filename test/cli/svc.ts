@@ -1,7 +1,9 @@
 import { spawn } from "node:child_process";
+import { randomBytes } from "node:crypto";
 import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { inject } from "vitest";
 import { type LocalStack, ROOT, startLocalStack } from "../../scripts/local-stack.js";
 
 /** What one `svc` invocation produced. */
@@ -51,8 +53,40 @@ export function svc(args: readonly string[], env: Record<string, string>, input 
  */
 export const STACK_START_TIMEOUT_MS = 240_000;
 
-/** One local stack (wrangler dev + builder) in a temporary directory, removed again by `stop()`; its logs are in `stateDir`. */
+/**
+ * The stack a CLI or end-to-end file works against: the one the suite shares
+ * (test/support/shared-stack.ts), with a new account of its own (business
+ * plan), so what one file creates or lists never meets another's. `stop()`
+ * leaves the shared stack running; restarting its parts is refused (files
+ * that do so start their own with {@link startOwnStack}).
+ */
 export async function startStack(): Promise<LocalStack & { stateDir: string }> {
+  const shared = inject("sharedStack");
+  const res = await fetch(`${shared.apiUrl}/v1/accounts`, {
+    method: "POST",
+    headers: { Authorization: `Bearer ${shared.secrets.OPERATOR_TOKEN}`, "Content-Type": "application/json" },
+    body: JSON.stringify({ name: `test-${randomBytes(4).toString("hex")}`, plan: "business" }),
+  });
+  if (res.status !== 201) throw new Error(`creating the file's account on the shared stack: ${res.status} ${await res.text()}`);
+  const { apiKey } = (await res.json()) as { apiKey: { key: string } };
+  const own = (what: string) => () => {
+    throw new Error(`the shared stack cannot ${what}: start one of your own (startOwnStack)`);
+  };
+  return {
+    apiUrl: shared.apiUrl,
+    builderUrl: shared.builderUrl,
+    secrets: shared.secrets,
+    stateDir: shared.stateDir,
+    adminKey: apiKey.key,
+    builderPid: () => shared.builderPid,
+    wranglerPid: () => shared.wranglerPid,
+    restartApi: own("restart its API"),
+    stop: async () => {},
+  };
+}
+
+/** One local stack (wrangler dev + builder) in a temporary directory, removed again by `stop()`; its logs are in `stateDir`. */
+export async function startOwnStack(): Promise<LocalStack & { stateDir: string }> {
   const dir = await mkdtemp(join(tmpdir(), "svc-cli-stack-"));
   const stack = await startLocalStack({
     port: 0,

@@ -1,0 +1,52 @@
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import type { TestProject } from "vitest/node";
+import { type LocalSecrets, startLocalStack } from "../../scripts/local-stack.js";
+
+/** What the CLI and end-to-end files get of the stack they share (serialisable: vitest hands it to each file). */
+export type SharedStack = {
+  apiUrl: string;
+  builderUrl: string;
+  secrets: LocalSecrets;
+  stateDir: string;
+  wranglerPid: number;
+  builderPid: number;
+};
+
+declare module "vitest" {
+  export interface ProvidedContext {
+    sharedStack: SharedStack;
+  }
+}
+
+/**
+ * Starts one stack (wrangler dev + builder, as `npm start` runs them) for the
+ * CLI and end-to-end files, which each get an account of their own on it
+ * (test/cli/svc.ts, `startStack`): a stack costs ~10 s of CPU to start, and
+ * a dozen files starting their own made the suite several minutes longer on
+ * two cores. Files that kill or restart parts of the stack start their own.
+ */
+export default async function setup(project: TestProject): Promise<() => Promise<void>> {
+  const dir = await mkdtemp(join(tmpdir(), "svc-shared-stack-"));
+  const stateDir = join(dir, "state");
+  const stack = await startLocalStack({
+    port: 0,
+    persistDir: join(dir, "persist"),
+    stateDir,
+    secretsFile: join(dir, "secrets.env"),
+    output: "files",
+  });
+  project.provide("sharedStack", {
+    apiUrl: stack.apiUrl,
+    builderUrl: stack.builderUrl,
+    secrets: stack.secrets,
+    stateDir,
+    wranglerPid: stack.wranglerPid(),
+    builderPid: stack.builderPid(),
+  });
+  return async () => {
+    await stack.stop();
+    await rm(dir, { recursive: true, force: true });
+  };
+}
