@@ -140,11 +140,59 @@ export const disks = sqliteTable(
     /** The app the disk is attached to; deleting the app detaches it. */
     appId: text("app_id").references(() => apps.id, { onDelete: "set null" }),
     status: text("status", { enum: DISK_STATUSES }).notNull().default("available"),
+    /**
+     * The node holding the disk (placement.ts chose it); null for a disk made
+     * before nodes joined, claimed by the first node that reports holding it.
+     */
+    nodeId: text("node_id"),
+    /**
+     * Fencing: bumped whenever the disk's copy of record moves to another node.
+     * Every request about the disk carries it; a node holding an older
+     * generation never serves, writes or snapshots that copy again.
+     */
+    generation: integer("generation").notNull().default(1),
+    /** What happened to the disk when its node was lost or drained, in the user's words; null when nothing did. */
+    placementNote: text("placement_note"),
     createdAt: integer("created_at").notNull(),
     updatedAt: integer("updated_at").notNull(),
   },
-  (t) => [uniqueIndex("disks_account_name_idx").on(t.accountId, t.name), index("disks_app_idx").on(t.appId)],
+  (t) => [uniqueIndex("disks_account_name_idx").on(t.accountId, t.name), index("disks_app_idx").on(t.appId), index("disks_node_idx").on(t.nodeId)],
 );
+
+export const NODE_STATES = ["ready", "cordoned", "draining", "lost"] as const;
+export type NodeState = (typeof NODE_STATES)[number];
+
+/**
+ * Builder nodes that joined the control plane (DESIGN §10). The row is what
+ * is listed and what placement reads; heartbeat deadlines are the Fleet
+ * object's alarm. A node's signing key is derived from BUILDER_SECRET and its
+ * id, so no key is stored.
+ */
+export const nodes = sqliteTable(
+  "nodes",
+  {
+    id: text("id").primaryKey(),
+    name: text("name").notNull(),
+    /** Where the Worker reaches the node. */
+    address: text("address").notNull(),
+    state: text("state", { enum: NODE_STATES }).notNull().default("ready"),
+    cores: integer("cores").notNull().default(0),
+    memoryMb: integer("memory_mb").notNull().default(0),
+    diskTotalBytes: integer("disk_total_bytes").notNull().default(0),
+    diskFreeBytes: integer("disk_free_bytes").notNull().default(0),
+    /** Jobs running or queued and app processes on the node, at its last heartbeat. */
+    runningJobs: integer("running_jobs").notNull().default(0),
+    processes: integer("processes").notNull().default(0),
+    /** The node's process id on its host (shown for nodes `npm start` runs). */
+    pid: integer("pid"),
+    joinedAt: integer("joined_at").notNull(),
+    lastHeartbeatAt: integer("last_heartbeat_at").notNull(),
+    lostAt: integer("lost_at"),
+  },
+  (t) => [uniqueIndex("nodes_name_idx").on(t.name)],
+);
+
+export type NodeRow = typeof nodes.$inferSelect;
 
 export type AppRow = typeof apps.$inferSelect;
 export type DiskRow = typeof disks.$inferSelect;
