@@ -4,14 +4,15 @@ import type { ProcessSpec, ProcessStatus } from "../builder/src/protocol";
 import { openDb } from "../worker/db/client";
 import { type AppRow, apps, type DeploymentRow, deployments, disks } from "../worker/db/schema";
 import { configOf, type Env } from "../worker/env";
-import { getProcess, startProcess, stopProcess } from "../worker/lib/builder-client";
+import { getProcess, type NodeRef, startProcess, stopProcess } from "../worker/lib/builder-client";
 import { appChanged } from "../worker/services/cron-targets";
 import { GIB } from "../worker/services/disks";
 import { envOf } from "../worker/services/env-vars";
+import { lostNode, nodeRef } from "../worker/services/fleet";
 import { placeProcess } from "../worker/services/placement";
 import { presign } from "../worker/storage/presign";
 
-/** One process the object started: where it runs, and what for. */
+/** One process the object started: where it runs (the node's id), and what for. */
 type Instance = { processId: string; node: string; deploymentId: string };
 
 /** A process starting to replace the live one (or to be the first): promoted once ready. */
@@ -111,6 +112,13 @@ export class AppRuntime extends DurableObject<Env> {
     if (live) await this.retire(live, 0);
   }
 
+  /** The fleet declared `nodeId` lost: what ran there starts again elsewhere (an app whose disk is there waits for its disk). */
+  async nodeLost(nodeId: string, why: string): Promise<void> {
+    const pending = this.pending;
+    if (pending?.node === nodeId) await this.failPending(pending, why, []);
+    if (this.live?.node === nodeId) await this.replaceLost(why);
+  }
+
   /** A process's state changed (the node's callback, or a poll). */
   async processChanged(status: ProcessStatus): Promise<void> {
     const pending = this.pending;
@@ -124,14 +132,18 @@ export class AppRuntime extends DurableObject<Env> {
     await this.retryStops();
     const pending = this.pending;
     if (pending) {
-      const found = await getProcess(this.config, pending.node, pending.processId).catch(() => null);
+      const node = await nodeRef(this.env, pending.node).catch(() => null);
+      const found = node ? await getProcess(this.config, node, pending.processId).catch(() => null) : null;
       if (found?.ok) await this.advance(pending, found.value);
       else if (found && found.status === 404) await this.failPending(pending, "the node lost the new process before it was ready", []);
       else if (Date.now() > pending.deadline) await this.failPending(pending, "the node running the new process could not be reached", []);
     } else if (this.live) {
       const live = this.live;
-      const found = await getProcess(this.config, live.node, live.processId).catch(() => null);
-      if (found && !found.ok && found.status === 404) await this.replaceLost(`the node has no process ${live.processId} (it restarted without it)`);
+      const node = await nodeRef(this.env, live.node).catch(() => null);
+      const found = node ? await getProcess(this.config, node, live.processId).catch(() => null) : null;
+      const lost = found?.ok ? null : await lostNode(this.env, live.node);
+      if (!node || lost) await this.replaceLost(`node ${lost?.name ?? live.node} ${lost ? "was lost" : "left the fleet"}`);
+      else if (found && !found.ok && found.status === 404) await this.replaceLost(`the node has no process ${live.processId} (it restarted without it)`);
     }
     await this.schedule();
   }
@@ -152,7 +164,15 @@ export class AppRuntime extends DurableObject<Env> {
       await this.db.update(apps).set({ liveProcessId: null, liveNode: null }).where(eq(apps.id, app.id));
       await this.retire(live, 0);
     }
-    const { node } = placeProcess(config, { diskId: disk?.id ?? null });
+    let node: NodeRef;
+    try {
+      node = await placeProcess(this.env, { disk: disk ?? null });
+    } catch (err) {
+      const why = err instanceof Error ? err.message : String(err);
+      if (reason === "deploy") await this.failDeployment(deployment.id, `the new process could not be placed: ${why}`, []);
+      else console.error(JSON.stringify({ event: "app.unplaced", appId: app.id, why }));
+      return;
+    }
     const sequence = (this.ctx.storage.kv.get<number>("sequence") ?? 0) + 1;
     this.ctx.storage.kv.put("sequence", sequence);
     const release = await presign(config, {
@@ -172,7 +192,7 @@ export class AppRuntime extends DurableObject<Env> {
       healthCheck: web ? { path: deployment.healthCheckPath, timeoutSeconds: HEALTH_CHECK_TIMEOUT_SECONDS } : null,
       env: await envOf(this.db, config, app.id),
       memoryMb: app.memoryMb,
-      disk: disk ? { id: disk.id, mountPath: disk.mountPath, sizeBytes: disk.sizeGb * GIB } : undefined,
+      disk: disk ? { id: disk.id, mountPath: disk.mountPath, sizeBytes: disk.sizeGb * GIB, generation: disk.generation } : undefined,
       callbackUrl: new URL("/internal/processes/callback", config.PUBLIC_URL).href,
       labels: { appId: app.id, deploymentId: deployment.id },
     };
@@ -188,7 +208,7 @@ export class AppRuntime extends DurableObject<Env> {
     }
     const pending: Pending = {
       processId: started.value.id,
-      node,
+      node: node.id,
       deploymentId: deployment.id,
       reason,
       deadline: Date.now() + HEALTH_CHECK_TIMEOUT_SECONDS * 1000 + START_GRACE_MS,
@@ -281,7 +301,10 @@ export class AppRuntime extends DurableObject<Env> {
 
   /** Asks the node to stop a process; a stop that could not be delivered is retried by the alarm. */
   private async retire(instance: Instance, drainSeconds: number): Promise<void> {
-    const stopped = await stopProcess(this.config, instance.node, instance.processId, drainSeconds).catch(() => null);
+    const node = await nodeRef(this.env, instance.node).catch(() => null);
+    // A node that left the fleet or was lost cannot be told; its sandboxes end with its builder (--die-with-parent).
+    if (!node || (await lostNode(this.env, instance.node))) return;
+    const stopped = await stopProcess(this.config, node, instance.processId, drainSeconds).catch(() => null);
     if (stopped?.ok) return;
     const stops = this.ctx.storage.kv.get<Instance[]>("stops") ?? [];
     this.ctx.storage.kv.put("stops", [...stops.filter((s) => s.processId !== instance.processId), instance]);

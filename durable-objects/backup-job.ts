@@ -1,6 +1,7 @@
 import { eq } from "drizzle-orm";
 import { accounts, backups, disks } from "../worker/db/schema";
 import { submitSnapshot } from "../worker/lib/builder-client";
+import { diskNode } from "../worker/services/placement";
 import { builderShare, PLAN_LIMITS } from "../worker/lib/plans";
 import { GIB } from "../worker/services/disks";
 import { completeUpload } from "../worker/storage/objects";
@@ -34,7 +35,16 @@ export class BackupJob extends SingleBuilderJob {
       .get();
     const backup = found?.backup;
     if (!found || backup?.status !== "creating" || this.ctx.storage.kv.get("multipartUploadId")) return;
-    const disk = await this.db.select({ sizeGb: disks.sizeGb }).from(disks).where(eq(disks.id, backup.diskId)).get();
+    const disk = await this.db
+      .select({ sizeGb: disks.sizeGb, nodeId: disks.nodeId, generation: disks.generation })
+      .from(disks)
+      .where(eq(disks.id, backup.diskId))
+      .get();
+    const node = disk ? await diskNode(this.env, disk).catch(() => null) : null;
+    if (!disk || !node) {
+      await this.fail(disk ? "the disk's node is no longer a member of the fleet" : "the disk no longer exists");
+      return;
+    }
     const upload = await this.env.BUCKET.createMultipartUpload(backup.objectKey, {
       httpMetadata: { contentType: "application/gzip" },
     });
@@ -43,17 +53,18 @@ export class BackupJob extends SingleBuilderJob {
     kv.put("objectKey", backup.objectKey);
     kv.put("multipartUploadId", upload.uploadId);
     const base = this.config.PUBLIC_URL;
-    const submitted = await submitSnapshot(this.config, {
+    const submitted = await submitSnapshot(this.config, node, {
       key: backupId,
       diskId: backup.diskId,
-      partSizeBytes: Math.max(MIN_PART_BYTES, Math.ceil(((disk?.sizeGb ?? 1) * GIB) / MAX_PARTS)),
+      generation: disk.generation,
+      partSizeBytes: Math.max(MIN_PART_BYTES, Math.ceil((disk.sizeGb * GIB) / MAX_PARTS)),
       partUrlEndpoint: new URL(`/internal/backups/${backupId}/part-url`, base).href,
       callbackUrl: new URL("/internal/builder/callback", base).href,
       labels: { kind: "backup", backupId },
       tenant: backup.accountId,
       ...builderShare(found.plan),
     }).catch((err: unknown) => ({ ok: false as const, message: err instanceof Error ? err.message : String(err) }));
-    await this.submitted(backupId, submitted, "the snapshot");
+    await this.submitted(backupId, node, submitted, "the snapshot");
   }
 
   /** A presigned URL for one part of the archive (asked for by the builder, signed). */

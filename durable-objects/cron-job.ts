@@ -4,7 +4,9 @@ import { type JobSpec, type JobStatus, RELEASE_PATH } from "../builder/src/proto
 import { countingD1, openDb } from "../worker/db/client";
 import { cronRuns, crons, type Plan } from "../worker/db/schema";
 import { configOf, type Env } from "../worker/env";
-import { cancelJob, describeWait, findJob, getJob, jobLog, submitJob } from "../worker/lib/builder-client";
+import { cancelJob, describeWait, findJob, getJob, jobLog, LONE_BUILDER_ID, type NodeRef, submitJob } from "../worker/lib/builder-client";
+import { lostNode, nodeRef } from "../worker/services/fleet";
+import { diskNode, placeStateless } from "../worker/services/placement";
 import { nextRuns } from "../worker/lib/cron";
 import { randomBase62 } from "../worker/lib/ids";
 import { builderShare, PLAN_LIMITS } from "../worker/lib/plans";
@@ -36,6 +38,8 @@ type RunRow = {
   exit_code: number | null;
   error: string | null;
   builder_job_id: string | null;
+  /** The node the run was sent to (null in rows from before the fleet). */
+  node_id: string | null;
   log_key: string | null;
 };
 
@@ -127,6 +131,7 @@ export class CronJob extends DurableObject<Env> {
       ["phase", "TEXT"],
       ["waiting", "TEXT"],
       ["queued_at", "INTEGER"],
+      ["node_id", "TEXT"],
     ] as const) {
       if (!columns.has(column)) ctx.storage.sql.exec(`ALTER TABLE runs ADD COLUMN ${column} ${type}`);
     }
@@ -238,7 +243,8 @@ export class CronJob extends DurableObject<Env> {
     const row = this.row(jobName);
     if (!row) return null;
     if (row.log_key) return (await (await this.env.BUCKET.get(row.log_key))?.text()) ?? "";
-    const live = row.builder_job_id ? await jobLog(this.config, row.builder_job_id).catch(() => null) : null;
+    const node = await this.nodeOf(row);
+    const live = row.builder_job_id && node ? await jobLog(this.config, node, row.builder_job_id).catch(() => null) : null;
     return live?.ok ? live.value : "";
   }
 
@@ -438,6 +444,9 @@ export class CronJob extends DurableObject<Env> {
       return false;
     }
     try {
+      // A run of an app with a disk goes to the disk's node; any other to the least loaded (no D1 read either way).
+      const node = disk ? await diskNode(this.env, { nodeId: disk.nodeId ?? null }) : await placeStateless(this.env);
+      this.ctx.storage.sql.exec("UPDATE runs SET node_id = ? WHERE job_name = ?", node.id, jobName);
       const spec: JobSpec = {
         key: `${job.id}/${jobName}`,
         tenant: job.accountId,
@@ -451,7 +460,9 @@ export class CronJob extends DurableObject<Env> {
         // A target stored before it carried the plan leaves the builder's default.
         ...(target.plan ? builderShare(target.plan) : {}),
         ...(maxQueued === undefined ? {} : { tenantMaxQueued: maxQueued }),
-        ...(disk ? { disk: { id: disk.id, mountPath: disk.mountPath, sizeBytes: disk.sizeGb * GIB } } : {}),
+        ...(disk
+          ? { disk: { id: disk.id, mountPath: disk.mountPath, sizeBytes: disk.sizeGb * GIB, ...(disk.generation ? { generation: disk.generation } : {}) } }
+          : {}),
         // The app's environment: its active release (or a static site's source), extracted as the working directory.
         ...(target.sourceKey
           ? {
@@ -460,7 +471,7 @@ export class CronJob extends DurableObject<Env> {
             }
           : {}),
       };
-      const submitted = await submitJob(config, spec);
+      const submitted = await submitJob(config, node, spec);
       if (!submitted.ok) {
         if (maxQueued !== undefined && submitted.code === "TENANT_QUEUE_FULL") return true;
         const error = `the builder refused the run: ${submitted.message}`;
@@ -477,15 +488,34 @@ export class CronJob extends DurableObject<Env> {
     return false;
   }
 
+  /** The node a run was sent to; null when it left the fleet (or the row predates the fleet and no lone builder is configured). */
+  private async nodeOf(row: Pick<RunRow, "node_id">): Promise<NodeRef | null> {
+    return nodeRef(this.env, row.node_id ?? LONE_BUILDER_ID).catch(() => null);
+  }
+
   /** Asks the builder about every running run; a lost callback or a lost submission reply loses nothing. */
   private async pollRunning(): Promise<void> {
     const job = this.job();
     if (!job) return;
     const now = Date.now();
     for (const row of this.runningRows()) {
-      const found = row.builder_job_id
-        ? await getJob(this.config, row.builder_job_id).catch(() => null)
-        : await findJob(this.config, `${job.id}/${row.job_name}`).catch(() => null);
+      const node = await this.nodeOf(row);
+      const found = !node
+        ? null
+        : row.builder_job_id
+          ? await getJob(this.config, node, row.builder_job_id).catch(() => null)
+          : await findJob(this.config, node, `${job.id}/${row.job_name}`).catch(() => null);
+      const lost = !found?.ok && row.node_id ? await lostNode(this.env, row.node_id) : null;
+      if (lost) {
+        const target = this.target();
+        // A run the lost node never started is safe to send again; one it started may have done part of its work.
+        if (row.phase === "queued" && target && !target.stopped) await this.dispatch(job, target, row.job_name);
+        else {
+          const error = `node lost: ${lost.name} stopped answering while the run was running; it was not started again (it may have done part of its work)`;
+          await this.complete(row.job_name, { status: "failed", exitCode: null, error, log: logLine(`error: ${error}`) });
+        }
+        continue;
+      }
       if (found?.ok) {
         if (!row.builder_job_id) this.ctx.storage.sql.exec("UPDATE runs SET builder_job_id = ? WHERE job_name = ?", found.value.id, row.job_name);
         if (found.value.finishedAt !== null) await this.completeFromBuilder(job, { ...row, builder_job_id: found.value.id }, found.value);
@@ -510,7 +540,8 @@ export class CronJob extends DurableObject<Env> {
   }
 
   private async stopRun(job: CronDefinition, row: RunRow, why: string): Promise<void> {
-    const cancelled = row.builder_job_id ? await cancelJob(this.config, row.builder_job_id).catch(() => null) : null;
+    const node = await this.nodeOf(row);
+    const cancelled = row.builder_job_id && node ? await cancelJob(this.config, node, row.builder_job_id).catch(() => null) : null;
     if (cancelled?.ok && cancelled.value.finishedAt !== null) {
       await this.completeFromBuilder(job, row, cancelled.value, why);
       return;
@@ -519,7 +550,8 @@ export class CronJob extends DurableObject<Env> {
   }
 
   private async completeFromBuilder(job: CronDefinition, row: RunRow, status: JobStatus, why?: string): Promise<void> {
-    const log = await jobLog(this.config, status.id).catch(() => null);
+    const node = await this.nodeOf(row);
+    const log = node ? await jobLog(this.config, node, status.id).catch(() => null) : null;
     const finishedFor = status.finishedAt === null ? 0 : Date.now() - Date.parse(status.finishedAt);
     if (!log?.ok && why === undefined && log?.status !== 404 && finishedFor < LOST_CONTACT_GRACE_MS) {
       // The builder keeps a finished job's log: the run stays running and the next poll fetches it

@@ -8,12 +8,13 @@ import {
 } from "../builder/src/protocol";
 import { accounts, apps, type DeploymentRow, deployments } from "../worker/db/schema";
 import type { Env } from "../worker/env";
-import { cancelJob, jobLog, submitBuild } from "../worker/lib/builder-client";
+import { cancelJob, jobLog, type NodeRef, submitBuild } from "../worker/lib/builder-client";
 import { builderShare } from "../worker/lib/plans";
 import { isImmutable } from "../worker/sites/fingerprint";
 import { parseHeadersFile } from "../worker/sites/headers";
 import { blobKey, blobPrefix, type Manifest, manifestKey } from "../worker/sites/serve";
 import { completeUpload } from "../worker/storage/objects";
+import { placeStateless } from "../worker/services/placement";
 import { presign, presignPart } from "../worker/storage/presign";
 import { appRuntimeStub, runsProcess } from "../worker/services/app-runtime";
 import { appChanged } from "../worker/services/cron-targets";
@@ -107,7 +108,15 @@ export class Deployment extends SingleBuilderJob {
       };
     }
     const source = await presign(config, { method: "GET", key: row.sourceKey, expiresInSeconds: config.PRESIGNED_URL_TTL_SECONDS });
-    const submitted = await submitBuild(config, {
+    // Builds touch no disk: the least loaded ready node.
+    let node: NodeRef;
+    try {
+      node = await placeStateless(this.env);
+    } catch (err) {
+      await this.fail(`the build could not start: ${err instanceof Error ? err.message : String(err)}`);
+      return;
+    }
+    const submitted = await submitBuild(config, node, {
       ...(release ? { release } : {}),
       key: deploymentId,
       tenant: app.accountId,
@@ -122,7 +131,7 @@ export class Deployment extends SingleBuilderJob {
       ...builderShare(plan),
     }).catch((err: unknown) => ({ ok: false as const, message: err instanceof Error ? err.message : String(err) }));
     if (submitted.ok) await this.db.update(deployments).set({ builderJobId: submitted.value.id }).where(eq(deployments.id, deploymentId));
-    await this.submitted(deploymentId, submitted, "the build");
+    await this.submitted(deploymentId, node, submitted, "the build");
   }
 
   /**
@@ -178,7 +187,8 @@ export class Deployment extends SingleBuilderJob {
 
   async cancel(): Promise<void> {
     const jobId = this.ctx.storage.kv.get<string>("jobId");
-    if (jobId) await cancelJob(this.config, jobId).catch(() => undefined);
+    const node = await this.jobNode();
+    if (jobId && node) await cancelJob(this.config, node, jobId).catch(() => undefined);
   }
 
   protected maxRuntimeMs(): number {
@@ -189,8 +199,9 @@ export class Deployment extends SingleBuilderJob {
     const deploymentId = this.ctx.storage.kv.get<string>("deploymentId");
     const row = deploymentId ? await this.db.select().from(deployments).where(eq(deployments.id, deploymentId)).get() : null;
     if (!row) return;
-    if ("id" in ending) {
-      const log = await jobLog(this.config, ending.id).catch(() => null);
+    const node = await this.jobNode();
+    if ("id" in ending && node) {
+      const log = await jobLog(this.config, node, ending.id).catch(() => null);
       if (log?.ok) await this.env.BUCKET.put(buildLogKey(row.id), log.value, { httpMetadata: { contentType: "text/plain; charset=utf-8" } });
     }
     const now = Date.now();

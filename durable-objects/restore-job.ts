@@ -2,6 +2,7 @@ import { eq } from "drizzle-orm";
 import { BACKUP_MAX_ENTRIES, backupMaxExpandedBytes } from "../builder/src/protocol";
 import { accounts, apps, disks, restores } from "../worker/db/schema";
 import { submitRestore } from "../worker/lib/builder-client";
+import { diskNode } from "../worker/services/placement";
 import { builderShare } from "../worker/lib/plans";
 import { appRuntimeStub, runsProcess } from "../worker/services/app-runtime";
 import { setAppStatus } from "../worker/services/apps";
@@ -29,8 +30,9 @@ export class RestoreJob extends SingleBuilderJob {
     if (!found || restore?.status !== "running") return;
     this.ctx.storage.kv.put("restoreId", restoreId);
     const disk = await this.db.select().from(disks).where(eq(disks.id, restore.diskId)).get();
-    if (!disk) {
-      await this.fail("the disk no longer exists");
+    const node = disk ? await diskNode(this.env, disk).catch(() => null) : null;
+    if (!disk || !node) {
+      await this.fail(disk ? "the disk's node is no longer a member of the fleet" : "the disk no longer exists");
       return;
     }
     const { url } = await presign(this.config, {
@@ -38,9 +40,10 @@ export class RestoreJob extends SingleBuilderJob {
       key: restore.objectKey,
       expiresInSeconds: this.config.PRESIGNED_URL_TTL_SECONDS,
     });
-    const submitted = await submitRestore(this.config, {
+    const submitted = await submitRestore(this.config, node, {
       key: restoreId,
       diskId: disk.id,
+      generation: disk.generation,
       archiveUrl: url,
       expectedSizeBytes: restore.sizeBytes,
       ...(restore.sha256 ? { expectedSha256: restore.sha256 } : {}),
@@ -56,7 +59,7 @@ export class RestoreJob extends SingleBuilderJob {
       ...builderShare(found.plan),
     }).catch((err: unknown) => ({ ok: false as const, message: err instanceof Error ? err.message : String(err) }));
     if (submitted.ok) await this.db.update(restores).set({ builderJobId: submitted.value.id }).where(eq(restores.id, restoreId));
-    await this.submitted(restoreId, submitted, "the restore");
+    await this.submitted(restoreId, node, submitted, "the restore");
   }
 
   protected maxRuntimeMs(): number {

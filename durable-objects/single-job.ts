@@ -2,7 +2,8 @@ import { DurableObject } from "cloudflare:workers";
 import type { JobStatus } from "../builder/src/protocol";
 import { openDb } from "../worker/db/client";
 import { configOf, type Env } from "../worker/env";
-import { type BuilderResult, describeWait, findJob, getJob } from "../worker/lib/builder-client";
+import { type BuilderResult, describeWait, findJob, getJob, type NodeRef } from "../worker/lib/builder-client";
+import { lostNode, nodeRef } from "../worker/services/fleet";
 
 const FAST_POLL_MS = 2_000;
 const SLOW_POLL_MS = 15_000;
@@ -85,8 +86,14 @@ export abstract class SingleBuilderJob extends DurableObject<Env> {
    * A submission whose reply was lost is remembered by its key; the alarm asks
    * the builder for it again (the key makes a retried submission safe, too).
    */
-  protected async submitted(key: string, result: BuilderResult<JobStatus> | { ok: false; message: string }, what: string): Promise<void> {
+  protected async submitted(
+    key: string,
+    node: NodeRef,
+    result: BuilderResult<JobStatus> | { ok: false; message: string },
+    what: string,
+  ): Promise<void> {
     this.ctx.storage.kv.put("jobKey", key);
+    this.ctx.storage.kv.put("node", node.id);
     if (result.ok) {
       await this.noteStatus(result.value);
       await this.watch(result.value.id);
@@ -99,6 +106,17 @@ export abstract class SingleBuilderJob extends DurableObject<Env> {
     // Unreachable, or the reply was lost: find out by key at the next alarm.
     this.ctx.storage.kv.put("watchedAt", Date.now());
     await this.ctx.storage.setAlarm(Date.now() + FAST_POLL_MS);
+  }
+
+  /** The id of the node the job was sent to (where its live log is); null before it was sent. */
+  async nodeId(): Promise<string | null> {
+    return this.ctx.storage.kv.get<string>("node") ?? null;
+  }
+
+  /** The node the job was sent to; null before it was, or once the node left the fleet. */
+  protected async jobNode(): Promise<NodeRef | null> {
+    const nodeId = this.ctx.storage.kv.get<string>("node");
+    return nodeId === undefined ? null : nodeRef(this.env, nodeId).catch(() => null);
   }
 
   /** Records the builder job and starts polling for its end. */
@@ -133,10 +151,22 @@ export abstract class SingleBuilderJob extends DurableObject<Env> {
     const age = Date.now() - watchedAt;
     const jobId = this.ctx.storage.kv.get<string>("jobId");
     const key = this.ctx.storage.kv.get<string>("jobKey");
+    const nodeId = this.ctx.storage.kv.get<string>("node");
+    if (nodeId === undefined || (jobId === undefined && key === undefined)) return;
+    const node = await nodeRef(this.env, nodeId).catch(() => null);
+    if (!node) {
+      await this.finishOnce({ error: `node ${nodeId} was removed from the fleet before the job ended` });
+      return;
+    }
     let job: BuilderResult<JobStatus> | null;
-    if (jobId !== undefined) job = await getJob(this.config, jobId).catch(() => null);
-    else if (key !== undefined) job = await findJob(this.config, key).catch(() => null);
-    else return;
+    if (jobId !== undefined) job = await getJob(this.config, node, jobId).catch(() => null);
+    else job = await findJob(this.config, node, key!).catch(() => null);
+    const lost = job?.ok ? null : await lostNode(this.env, nodeId);
+    if (lost) {
+      // The disk or the work is on a node the fleet declared lost: waiting longer would only delay the news.
+      await this.finishOnce({ error: `node lost: ${lost.name} stopped answering${lost.lostAt ? ` (declared lost at ${new Date(lost.lostAt).toISOString()})` : ""}` });
+      return;
+    }
     if (job?.ok) {
       if (jobId === undefined) this.ctx.storage.kv.put("jobId", job.value.id);
       if (job.value.finishedAt !== null) {

@@ -8,7 +8,8 @@ const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..");
 const OUTPUT_LIMIT = 1024 * 1024;
 
 export type LaunchOptions = {
-  secret: string;
+  /** BUILDER_SECRET for a lone builder; absent for a node that joins (BUILDER_JOIN_TOKEN and BUILDER_CONTROL_URL in `env`). */
+  secret?: string;
   dataDir: string;
   /** 0 (default) picks a free port; the URL comes from the builder's own start-up line. */
   port?: number;
@@ -42,7 +43,7 @@ export async function launchBuilder(options: LaunchOptions): Promise<BuilderProc
       PATH: process.env.PATH ?? "/usr/bin:/bin",
       ...(process.env.HOME ? { HOME: process.env.HOME } : {}),
       ...(process.env.NPM_CONFIG_REGISTRY ? { NPM_CONFIG_REGISTRY: process.env.NPM_CONFIG_REGISTRY } : {}),
-      BUILDER_SECRET: options.secret,
+      ...(options.secret ? { BUILDER_SECRET: options.secret } : {}),
       BUILDER_PORT: String(options.port ?? 0),
       BUILDER_HOST: "127.0.0.1",
       BUILDER_DATA_DIR: options.dataDir,

@@ -20,6 +20,7 @@ const BIN = join(ROOT, "node_modules", ".bin");
 export type LocalSecrets = {
   OPERATOR_TOKEN: string;
   BUILDER_SECRET: string;
+  NODE_JOIN_TOKEN: string;
   ENV_ENCRYPTION_KEY: string;
   R2_ACCESS_KEY_ID: string;
   R2_SECRET_ACCESS_KEY: string;
@@ -46,13 +47,30 @@ export type LocalStackOptions = {
   builderEnv?: Record<string, string>;
   /** Keep the Worker's own console lines (e.g. `"event":"cron.run"`) in wrangler's output; only warnings by default. */
   workerLogs?: boolean;
+  /** Builder nodes to start and join (1 by default; `npm start -- --nodes 3` to try failover on one machine). */
+  nodes?: number;
+};
+
+/** One builder node the stack runs (supervised: started again on its port and data directory when it dies). */
+export type LocalNode = {
+  /** local-1, local-2, … */
+  name: string;
+  /** The id the control plane gave it (kept in its data directory across restarts). */
+  id: string;
+  url: string;
+  dataDir: string;
+  pid(): number;
+  /** Stops supervising it and stops it (SIGTERM). */
+  stop(): Promise<void>;
 };
 
 export type LocalStack = {
   apiUrl: string;
+  /** The first node's address and pid (the only node unless `nodes` says more). */
   builderUrl: string;
-  /** The builder running now (its pid changes when the supervisor starts it again). */
+  /** The first node running now (its pid changes when the supervisor starts it again). */
   builderPid(): number;
+  nodes: LocalNode[];
   /** Stops `wrangler dev` and starts it again (same port, same state). */
   restartApi(): Promise<void>;
   adminKey: string;
@@ -67,6 +85,7 @@ function freshSecrets(): LocalSecrets {
   return {
     OPERATOR_TOKEN: token(),
     BUILDER_SECRET: token(),
+    NODE_JOIN_TOKEN: token(),
     ENV_ENCRYPTION_KEY: randomBytes(32).toString("base64"),
     R2_ACCESS_KEY_ID: `local${randomBytes(8).toString("hex")}`,
     R2_SECRET_ACCESS_KEY: token(),
@@ -181,20 +200,12 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
 
   await run(join(BIN, "wrangler"), ["d1", "migrations", "apply", "DB", "--local", "--persist-to", opts.persistDir], env);
 
-  // Supervised, as an orchestrator would: if the builder dies it is started again within seconds.
-  const builder = await superviseBuilder({
-    secret: secrets.BUILDER_SECRET,
-    dataDir: join(opts.stateDir, "builder"),
-    ...(opts.builderEnv ? { env: opts.builderEnv } : {}),
-    log: opts.output === "files" ? { file: join(opts.stateDir, "builder.log") } : "inherit",
-  });
-  const builderUrl = builder.url;
   const secretsFile = resolve(opts.secretsFile);
   const envFile = secretsFile === join(ROOT, ".dev.vars") ? [] : ["--env-file", secretsFile];
   const startWrangler = (port: number, inspectorPort: number) => {
     const apiUrl = `http://127.0.0.1:${port}`;
     // Addresses only: the secrets reach wrangler through their file, never the command line (visible in ps).
-    const vars = { PUBLIC_URL: opts.publicUrl ?? apiUrl, BUILDER_URL: builderUrl, S3_ENDPOINT: `${apiUrl}/storage`, APPS_DOMAIN: `localhost:${port}`, APPS_URL_SCHEME: "http" };
+    const vars = { PUBLIC_URL: opts.publicUrl ?? apiUrl, S3_ENDPOINT: `${apiUrl}/storage`, APPS_DOMAIN: `localhost:${port}`, APPS_URL_SCHEME: "http" };
     return startProcess(
       join(BIN, "wrangler"),
       [
@@ -221,13 +232,14 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
   };
   let wrangler: ChildProcess | undefined;
   let triggers: { stop(): void } | undefined;
+  const nodes: LocalNode[] = [];
   const stop = async () => {
     triggers?.stop();
-    await Promise.all([wrangler ? stopProcess(wrangler) : undefined, builder.stop()]);
+    await Promise.all([wrangler ? stopProcess(wrangler) : undefined, ...nodes.map((node) => node.stop())]);
   };
-  // Ports are chosen after the builder has bound its own port 0, so the two can never collide. A
-  // stack starting beside this one (tests run two files at once) can still take a chosen port
-  // first; wrangler then exits during start-up, and starts again on fresh ones.
+  // The Worker starts first: nodes join it. A stack starting beside this one (tests run two files
+  // at once) can take a chosen port first; wrangler then exits during start-up, and starts again
+  // on fresh ones.
   let port = 0;
   let inspectorPort = 0;
   for (let attempt = 1; ; attempt++) {
@@ -252,6 +264,23 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
     await waitFor(`${apiUrl}/healthz`, wrangler, "wrangler dev", 90_000);
   };
   try {
+    // Supervised, as an orchestrator would: a node that dies is started again within seconds, on
+    // its port and data directory, and joins again as itself.
+    for (let i = 1; i <= (opts.nodes ?? 1); i++) {
+      const dataDir = join(opts.stateDir, i === 1 ? "builder" : `builder-${i}`);
+      const node = await superviseBuilder({
+        dataDir,
+        env: {
+          ...opts.builderEnv,
+          BUILDER_JOIN_TOKEN: secrets.NODE_JOIN_TOKEN,
+          BUILDER_CONTROL_URL: opts.publicUrl ?? apiUrl,
+          BUILDER_NODE_NAME: `local-${i}`,
+        },
+        log: opts.output === "files" ? { file: join(opts.stateDir, i === 1 ? "builder.log" : `builder-${i}.log`) } : "inherit",
+      });
+      const { nodeId } = JSON.parse(await readFile(join(dataDir, "node.json"), "utf8")) as { nodeId: string };
+      nodes.push({ name: `local-${i}`, id: nodeId, url: node.url, dataDir, pid: node.pid, stop: node.stop });
+    }
     const adminKey = await adminKeyFor(apiUrl, secrets, opts.stateDir);
     // `svc login --local` reads where this stack answers (the key is in local-admin-key beside it).
     await writeFile(join(opts.stateDir, "local-api-url"), `${apiUrl}\n`);
@@ -267,7 +296,8 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
         else await appendFile(join(opts.stateDir, "wrangler.log"), line);
       },
     });
-    return { apiUrl, builderUrl, builderPid: builder.pid, wranglerPid: () => wrangler?.pid ?? 0, restartApi, adminKey, secrets, stop };
+    const first = nodes[0]!;
+    return { apiUrl, builderUrl: first.url, builderPid: first.pid, nodes, wranglerPid: () => wrangler?.pid ?? 0, restartApi, adminKey, secrets, stop };
   } catch (err) {
     await stop();
     throw err;

@@ -21,10 +21,13 @@ import { serveSite, siteName } from "./sites/serve";
 import { storageRoutes } from "./storage/gateway";
 import { envVarRoutes } from "./routes/env-vars";
 import { internalRoutes } from "./routes/internal";
+import { nodeRoutes, operatorNodeRoutes } from "./routes/nodes";
 import { whoamiRoutes } from "./routes/whoami";
 
 /** Routes under /v1 reachable without an API key (the operator route checks its own token). */
-const PUBLIC_PATHS = new Set(["/v1/openapi.json", "/v1/accounts"]);
+const PUBLIC_PATHS = new Set(["/v1/openapi.json", "/v1/accounts", "/v1/nodes/join"]);
+/** The operator's own routes (the fleet) check the operator token instead of an API key. */
+const OPERATOR_PREFIX = "/v1/operator/";
 
 /** Disk-backup responses are wrapped in `{data, status}`, errors included (spec, "Endpoints"). */
 const BACKUP_PATH = /^\/v1\/disks\/[^/]+\/backups(\/|$)/;
@@ -87,7 +90,7 @@ export function createApp() {
   app.use("/internal/*", (c, next) => (c.req.path === "/internal/builder/callback" ? next() : apiLimit(c, next)));
 
   // Authentication happens once here; routers only check scopes.
-  app.use("/v1/*", (c, next) => (PUBLIC_PATHS.has(c.req.path) ? next() : requireKey(c, next)));
+  app.use("/v1/*", (c, next) => (PUBLIC_PATHS.has(c.req.path) || `${c.req.path}/`.startsWith(OPERATOR_PREFIX) ? next() : requireKey(c, next)));
 
   app.get("/healthz", (c) => c.json({ ok: true }));
 
@@ -100,6 +103,8 @@ export function createApp() {
   app.route("/v1/disks", backupRoutes);
   app.route("/v1/crons", cronRoutes);
   app.route("/v1/whoami", whoamiRoutes);
+  app.route("/v1/nodes", nodeRoutes);
+  app.route("/v1/operator/nodes", operatorNodeRoutes);
   app.route("/internal", internalRoutes);
   app.route("/storage", storageRoutes);
 

@@ -3,6 +3,7 @@ import type { AppRuntime } from "../durable-objects/app-runtime";
 import type { BackupJob } from "../durable-objects/backup-job";
 import type { CronJob } from "../durable-objects/cron-job";
 import type { Deployment } from "../durable-objects/deployment";
+import type { Fleet } from "../durable-objects/fleet";
 import type { RestoreJob } from "../durable-objects/restore-job";
 
 /** Bindings and vars the Worker is deployed with (wrangler.toml + secrets). */
@@ -14,6 +15,8 @@ export interface Env {
   RESTORE_JOB: DurableObjectNamespace<RestoreJob>;
   DEPLOYMENT: DurableObjectNamespace<Deployment>;
   APP_RUNTIME: DurableObjectNamespace<AppRuntime>;
+  /** The fleet's one object: membership, heartbeat deadlines, node loss. */
+  FLEET: DurableObjectNamespace<Fleet>;
   /** Requests per API key ([[ratelimits]] in wrangler.toml). */
   API_RATE_LIMITER: RateLimit;
   /** The dashboard's static assets (`[assets]` in wrangler.toml). */
@@ -24,7 +27,10 @@ export interface Env {
   APPS_URL_SCHEME: string;
   S3_ENDPOINT: string;
   S3_BUCKET: string;
-  BUILDER_URL: string;
+  /** A lone builder holding BUILDER_SECRET itself, used while no node has joined (tests, single-host setups); unset in production. */
+  BUILDER_URL?: string;
+  NODE_HEARTBEAT_SECONDS: string;
+  NODE_LOST_AFTER_SECONDS: string;
   MAX_REQUEST_BODY_BYTES: string;
   MAX_BUILD_UPLOAD_BYTES: string;
   BUILD_MEMORY_MB: string;
@@ -36,6 +42,8 @@ export interface Env {
   API_RATE_LIMIT_PERIOD_SECONDS: string;
   OPERATOR_TOKEN?: string;
   BUILDER_SECRET?: string;
+  /** What a node presents to join (operator secret); joining is refused while unset. */
+  NODE_JOIN_TOKEN?: string;
   ENV_ENCRYPTION_KEY?: string;
   R2_ACCESS_KEY_ID?: string;
   R2_SECRET_ACCESS_KEY?: string;
@@ -49,7 +57,9 @@ const configSchema = z.object({
   PUBLIC_URL: z.url(),
   S3_ENDPOINT: z.url(),
   S3_BUCKET: z.string().min(1),
-  BUILDER_URL: z.url(),
+  BUILDER_URL: z.url().optional(),
+  NODE_HEARTBEAT_SECONDS: positiveInt,
+  NODE_LOST_AFTER_SECONDS: positiveInt,
   MAX_REQUEST_BODY_BYTES: positiveInt,
   MAX_BUILD_UPLOAD_BYTES: positiveInt,
   BUILD_MEMORY_MB: positiveInt,
@@ -61,6 +71,7 @@ const configSchema = z.object({
   API_RATE_LIMIT_PERIOD_SECONDS: z.enum(["10", "60"]).transform(Number),
   OPERATOR_TOKEN: z.string().min(16).optional(),
   BUILDER_SECRET: z.string().min(16).optional(),
+  NODE_JOIN_TOKEN: z.string().min(16).optional(),
   ENV_ENCRYPTION_KEY: z.string().optional(),
   R2_ACCESS_KEY_ID: z.string().optional(),
   R2_SECRET_ACCESS_KEY: z.string().optional(),

@@ -7,6 +7,7 @@ export { AppRuntime } from "../durable-objects/app-runtime";
 export { BackupJob } from "../durable-objects/backup-job";
 export { CronJob } from "../durable-objects/cron-job";
 export { Deployment } from "../durable-objects/deployment";
+export { Fleet } from "../durable-objects/fleet";
 export { RestoreJob } from "../durable-objects/restore-job";
 
 const app = createApp();

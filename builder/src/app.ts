@@ -7,7 +7,7 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { z } from "zod";
 import type { DiskLeases } from "./disk-leases.js";
-import { DiskOwnedElsewhere, DiskStore, InsufficientStorage } from "./disks.js";
+import { DiskFenced, DiskOwnedElsewhere, DiskStore, InsufficientStorage } from "./disks.js";
 import type { Admission, JobManager } from "./job-manager.js";
 import { streamLog } from "./logs.js";
 import type { ProcessAdmission, ProcessManager } from "./processes/manager.js";
@@ -34,6 +34,7 @@ const MAX_BODY_BYTES = 1024 * 1024;
 
 /** What the handler works with. */
 export interface BuilderServices {
+  /** The key requests must be signed with: the node's own, or BUILDER_SECRET for a builder that did not join. */
   secret: string;
   jobs: JobManager;
   disks: DiskStore;
@@ -112,6 +113,12 @@ function diskId(context: RouteContext): string | null {
 
 function routes({ jobs, disks, leases, processes }: BuilderServices): Route[] {
   const jobNotFound = (response: ServerResponse) => sendError(response, 404, "JOB_NOT_FOUND", "job not found");
+  /** Refuses (409 DISK_FENCED, true) a request naming another generation of a disk than the copy here. */
+  const fenced = async (response: ServerResponse, disk: { id: string; generation?: number | undefined } | undefined): Promise<boolean> => {
+    const problem = disk ? await disks.fenceProblem(disk.id, disk.generation) : null;
+    if (problem !== null) sendError(response, 409, "DISK_FENCED", problem);
+    return problem !== null;
+  };
   const processNotFound = (response: ServerResponse) => sendError(response, 404, "PROCESS_NOT_FOUND", "process not found");
   return [
     {
@@ -119,7 +126,7 @@ function routes({ jobs, disks, leases, processes }: BuilderServices): Route[] {
       pattern: /^\/v1\/jobs$/,
       async handle(context) {
         const spec = parseBody(JobSpec, context);
-        if (!spec) return;
+        if (!spec || (await fenced(context.response, spec.disk))) return;
         sendAdmission(context.response, await jobs.submit(spec));
       },
     },
@@ -193,9 +200,10 @@ function routes({ jobs, disks, leases, processes }: BuilderServices): Route[] {
         const spec = parseBody(DiskSpec, context);
         if (!spec) return;
         try {
-          const { info, created } = await disks.put(id, spec.sizeBytes, spec.tenant);
+          const { info, created } = await disks.put(id, spec.sizeBytes, spec.tenant, spec.generation);
           sendJson(context.response, created ? 201 : 200, info);
         } catch (error) {
+          if (error instanceof DiskFenced) return sendError(context.response, 409, "DISK_FENCED", error.message);
           if (error instanceof InsufficientStorage) return sendError(context.response, 507, "INSUFFICIENT_STORAGE", error.message);
           if (!(error instanceof DiskOwnedElsewhere)) throw error;
           sendError(context.response, 409, "DISK_BUSY", error.message);
@@ -226,11 +234,26 @@ function routes({ jobs, disks, leases, processes }: BuilderServices): Route[] {
       },
     },
     {
+      method: "GET",
+      pattern: /^\/v1\/quarantine$/,
+      async handle({ response }) {
+        sendJson(response, 200, { quarantined: await disks.quarantined() });
+      },
+    },
+    {
+      method: "DELETE",
+      pattern: /^\/v1\/quarantine\/([^/]+)$/,
+      async handle({ params, response }) {
+        if (await disks.removeQuarantined(params[0] ?? "")) response.writeHead(204).end();
+        else sendError(response, 404, "NOT_FOUND", "no quarantined copy of that name");
+      },
+    },
+    {
       method: "POST",
       pattern: /^\/v1\/snapshots$/,
       async handle(context) {
         const spec = parseBody(SnapshotSpec, context);
-        if (!spec) return;
+        if (!spec || (await fenced(context.response, { id: spec.diskId, generation: spec.generation }))) return;
         sendAdmission(context.response, await jobs.submitSnapshot(spec));
       },
     },
@@ -239,7 +262,7 @@ function routes({ jobs, disks, leases, processes }: BuilderServices): Route[] {
       pattern: /^\/v1\/restores$/,
       async handle(context) {
         const spec = parseBody(RestoreSpec, context);
-        if (!spec) return;
+        if (!spec || (await fenced(context.response, { id: spec.diskId, generation: spec.generation }))) return;
         sendAdmission(context.response, await jobs.submitRestore(spec));
       },
     },
@@ -248,7 +271,7 @@ function routes({ jobs, disks, leases, processes }: BuilderServices): Route[] {
       pattern: /^\/v1\/processes$/,
       async handle(context) {
         const spec = parseBody(ProcessSpec, context);
-        if (!spec) return;
+        if (!spec || (await fenced(context.response, spec.disk))) return;
         const problems = processSpecProblems(spec);
         if (problems.length > 0) return sendError(context.response, 400, "VALIDATION_ERROR", "body does not match the schema", problems);
         sendProcessAdmission(context.response, await processes.start(spec));

@@ -6,14 +6,14 @@
  * poll `GET /v1/jobs/:id`.
  */
 import { setTimeout as sleep } from "node:timers/promises";
-import { type JobStatus, type ProcessStatus, signRequest } from "./protocol.js";
+import { type JobStatus, type ProcessStatus, signRequest, type NodeCredentials } from "./protocol.js";
 
 /** Inputs of {@link deliverCallback}; the timings exist so tests and operators can tune them. */
 export interface CallbackOptions {
   url: string;
   /** A job's final (or start) status, or an app process's new one. */
   status: JobStatus | ProcessStatus;
-  secret: string;
+  credentials: NodeCredentials;
   attempts?: number;
   initialDelayMs?: number;
   maxDelayMs?: number;
@@ -35,7 +35,7 @@ export async function deliverCallback(options: CallbackOptions): Promise<boolean
     if (options.signal?.aborted) return false;
     try {
       // A fresh timestamp and nonce per attempt: the receiver may have seen the last one.
-      const headers = await signRequest({ secret: options.secret, method: "POST", path: url.pathname + url.search, body });
+      const headers = await signRequest({ secret: options.credentials.key, node: options.credentials.node, method: "POST", path: url.pathname + url.search, body });
       const timeout = AbortSignal.timeout(options.attemptTimeoutMs ?? 10_000);
       const response = await fetch(url, {
         method: "POST",

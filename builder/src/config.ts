@@ -7,8 +7,10 @@ import { z } from "zod";
 
 /** Validated settings the server runs with. */
 export interface BuilderConfig {
-  /** HMAC key shared with the Worker. */
-  secret: string;
+  /** HMAC key shared with the Worker (a builder that does not join); null when the node joins and gets its own. */
+  secret: string | null;
+  /** How the node joins a control plane (BUILDER_JOIN_TOKEN + BUILDER_CONTROL_URL); null for a builder holding BUILDER_SECRET. */
+  join: JoinConfig | null;
   host: string;
   /** 0 picks a free port. */
   port: number;
@@ -40,8 +42,27 @@ export interface BuilderConfig {
   pipFindLinks: string | null;
 }
 
+/** Joining a fleet (DESIGN §10): the token the operator gave, the Worker's URL, and how the Worker reaches this node. */
+export interface JoinConfig {
+  token: string;
+  controlUrl: string;
+  /** Where the Worker reaches this node; null: http://<BUILDER_HOST>:<the port it listens on>. */
+  advertiseUrl: string | null;
+  /** Unique among nodes; the host name and port by default. */
+  name: string | null;
+}
+
+const httpUrl = z.url({ protocol: /^https?$/, error: "must be an http(s) URL" });
+
 const EnvSchema = z.object({
-  BUILDER_SECRET: z.string().min(16, "must be at least 16 characters"),
+  BUILDER_SECRET: z.string().min(16, "must be at least 16 characters").optional(),
+  BUILDER_JOIN_TOKEN: z.string().min(16, "must be at least 16 characters").optional(),
+  BUILDER_CONTROL_URL: httpUrl.optional(),
+  BUILDER_ADVERTISE_URL: httpUrl.optional(),
+  BUILDER_NODE_NAME: z
+    .string()
+    .regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/, "letters, digits, '.', '_' and '-', at most 63")
+    .optional(),
   BUILDER_HOST: z.string().min(1).default("127.0.0.1"),
   BUILDER_PORT: z.coerce.number().int().min(0).max(65_535).default(8788),
   BUILDER_DATA_DIR: z.string().min(1).default(".svc/builder"),
@@ -50,9 +71,9 @@ const EnvSchema = z.object({
   BUILDER_TENANT_UID_BASE: z.coerce.number().int().min(1000).max(4_000_000_000).default(2_000_000),
   BUILDER_BUILD_SCRATCH_MB: z.coerce.number().int().min(64).max(1_048_576).default(4096),
   BUILDER_SHUTDOWN_GRACE_SECONDS: z.coerce.number().int().min(0).max(3600).default(20),
-  NPM_CONFIG_REGISTRY: z.url({ protocol: /^https?$/, error: "must be an http(s) URL" }).optional(),
+  NPM_CONFIG_REGISTRY: httpUrl.optional(),
   BUILDER_HOST_RESERVE_MB: z.coerce.number().int().min(0).max(1_073_741_824).optional(),
-  BUILDER_PIP_INDEX_URL: z.url({ protocol: /^https?$/, error: "must be an http(s) URL" }).optional(),
+  BUILDER_PIP_INDEX_URL: httpUrl.optional(),
   BUILDER_PIP_FIND_LINKS: z.string().min(1).optional(),
 });
 
@@ -66,10 +87,29 @@ export function loadConfig(
     return { ok: false, problems: parsed.error.issues.map((issue) => `${issue.path.join(".")}: ${issue.message}`) };
   }
   const values = parsed.data;
+  const joins = values.BUILDER_JOIN_TOKEN !== undefined || values.BUILDER_CONTROL_URL !== undefined;
+  if (joins && (values.BUILDER_JOIN_TOKEN === undefined || values.BUILDER_CONTROL_URL === undefined)) {
+    return { ok: false, problems: ["BUILDER_JOIN_TOKEN and BUILDER_CONTROL_URL: a node that joins needs both"] };
+  }
+  if (joins === (values.BUILDER_SECRET !== undefined)) {
+    return {
+      ok: false,
+      problems: ["BUILDER_SECRET or BUILDER_JOIN_TOKEN: set exactly one (join a control plane with a token, or share its secret as a lone builder)"],
+    };
+  }
   return {
     ok: true,
     config: {
-      secret: values.BUILDER_SECRET,
+      secret: values.BUILDER_SECRET ?? null,
+      join:
+        values.BUILDER_JOIN_TOKEN !== undefined && values.BUILDER_CONTROL_URL !== undefined
+          ? {
+              token: values.BUILDER_JOIN_TOKEN,
+              controlUrl: values.BUILDER_CONTROL_URL,
+              advertiseUrl: values.BUILDER_ADVERTISE_URL ?? null,
+              name: values.BUILDER_NODE_NAME ?? null,
+            }
+          : null,
       host: values.BUILDER_HOST,
       port: values.BUILDER_PORT,
       dataDir: resolve(cwd, values.BUILDER_DATA_DIR),

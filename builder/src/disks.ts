@@ -30,7 +30,7 @@ import { chown, lstat, mkdir, opendir, readFile, readdir, rename, rm, stat, stat
 import { join } from "node:path";
 import { promisify } from "node:util";
 import { FsImages, IMAGE_DATA_DIR, RESERVE_FILE, imageLayout, isMountPoint } from "./fs-image.js";
-import { DISK_ID_PATTERN, type DiskInfo, diskInodeLimit } from "./protocol.js";
+import { DISK_ID_PATTERN, type DiskInfo, diskInodeLimit, type HeldDisk, type QuarantinedDisk } from "./protocol.js";
 import { type JobUser, formatBytes } from "./sandbox.js";
 import type { TenantUsers } from "./tenants.js";
 
@@ -41,6 +41,8 @@ interface DiskMeta {
   createdAt: string;
   /** The account owning the disk; null for disks made before tenants existed. */
   tenant: string | null;
+  /** The control plane's generation of the disk this copy was made at (1 for disks made before fencing). */
+  generation: number;
 }
 
 async function exists(path: string): Promise<boolean> {
@@ -55,6 +57,9 @@ export class DiskOwnedElsewhere extends Error {}
 
 /** The host cannot hold the disk, the larger quota or the restore's staging copy asked for (HTTP 507). */
 export class InsufficientStorage extends Error {}
+
+/** The request names another generation of the disk than this copy (HTTP 409 DISK_FENCED). */
+export class DiskFenced extends Error {}
 
 /** What a disk holds, and the most files, directories and links it may hold. */
 export interface DiskUsage {
@@ -129,6 +134,12 @@ export async function measureTree(root: string): Promise<{ usedBytes: number; us
   return { usedBytes: Math.round(bytes), usedInodes: Math.round(inodes) };
 }
 
+function fenceMessage(id: string, held: number, asked: number): string {
+  return held < asked
+    ? `disk ${id}: this node's copy is generation ${held}, the disk's record is at ${asked}; the stale copy is set aside and never used again`
+    : `disk ${id}: the request names generation ${asked}, older than this node's copy (${held}); refused`;
+}
+
 /** Share of the data dir's filesystem kept free of disks when no reserve is configured. */
 const DEFAULT_HOST_RESERVE_SHARE = 0.1;
 
@@ -193,8 +204,8 @@ export class DiskStore {
    * data is kept. A disk owned by another tenant is refused (DiskOwnedElsewhere),
    * a disk or growth the host cannot hold too (InsufficientStorage).
    */
-  async put(id: string, sizeBytes: number, tenant: string): Promise<{ info: DiskInfo; created: boolean }> {
-    const created = await this.ensure(id, sizeBytes, tenant);
+  async put(id: string, sizeBytes: number, tenant: string, generation?: number): Promise<{ info: DiskInfo; created: boolean }> {
+    const created = await this.ensure(id, sizeBytes, tenant, generation);
     return { info: await this.#describe(id, sizeBytes), created };
   }
 
@@ -209,10 +220,17 @@ export class DiskStore {
   }
 
   /** {@link put} without measuring usage (what a job start needs); true when the disk was created. */
-  async ensure(id: string, sizeBytes: number, tenant: string): Promise<boolean> {
+  async ensure(id: string, sizeBytes: number, tenant: string, generation?: number): Promise<boolean> {
     this.#assertId(id);
     return this.#locked(id, async () => {
-      const existing = await this.#readMeta(id);
+      let existing = await this.#readMeta(id);
+      if (existing && generation !== undefined && existing.generation !== generation) {
+        // The disk is placed here again at a newer generation (restored onto this node after it
+        // was lost): the old copy is set aside, never mixed with the new one.
+        if (existing.generation > generation) throw new DiskFenced(fenceMessage(id, existing.generation, generation));
+        await this.#quarantine(id, existing);
+        existing = null;
+      }
       if (existing?.tenant && existing.tenant !== tenant) throw new DiskOwnedElsewhere(`disk ${id} belongs to another tenant`);
       if (existing && existing.sizeBytes === sizeBytes && existing.tenant === tenant) return false;
       const dir = this.#diskDir(id);
@@ -230,12 +248,95 @@ export class DiskStore {
         await FsImages.resize(join(dir, "disk.img"), join(dir, "mnt"), existing.sizeBytes, sizeBytes);
       }
       if (existing && existing.tenant === null) await chown(this.dataPath(id), owner.uid, owner.gid);
-      const meta: DiskMeta = { sizeBytes, createdAt: existing?.createdAt ?? new Date().toISOString(), tenant };
+      const meta: DiskMeta = {
+        sizeBytes,
+        createdAt: existing?.createdAt ?? new Date().toISOString(),
+        tenant,
+        generation: existing?.generation ?? generation ?? 1,
+      };
       const temporary = join(dir, "disk.json.tmp");
       await writeFile(temporary, JSON.stringify(meta), { mode: 0o600 });
       await rename(temporary, join(dir, "disk.json"));
       return !existing;
     });
+  }
+
+  /**
+   * Why a request naming `generation` of the disk must not touch this copy, or
+   * null when it may (or names none, or the disk is not here: the job's own
+   * checks say so). A newer generation means this copy is stale: it is set
+   * aside at once.
+   */
+  async fenceProblem(id: string, generation: number | undefined): Promise<string | null> {
+    if (generation === undefined || !DiskStore.isValidId(id)) return null;
+    return this.#locked(id, async () => {
+      const meta = await this.#readMeta(id);
+      if (!meta || meta.generation === generation) return null;
+      if (meta.generation < generation) await this.#quarantine(id, meta);
+      return fenceMessage(id, meta.generation, generation);
+    });
+  }
+
+  /** Every disk this node holds, with its generation (what heartbeats report). */
+  async held(): Promise<HeldDisk[]> {
+    const held: HeldDisk[] = [];
+    for (const id of await readdir(this.#root).catch(() => [] as string[])) {
+      if (!DiskStore.isValidId(id)) continue;
+      const meta = await this.#readMeta(id);
+      if (meta) held.push({ id, generation: meta.generation });
+    }
+    return held;
+  }
+
+  /** Sets the disk's copy aside (the control plane holds its record elsewhere); false when it is not here. */
+  async fence(id: string): Promise<boolean> {
+    this.#assertId(id);
+    return this.#locked(id, async () => {
+      const meta = await this.#readMeta(id);
+      if (!meta) return false;
+      await this.#quarantine(id, meta);
+      return true;
+    });
+  }
+
+  /** Stale copies set aside, oldest first: never served, written or snapshotted, removed only by the operator. */
+  async quarantined(): Promise<QuarantinedDisk[]> {
+    const found: QuarantinedDisk[] = [];
+    for (const name of await readdir(this.#quarantineRoot()).catch(() => [] as string[])) {
+      try {
+        const record = JSON.parse(await readFile(join(this.#quarantineRoot(), name, "quarantine.json"), "utf8")) as QuarantinedDisk;
+        found.push({ ...record, name });
+      } catch {
+        // a set-aside copy still being moved, or not ours
+      }
+    }
+    return found.sort((a, b) => a.quarantinedAt.localeCompare(b.quarantinedAt));
+  }
+
+  /** Deletes a quarantined copy (the operator's decision); false when there is none of that name. */
+  async removeQuarantined(name: string): Promise<boolean> {
+    if (!/^[A-Za-z0-9_.-]{1,128}$/.test(name) || name.startsWith(".")) return false;
+    const dir = join(this.#quarantineRoot(), name);
+    if (!(await exists(join(dir, "quarantine.json")))) return false;
+    await this.#unmountAll(dir);
+    await rm(dir, { recursive: true, force: true });
+    return true;
+  }
+
+  #quarantineRoot(): string {
+    return join(this.#root, ".quarantine");
+  }
+
+  /** Unmounts the copy and moves it under `.quarantine/`, recording what it was. Caller holds the disk's lock. */
+  async #quarantine(id: string, meta: DiskMeta): Promise<void> {
+    const quarantinedAt = new Date().toISOString();
+    const name = `${id}-g${meta.generation}-${quarantinedAt.replace(/[:.]/g, "")}`;
+    await mkdir(this.#quarantineRoot(), { recursive: true, mode: 0o700 });
+    await this.#unmountAll(this.#diskDir(id));
+    await rename(this.#diskDir(id), join(this.#quarantineRoot(), name));
+    const record: Omit<QuarantinedDisk, "name"> = { diskId: id, generation: meta.generation, quarantinedAt };
+    await writeFile(join(this.#quarantineRoot(), name, "quarantine.json"), JSON.stringify(record), { mode: 0o600 });
+    console.error(`builder: disk ${id} (generation ${meta.generation}) is no longer the copy of record; set aside as ${name}`);
   }
 
   /** The disk's quota without measuring its usage; null when the disk does not exist. */
@@ -426,7 +527,12 @@ export class DiskStore {
     try {
       const meta = JSON.parse(await readFile(join(this.#diskDir(id), "disk.json"), "utf8")) as Partial<DiskMeta>;
       if (typeof meta.sizeBytes !== "number" || typeof meta.createdAt !== "string") return null;
-      return { sizeBytes: meta.sizeBytes, createdAt: meta.createdAt, tenant: typeof meta.tenant === "string" ? meta.tenant : null };
+      return {
+        sizeBytes: meta.sizeBytes,
+        createdAt: meta.createdAt,
+        tenant: typeof meta.tenant === "string" ? meta.tenant : null,
+        generation: typeof meta.generation === "number" && meta.generation > 0 ? meta.generation : 1,
+      };
     } catch {
       return null;
     }

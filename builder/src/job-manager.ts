@@ -16,7 +16,7 @@ import { restoreJob } from "./jobs/restore.js";
 import { runJob } from "./jobs/run.js";
 import { snapshotJob } from "./jobs/snapshot.js";
 import type { LogSource } from "./logs.js";
-import { type BuildSpec, type JobResult, type JobSpec, JobStatus, type RestoreSpec, type SnapshotSpec } from "./protocol.js";
+import { type BuildSpec, type JobResult, type JobSpec, JobStatus, type RestoreSpec, type SnapshotSpec, type NodeCredentials } from "./protocol.js";
 import type { SandboxHost } from "./sandbox-host.js";
 import { JobLog, type SandboxOutcome } from "./sandbox.js";
 import type { TenantUsers } from "./tenants.js";
@@ -109,7 +109,7 @@ export interface JobManagerOptions {
   maxConcurrent: number;
   /** Jobs one tenant runs at once when its submission names no limit. */
   tenantConcurrency: number;
-  secret: string;
+  credentials: NodeCredentials;
   disks: DiskStore;
   /** Disk use shared with the app processes: a restore waits for neither, it is refused while either holds the disk. */
   leases: DiskLeases;
@@ -178,6 +178,13 @@ export class JobManager {
     return manager;
   }
 
+  /** Jobs running or waiting for a slot now (what heartbeats report as the node's load). */
+  get load(): number {
+    let queued = 0;
+    for (const share of this.#shares.values()) queued += share.queue.length;
+    return this.#running + queued;
+  }
+
   /**
    * Accepts a run job: it starts at once, or queues while the builder is at its
    * limit; refused once shutting down, or while its disk is being restored.
@@ -197,7 +204,7 @@ export class JobManager {
 
   /** Accepts a static-site build (jobs/build.ts), queued and refused like a run; it uses no disk. */
   submitBuild(spec: BuildSpec): Promise<Admission> {
-    const { host, tenants, secret, npmRegistry, buildScratchBytes, pip = NO_PIP_SOURCES } = this.#options;
+    const { host, tenants, credentials, npmRegistry, buildScratchBytes, pip = NO_PIP_SOURCES } = this.#options;
     return this.#admit({
       key: spec.key,
       labels: spec.labels,
@@ -206,7 +213,7 @@ export class JobManager {
       ...fairShareOf(spec),
       disk: null,
       execute: async (context) =>
-        runBuild({ ...context, spec, host, user: await tenants.userOf(spec.tenant), scratchBytes: buildScratchBytes, secret, npmRegistry, pip }),
+        runBuild({ ...context, spec, host, user: await tenants.userOf(spec.tenant), scratchBytes: buildScratchBytes, credentials, npmRegistry, pip }),
     });
   }
 
@@ -215,7 +222,7 @@ export class JobManager {
    * and other snapshots may share it; deleting or restoring the disk may not.
    */
   async submitSnapshot(spec: SnapshotSpec): Promise<Admission> {
-    const { disks, secret } = this.#options;
+    const { disks, credentials } = this.#options;
     return this.#admit({
       key: spec.key,
       labels: spec.labels,
@@ -223,7 +230,7 @@ export class JobManager {
       tenant: spec.tenant ?? (await disks.tenantOf(spec.diskId)) ?? UNKNOWN_TENANT,
       ...fairShareOf(spec),
       disk: { id: spec.diskId, exclusive: false },
-      execute: (context) => snapshotJob({ ...context, spec, disks, secret }),
+      execute: (context) => snapshotJob({ ...context, spec, disks, credentials }),
     });
   }
 
@@ -538,7 +545,7 @@ export class JobManager {
     const delivery = deliverCallback({
       url: entry.callbackUrl,
       status: this.#snapshot(entry),
-      secret: this.#options.secret,
+      credentials: this.#options.credentials,
       signal: this.#stopCallbacks.signal,
     });
     this.#deliveries.add(delivery);

@@ -18,6 +18,12 @@
  *   exactly as sent (`/v1/jobs/job_x/logs?offset=0`), and body is the raw request
  *   body (empty string when there is none).
  *
+ * Nodes (DESIGN §10) sign with a key of their own, `nodeKey(BUILDER_SECRET, id)`,
+ * which the Worker derives and the node receives when it joins; a node's
+ * requests to the Worker name it in `X-Svc-Node`. A request signed for one
+ * node is refused by every other. A builder started with `BUILDER_SECRET`
+ * itself (no join) signs and verifies with that secret.
+ *
  * A receiver rejects a request whose timestamp is more than
  * {@link SIGNATURE_WINDOW_SECONDS} away from its clock, and a nonce it has
  * already accepted inside that window ({@link NonceCache}).
@@ -47,6 +53,8 @@ export const HEADER_TIMESTAMP = "X-Svc-Timestamp";
 export const HEADER_NONCE = "X-Svc-Nonce";
 /** Header carrying the hex HMAC-SHA256 signature. */
 export const HEADER_SIGNATURE = "X-Svc-Signature";
+/** Header naming the node that signed a request to the Worker (its key is derived from the node's id, {@link nodeKey}). */
+export const HEADER_NODE = "X-Svc-Node";
 /** How far a request's timestamp may be from the receiver's clock, either way. */
 export const SIGNATURE_WINDOW_SECONDS = 300;
 
@@ -89,18 +97,18 @@ function toBytes(body: string | Uint8Array | undefined): Uint8Array {
 
 type HmacKey = Awaited<ReturnType<typeof crypto.subtle.importKey>>;
 
-let cachedKey: { secret: string; key: Promise<HmacKey> } | undefined;
+/** Imported keys by secret: importing costs more than the MAC itself. A Worker talks to a handful of nodes, each with its own key. */
+const importedKeys = new Map<string, Promise<HmacKey>>();
+const MAX_IMPORTED_KEYS = 256;
 
-/** Importing an HMAC key costs more than the MAC itself; callers use one secret. */
 function hmacKey(secret: string): Promise<HmacKey> {
-  if (cachedKey?.secret !== secret) {
-    const key = crypto.subtle.importKey("raw", encoder.encode(secret), { name: "HMAC", hash: "SHA-256" }, false, [
-      "sign",
-      "verify",
-    ]);
-    cachedKey = { secret, key };
+  let key = importedKeys.get(secret);
+  if (!key) {
+    key = crypto.subtle.importKey("raw", encoder.encode(secret), { name: "HMAC", hash: "SHA-256" }, false, ["sign", "verify"]);
+    if (importedKeys.size >= MAX_IMPORTED_KEYS) importedKeys.delete(importedKeys.keys().next().value as string);
+    importedKeys.set(secret, key);
   }
-  return cachedKey.key;
+  return key;
 }
 
 async function canonicalString(
@@ -117,6 +125,8 @@ async function canonicalString(
 /** What {@link signRequest} needs; `timestamp` and `nonce` exist for tests. */
 export interface SignRequestInput {
   secret: string;
+  /** The signing node's id, sent as {@link HEADER_NODE} so the receiver knows whose key to check (absent: the shared BUILDER_SECRET). */
+  node?: string | null;
   method: string;
   /** Pathname plus search, exactly as it will be sent. */
   path: string;
@@ -136,7 +146,9 @@ export async function signRequest(input: SignRequestInput): Promise<Record<strin
   const nonce = input.nonce ?? toHex(crypto.getRandomValues(new Uint8Array(16)).buffer);
   const data = await canonicalString(input.method, input.path, timestamp, nonce, input.body);
   const signature = toHex(await crypto.subtle.sign("HMAC", await hmacKey(input.secret), data));
-  return { [HEADER_TIMESTAMP]: timestamp, [HEADER_NONCE]: nonce, [HEADER_SIGNATURE]: signature };
+  const headers: Record<string, string> = { [HEADER_TIMESTAMP]: timestamp, [HEADER_NONCE]: nonce, [HEADER_SIGNATURE]: signature };
+  if (input.node) headers[HEADER_NODE] = input.node;
+  return headers;
 }
 
 /** What {@link verifyRequest} needs; `headers` matches both `Headers` and small adapters. */
@@ -278,6 +290,14 @@ export function mountPathProblem(mountPath: string): string | null {
   return taken ? `${taken} belongs to the job's sandbox; choose another path, e.g. /data` : null;
 }
 
+/**
+ * Fencing: the disk's generation in the control plane's record, bumped each time
+ * its copy of record moves to another node. A node holding an older one refuses
+ * the request (`DISK_FENCED`) and never uses that copy again; absent from a
+ * control plane that predates nodes.
+ */
+const diskGeneration = z.int().positive().optional();
+
 /** A job to run: what the Worker posts to `POST /v1/jobs`. */
 export const JobSpec = z.object({
   key: key.optional(),
@@ -306,6 +326,7 @@ export const JobSpec = z.object({
           if (problem) context.addIssue({ code: "custom", message: problem });
         }),
       sizeBytes: z.int().positive(),
+      generation: diskGeneration,
     })
     .optional(),
   timeoutSeconds: z.int().min(1).max(43_200),
@@ -374,7 +395,7 @@ export const JobStatus = z.object({
 export type JobStatus = z.infer<typeof JobStatus>;
 
 /** Body of `PUT /v1/disks/:id`: creates the disk for a tenant or changes its quota. */
-export const DiskSpec = z.object({ sizeBytes: z.int().positive(), tenant });
+export const DiskSpec = z.object({ sizeBytes: z.int().positive(), tenant, generation: diskGeneration });
 export type DiskSpec = z.infer<typeof DiskSpec>;
 
 /**
@@ -408,6 +429,9 @@ export function diskInodeLimit(sizeBytes: number): number {
   return Math.max(1, Math.min(Math.ceil(sizeBytes / DISK_BYTES_PER_INODE), BACKUP_MAX_ENTRIES - 1));
 }
 
+/** What a node signs its requests to the Worker with: its key, and its id once it joined (null: a builder holding BUILDER_SECRET itself). */
+export type NodeCredentials = { key: string; node: string | null };
+
 /** Every error code the builder answers with. */
 export const BuilderErrorCode = z.enum([
   "UNAUTHORIZED",
@@ -418,6 +442,8 @@ export const BuilderErrorCode = z.enum([
   "PROCESS_NOT_FOUND",
   "DISK_NOT_FOUND",
   "DISK_BUSY",
+  /** 409: the request names a newer generation of the disk than this node holds (its copy is stale, fenced off), or an older one. */
+  "DISK_FENCED",
   "TENANT_QUEUE_FULL",
   /** 507: the builder's host cannot hold the disk (or the larger quota) asked for. */
   "INSUFFICIENT_STORAGE",
@@ -507,6 +533,7 @@ const sha256Hex = z.string().regex(/^[0-9a-f]{64}$/, "must be 64 lowercase hex c
 export const SnapshotSpec = z.object({
   key: key.optional(),
   diskId: z.string().regex(DISK_ID_PATTERN),
+  generation: diskGeneration,
   /** Every part but the last has exactly this size. */
   partSizeBytes: z.int().min(SNAPSHOT_MIN_PART_BYTES).max(SNAPSHOT_MAX_PART_BYTES),
   /** Signed `POST` here with a {@link PartUrlRequest} returns a {@link PartUrlResponse}. */
@@ -553,6 +580,7 @@ export type SnapshotResult = z.infer<typeof SnapshotResult>;
 export const RestoreSpec = z.object({
   key: key.optional(),
   diskId: z.string().regex(DISK_ID_PATTERN),
+  generation: diskGeneration,
   /** Presigned GET URL of the `.tar.gz`. */
   archiveUrl: httpUrl,
   /** The download must be exactly this long. */
@@ -1013,3 +1041,82 @@ export async function verifyProxy(
 /** Every kind of job result, told apart by `kind`. */
 export const JobResult = z.discriminatedUnion("kind", [SnapshotResult, RestoreResult, BuildResult, ReleaseResult]);
 export type JobResult = z.infer<typeof JobResult>;
+
+// The fleet
+// ---------
+// A node joins with `POST /v1/nodes/join` on the Worker (`Authorization:
+// Bearer <join token>`, a {@link NodeJoin}) and gets its id and key
+// ({@link NodeJoined}); it keeps both in its data directory and joins again
+// with its id after a restart. It then heartbeats `POST /internal/nodes/heartbeat`
+// (signed with its key, {@link HEADER_NODE} = its id, a {@link NodeHeartbeat}) every
+// `heartbeatSeconds`; the answer ({@link NodeHeartbeatReply}) names the disks
+// it holds whose copy of record is elsewhere: it quarantines them.
+
+/** Node ids are chosen by the control plane; a node signs with `nodeKey(secret, id)`. */
+export const NODE_ID_PATTERN = /^node_[A-Za-z0-9]{8,40}$/;
+
+/** A node's signing key: HMAC-SHA256(BUILDER_SECRET, `node\n<id>`) as hex. Only the Worker can derive it. */
+export async function nodeKey(secret: string, nodeId: string): Promise<string> {
+  return toHex(await crypto.subtle.sign("HMAC", await hmacKey(secret), encoder.encode(`node\n${nodeId}`)));
+}
+
+/** What a node measures of itself, at join and in every heartbeat. */
+export const NodeCapacity = z.object({
+  cores: z.int().min(1).max(4096),
+  memoryMb: z.int().min(1),
+  /** The data directory's filesystem. */
+  diskTotalBytes: z.int().nonnegative(),
+  diskFreeBytes: z.int().nonnegative(),
+  /** Jobs running or queued, and app processes, on the node now. */
+  runningJobs: z.int().nonnegative(),
+  processes: z.int().nonnegative(),
+});
+export type NodeCapacity = z.infer<typeof NodeCapacity>;
+
+/** A disk copy a node holds, with the generation it was made at. */
+export const HeldDisk = z.object({ id: z.string().regex(DISK_ID_PATTERN), generation: z.int().positive() });
+export type HeldDisk = z.infer<typeof HeldDisk>;
+
+/** A stale copy a node set aside (never served, written or snapshotted again). */
+export const QuarantinedDisk = z.object({
+  /** Its folder under the node's `quarantine/`. */
+  name: z.string().regex(/^[A-Za-z0-9_.-]{1,128}$/),
+  diskId: z.string().regex(DISK_ID_PATTERN),
+  generation: z.int().positive(),
+  quarantinedAt: z.iso.datetime(),
+});
+export type QuarantinedDisk = z.infer<typeof QuarantinedDisk>;
+
+export const NodeJoin = z.object({
+  /** Set when the node joined before (kept in its data directory). */
+  nodeId: z.string().regex(NODE_ID_PATTERN).optional(),
+  /** Unique among nodes; the host name by default. */
+  name: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/, "letters, digits, '.', '_' and '-', at most 63"),
+  /** Where the Worker reaches the node. */
+  address: httpUrl,
+  /** The node's process id on its host (shown to the operator). */
+  pid: z.int().positive().optional(),
+  capacity: NodeCapacity,
+  disks: z.array(HeldDisk).max(100_000),
+});
+export type NodeJoin = z.infer<typeof NodeJoin>;
+
+export const NodeJoined = z.object({
+  nodeId: z.string().regex(NODE_ID_PATTERN),
+  key: z.string().regex(/^[0-9a-f]{64}$/),
+  heartbeatSeconds: z.int().positive(),
+});
+export type NodeJoined = z.infer<typeof NodeJoined>;
+
+export const NodeHeartbeat = z.object({
+  capacity: NodeCapacity,
+  disks: z.array(HeldDisk).max(100_000),
+  quarantined: z.array(QuarantinedDisk).max(100_000),
+});
+export type NodeHeartbeat = z.infer<typeof NodeHeartbeat>;
+
+export const NodeHeartbeatReply = z.object({
+  /** Disks whose copy on this node is no longer the copy of record: set them aside now. */
+  fence: z.array(z.string().regex(DISK_ID_PATTERN)),
+});
+export type NodeHeartbeatReply = z.infer<typeof NodeHeartbeatReply>;

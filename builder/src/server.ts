@@ -2,12 +2,12 @@
  * Entry point of the builder: reads its configuration from the environment,
  * finds out what the host offers the sandbox (printing one line per
  * mechanism), starts the HTTP API, and on SIGTERM/SIGINT ends every job before
- * exiting so no user process outlives it. Prints `builder listening on
- * http://host:port` (with the real port when BUILDER_PORT=0) once it accepts
- * requests.
+ * exiting so no user process outlives it. A node of a fleet joins its control
+ * plane first (membership.ts). Prints `builder listening on http://host:port`
+ * (with the real port when BUILDER_PORT=0) once it accepts requests.
  */
 import { chmod, mkdir, stat } from "node:fs/promises";
-import { createServer } from "node:http";
+import { createServer, type RequestListener } from "node:http";
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import { createRequestHandler } from "./app.js";
@@ -17,7 +17,8 @@ import { DiskStore } from "./disks.js";
 import { JobManager } from "./job-manager.js";
 import { ProcessManager } from "./processes/manager.js";
 import { AppProxy } from "./processes/proxy.js";
-import { NonceCache } from "./protocol.js";
+import { heartbeat, joinFleet } from "./membership.js";
+import { type NodeCredentials, NonceCache } from "./protocol.js";
 import { SandboxHost } from "./sandbox-host.js";
 import { TenantUsers } from "./tenants.js";
 
@@ -27,8 +28,9 @@ if (!loaded.ok) {
   process.exit(1);
 }
 const { config } = loaded;
-// Job environments are built from scratch, but keep the secret out of reach of anything inheriting ours.
+// Job environments are built from scratch, but keep the secrets out of reach of anything inheriting ours.
 delete process.env.BUILDER_SECRET;
+delete process.env.BUILDER_JOIN_TOKEN;
 
 // A stricter inherited umask would strip the x bits job users need on the 0711 directories.
 process.umask(0o022);
@@ -49,11 +51,41 @@ const host = await SandboxHost.open({
 host.network?.fill(config.maxConcurrentJobs);
 const disks = await DiskStore.open(join(config.dataDir, "disks"), tenants, host.images, { hostReserveBytes: config.hostReserveBytes });
 const leases = new DiskLeases();
+
+// Listening comes first (a node joining must say where it is reached, and BUILDER_PORT=0 picks the
+// port); until everything below is ready every request but /healthz is answered 503.
+let handler: RequestListener = (request, response) => {
+  const ready = request.url === "/healthz";
+  response.writeHead(ready ? 200 : 503, { "Content-Type": "application/json" });
+  response.end(JSON.stringify(ready ? { ok: true, starting: true } : { error: { code: "UNAVAILABLE", message: "the builder is starting" } }));
+};
+const server = createServer((request, response) => handler(request, response));
+await new Promise<void>((resolve) => server.listen(config.port, config.host, resolve));
+const address = server.address() as AddressInfo;
+const listening = `http://${address.family === "IPv6" ? `[${address.address}]` : address.address}:${address.port}`;
+
+const membership = new AbortController();
+let credentials: NodeCredentials;
+let heartbeatMs = 0;
+if (config.join) {
+  try {
+    const joined = await joinFleet({ join: config.join, dataDir: config.dataDir, listening, disks, signal: membership.signal });
+    credentials = joined.credentials;
+    heartbeatMs = joined.heartbeatMs;
+    console.log(`builder node: joined ${config.join.controlUrl} as ${joined.name} (${joined.credentials.node}), heartbeat every ${heartbeatMs / 1000} s`);
+  } catch (error) {
+    console.error(`builder: ${error instanceof Error ? error.message : String(error)}`);
+    process.exit(1);
+  }
+} else {
+  credentials = { key: config.secret ?? "", node: null };
+}
+
 const jobs = await JobManager.open({
   dataDir: config.dataDir,
   maxConcurrent: config.maxConcurrentJobs,
   tenantConcurrency: config.tenantConcurrency,
-  secret: config.secret,
+  credentials,
   disks,
   leases,
   host,
@@ -63,17 +95,29 @@ const jobs = await JobManager.open({
   pip: { indexUrl: config.pipIndexUrl, findLinks: config.pipFindLinks },
 });
 
-const processes = await ProcessManager.open({ dataDir: config.dataDir, secret: config.secret, host, tenants, disks, leases });
-const proxy = new AppProxy({ secret: config.secret, lookup: (id) => processes.lookup(id) });
+const processes = await ProcessManager.open({ dataDir: config.dataDir, credentials, host, tenants, disks, leases });
+const proxy = new AppProxy({ secret: credentials.key, lookup: (id) => processes.lookup(id) });
 
-const server = createServer(createRequestHandler({ secret: config.secret, jobs, disks, nonces: new NonceCache(), leases, processes, proxy }));
+handler = createRequestHandler({ secret: credentials.key, jobs, disks, nonces: new NonceCache(), leases, processes, proxy });
 // WebSockets (and any other upgrade) of the apps' traffic; every other path is refused there.
 server.on("upgrade", (request, socket, head) => proxy.upgrade(request, socket, head));
+if (config.join) {
+  void heartbeat({
+    controlUrl: config.join.controlUrl,
+    credentials,
+    intervalMs: heartbeatMs,
+    dataDir: config.dataDir,
+    disks,
+    load: { jobs: () => jobs.load, processes: () => processes.live },
+    signal: membership.signal,
+  });
+}
 
 let stopping = false;
 async function stop(): Promise<void> {
   if (stopping) return;
   stopping = true;
+  membership.abort();
   server.close();
   // App processes end with the builder (their sandboxes die with it anyway): stopped cleanly, reported.
   await Promise.all([jobs.shutdown(config.shutdownGraceMs), processes.shutdown()]);
@@ -85,19 +129,15 @@ async function stop(): Promise<void> {
 process.on("SIGTERM", () => void stop());
 process.on("SIGINT", () => void stop());
 
-server.listen(config.port, config.host, () => {
-  const address = server.address() as AddressInfo;
-  const where = address.family === "IPv6" ? `[${address.address}]` : address.address;
-  for (const line of host.summary) console.log(`builder ${line}`);
-  console.log(
-    `builder users: ${tenants.separateUsers ? `one unprivileged uid per account, from ${config.tenantUidBase}` : `jobs run as the builder's own uid ${process.getuid?.()} (per-account uids need root)`}`,
-  );
-  console.log(
-    `builder slots: ${config.maxConcurrentJobs} jobs at once; per account the plan's limit the Worker sends (${config.tenantConcurrency} when it sends none), never all slots when there are several`,
-  );
-  const pip = [config.pipIndexUrl && `index ${config.pipIndexUrl}`, config.pipFindLinks && `wheels in ${config.pipFindLinks}`].filter(Boolean);
-  console.log(
-    `builder python packages: ${pip.length > 0 ? pip.join(", ") : "none (python apps with requirements fail until BUILDER_PIP_INDEX_URL or BUILDER_PIP_FIND_LINKS is set)"}`,
-  );
-  console.log(`builder listening on http://${where}:${address.port}`);
-});
+for (const line of host.summary) console.log(`builder ${line}`);
+console.log(
+  `builder users: ${tenants.separateUsers ? `one unprivileged uid per account, from ${config.tenantUidBase}` : `jobs run as the builder's own uid ${process.getuid?.()} (per-account uids need root)`}`,
+);
+console.log(
+  `builder slots: ${config.maxConcurrentJobs} jobs at once; per account the plan's limit the Worker sends (${config.tenantConcurrency} when it sends none), never all slots when there are several`,
+);
+const pip = [config.pipIndexUrl && `index ${config.pipIndexUrl}`, config.pipFindLinks && `wheels in ${config.pipFindLinks}`].filter(Boolean);
+console.log(
+  `builder python packages: ${pip.length > 0 ? pip.join(", ") : "none (python apps with requirements fail until BUILDER_PIP_INDEX_URL or BUILDER_PIP_FIND_LINKS is set)"}`,
+);
+console.log(`builder listening on ${listening}`);

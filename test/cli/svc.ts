@@ -79,6 +79,7 @@ export async function startStack(): Promise<LocalStack & { stateDir: string }> {
     stateDir: shared.stateDir,
     adminKey: apiKey.key,
     builderPid: () => shared.builderPid,
+    nodes: shared.nodes.map((node) => ({ ...node, pid: () => node.pid, stop: own("stop a node") })),
     wranglerPid: () => shared.wranglerPid,
     restartApi: own("restart its API"),
     stop: async () => {},

@@ -12,6 +12,7 @@ export type SharedStack = {
   stateDir: string;
   wranglerPid: number;
   builderPid: number;
+  nodes: { name: string; id: string; url: string; dataDir: string; pid: number }[];
 };
 
 declare module "vitest" {
@@ -44,6 +45,7 @@ export default async function setup(project: TestProject): Promise<() => Promise
     stateDir,
     wranglerPid: stack.wranglerPid(),
     builderPid: stack.builderPid(),
+    nodes: stack.nodes.map(({ name, id, url, dataDir, pid }) => ({ name, id, url, dataDir, pid: pid() })),
   });
   return async () => {
     await stack.stop();

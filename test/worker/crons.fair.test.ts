@@ -3,7 +3,7 @@ import { env } from "cloudflare:workers";
 import { afterEach, describe, expect, it } from "vitest";
 import { type JobStatus, signRequest } from "../../builder/src/protocol";
 import { configOf } from "../../worker/env";
-import { findJob } from "../../worker/lib/builder-client";
+import { findJob, LONE_BUILDER_ID } from "../../worker/lib/builder-client";
 import { PLAN_LIMITS } from "../../worker/lib/plans";
 import { deliverAlarm, newApp, newCron, runs, stubOf, waitForRun } from "./cron-helpers";
 import { call, type ErrorJson, json, newAccount } from "./helpers";
@@ -39,7 +39,7 @@ async function runOf(key: string, cronId: string, jobName: string): Promise<Run>
 
 /** What the builder itself says of the run (found by the run's submission key). */
 async function builderState(cronId: string, jobName: string) {
-  const found = await findJob(configOf(env), `${cronId}/${jobName}`);
+  const found = await findJob(configOf(env), { id: LONE_BUILDER_ID, address: env.BUILDER_URL! }, `${cronId}/${jobName}`);
   if (!found.ok) throw new Error(`builder has no job for ${jobName}: ${found.message}`);
   return found.value;
 }

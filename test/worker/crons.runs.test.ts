@@ -117,7 +117,7 @@ describe("cron runs on the real builder", () => {
     const realFetch = globalThis.fetch;
     const outage = vi.spyOn(globalThis, "fetch").mockImplementation((input, init) => {
       const url = input instanceof Request ? input.url : String(input);
-      if (url.startsWith(env.BUILDER_URL)) return Promise.reject(new TypeError("connection refused"));
+      if (url.startsWith(env.BUILDER_URL!)) return Promise.reject(new TypeError("connection refused"));
       return realFetch(input, init);
     });
     const due = Math.floor(Date.now() / 1000) * 1000 - 1000;

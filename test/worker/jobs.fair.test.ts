@@ -3,7 +3,7 @@ import { env, exports } from "cloudflare:workers";
 import { afterEach, describe, expect, it } from "vitest";
 import { type JobStatus, signRequest } from "../../builder/src/protocol";
 import { configOf } from "../../worker/env";
-import { findJob } from "../../worker/lib/builder-client";
+import { findJob, LONE_BUILDER_ID } from "../../worker/lib/builder-client";
 import { PLAN_LIMITS } from "../../worker/lib/plans";
 import { backupStub } from "../../worker/services/backups";
 import { deploymentStub } from "../../worker/services/deployments";
@@ -48,7 +48,7 @@ async function callback(status: JobStatus): Promise<number> {
 }
 
 async function builderStatus(key: string) {
-  const found = await findJob(configOf(env), key);
+  const found = await findJob(configOf(env), { id: LONE_BUILDER_ID, address: env.BUILDER_URL! }, key);
   if (!found.ok) throw new Error(`no builder job for ${key}: ${found.message}`);
   return found.value;
 }

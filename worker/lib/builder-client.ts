@@ -7,32 +7,49 @@ import {
   JobStatus,
   type ProcessSpec,
   ProcessStatus,
+  QuarantinedDisk,
   type RestoreSpec,
   type SnapshotSpec,
+  nodeKey,
   signRequest,
 } from "../../builder/src/protocol";
+import { z } from "zod";
 import type { Config } from "../env";
 import { ApiError } from "./errors";
 
 /**
- * Signed HTTP to the builder (the data plane). The builder holds no cloud
- * credentials and trusts only requests signed with BUILDER_SECRET.
+ * Signed HTTP to the nodes of the data plane. A node holds no cloud
+ * credentials and trusts only requests signed with its own key (derived from
+ * BUILDER_SECRET and its id, so a request signed for one node is refused by
+ * every other). Which node to ask is placement's answer (placement.ts).
  */
 export type BuilderResult<T> = { ok: true; value: T } | { ok: false; status: number; code: string; message: string };
 
-/** `node` is the builder that holds the thing asked about (placement.ts); the configured builder by default. */
-async function builderFetch(config: Config, method: string, path: string, body?: unknown, node = config.BUILDER_URL): Promise<Response> {
-  if (!config.BUILDER_SECRET) throw new ApiError("INTERNAL", "the builder is not configured (BUILDER_SECRET unset)");
+/** A node to talk to: its id (whose key signs) and where it is reached. */
+export type NodeRef = { id: string; address: string };
+
+/** The id of the lone builder at BUILDER_URL, which signs with BUILDER_SECRET itself (a control plane without joined nodes). */
+export const LONE_BUILDER_ID = "builder";
+
+export { nodeKey };
+
+/** The key requests to `nodeId` are signed with. */
+export function signingKey(config: Config, nodeId: string): Promise<string> {
+  if (!config.BUILDER_SECRET) throw new ApiError("INTERNAL", "the data plane is not configured (BUILDER_SECRET unset)");
+  return nodeId === LONE_BUILDER_ID ? Promise.resolve(config.BUILDER_SECRET) : nodeKey(config.BUILDER_SECRET, nodeId);
+}
+
+async function builderFetch(config: Config, node: NodeRef, method: string, path: string, body?: unknown): Promise<Response> {
   const text = body === undefined ? "" : JSON.stringify(body);
-  const headers = await signRequest({ secret: config.BUILDER_SECRET, method, path, body: text });
+  const headers = await signRequest({ secret: await signingKey(config, node.id), method, path, body: text });
   try {
-    return await fetch(new URL(path, node), {
+    return await fetch(new URL(path, node.address), {
       method,
       headers: body === undefined ? headers : { ...headers, "Content-Type": "application/json" },
       body: body === undefined ? undefined : text,
     });
   } catch (err) {
-    throw new ApiError("BUILDER_UNAVAILABLE", `the builder could not be reached: ${err instanceof Error ? err.message : err}`);
+    throw new ApiError("BUILDER_UNAVAILABLE", `node ${node.id} could not be reached: ${err instanceof Error ? err.message : err}`);
   }
 }
 
@@ -41,12 +58,12 @@ async function builderFetch(config: Config, method: string, path: string, body?:
  * 5xx: every submission carries its owner's key, so a retry after a lost
  * reply returns the job that already runs instead of starting a second one.
  */
-async function submit(config: Config, path: string, spec: { key?: string | undefined }): Promise<BuilderResult<JobStatus>> {
+async function submit(config: Config, node: NodeRef, path: string, spec: { key?: string | undefined }): Promise<BuilderResult<JobStatus>> {
   let lastError: unknown;
   for (const pause of [0, 200, 800]) {
     if (pause > 0) await new Promise((resolve) => setTimeout(resolve, pause));
     try {
-      const res = await builderFetch(config, "POST", path, spec);
+      const res = await builderFetch(config, node, "POST", path, spec);
       if (res.ok) return { ok: true, value: JobStatus.parse(await res.json()) };
       if (res.status < 500 || spec.key === undefined) return failure(res);
       lastError = new ApiError("BUILDER_UNAVAILABLE", `the builder answered HTTP ${res.status}`);
@@ -67,75 +84,75 @@ async function failure(res: Response): Promise<{ ok: false; status: number; code
 }
 
 /** Creates the disk's directory on the builder, or changes its quota. */
-export async function provisionDisk(config: Config, id: string, spec: DiskSpec): Promise<BuilderResult<DiskInfo>> {
-  const res = await builderFetch(config, "PUT", `/v1/disks/${id}`, spec);
+export async function provisionDisk(config: Config, node: NodeRef, id: string, spec: DiskSpec): Promise<BuilderResult<DiskInfo>> {
+  const res = await builderFetch(config, node, "PUT", `/v1/disks/${id}`, spec);
   if (!res.ok) return failure(res);
   return { ok: true, value: DiskInfo.parse(await res.json()) };
 }
 
 /** Removes the disk's data on the builder; an unknown disk counts as removed. */
-export async function destroyDisk(config: Config, id: string): Promise<BuilderResult<null>> {
-  const res = await builderFetch(config, "DELETE", `/v1/disks/${id}`);
+export async function destroyDisk(config: Config, node: NodeRef, id: string): Promise<BuilderResult<null>> {
+  const res = await builderFetch(config, node, "DELETE", `/v1/disks/${id}`);
   if (res.ok || res.status === 404) return { ok: true, value: null };
   return failure(res);
 }
 
 /** Starts a job on the builder (or, by its key, finds the one a lost reply already started). */
-export function submitJob(config: Config, spec: JobSpec): Promise<BuilderResult<JobStatus>> {
-  return submit(config, "/v1/jobs", spec);
+export function submitJob(config: Config, node: NodeRef, spec: JobSpec): Promise<BuilderResult<JobStatus>> {
+  return submit(config, node, "/v1/jobs", spec);
 }
 
 /** The job submitted with this idempotency key (404 when the builder never got it). */
-export async function findJob(config: Config, key: string): Promise<BuilderResult<JobStatus>> {
-  const res = await builderFetch(config, "GET", `/v1/jobs?key=${encodeURIComponent(key)}`);
+export async function findJob(config: Config, node: NodeRef, key: string): Promise<BuilderResult<JobStatus>> {
+  const res = await builderFetch(config, node, "GET", `/v1/jobs?key=${encodeURIComponent(key)}`);
   if (!res.ok) return failure(res);
   return { ok: true, value: JobStatus.parse(await res.json()) };
 }
 
-export async function getJob(config: Config, id: string): Promise<BuilderResult<JobStatus>> {
-  const res = await builderFetch(config, "GET", `/v1/jobs/${encodeURIComponent(id)}`);
+export async function getJob(config: Config, node: NodeRef, id: string): Promise<BuilderResult<JobStatus>> {
+  const res = await builderFetch(config, node, "GET", `/v1/jobs/${encodeURIComponent(id)}`);
   if (!res.ok) return failure(res);
   return { ok: true, value: JobStatus.parse(await res.json()) };
 }
 
-export async function cancelJob(config: Config, id: string): Promise<BuilderResult<JobStatus>> {
-  const res = await builderFetch(config, "POST", `/v1/jobs/${encodeURIComponent(id)}/cancel`);
+export async function cancelJob(config: Config, node: NodeRef, id: string): Promise<BuilderResult<JobStatus>> {
+  const res = await builderFetch(config, node, "POST", `/v1/jobs/${encodeURIComponent(id)}/cancel`);
   if (!res.ok) return failure(res);
   return { ok: true, value: JobStatus.parse(await res.json()) };
 }
 
 /** The job's complete log so far (the builder keeps at most 10 MiB). */
-export async function jobLog(config: Config, id: string): Promise<BuilderResult<string>> {
-  const res = await builderFetch(config, "GET", `/v1/jobs/${encodeURIComponent(id)}/logs?offset=0`);
+export async function jobLog(config: Config, node: NodeRef, id: string): Promise<BuilderResult<string>> {
+  const res = await builderFetch(config, node, "GET", `/v1/jobs/${encodeURIComponent(id)}/logs?offset=0`);
   if (!res.ok) return failure(res);
   return { ok: true, value: await res.text() };
 }
 
 /** The disk's size and current usage on the builder. */
-export async function diskUsage(config: Config, id: string): Promise<BuilderResult<DiskInfo>> {
-  const res = await builderFetch(config, "GET", `/v1/disks/${encodeURIComponent(id)}`);
+export async function diskUsage(config: Config, node: NodeRef, id: string): Promise<BuilderResult<DiskInfo>> {
+  const res = await builderFetch(config, node, "GET", `/v1/disks/${encodeURIComponent(id)}`);
   if (!res.ok) return failure(res);
   return { ok: true, value: DiskInfo.parse(await res.json()) };
 }
 
 /** Starts a snapshot (tar.gz of the disk streamed in parts to presigned URLs). */
-export function submitSnapshot(config: Config, spec: SnapshotSpec): Promise<BuilderResult<JobStatus>> {
-  return submit(config, "/v1/snapshots", spec);
+export function submitSnapshot(config: Config, node: NodeRef, spec: SnapshotSpec): Promise<BuilderResult<JobStatus>> {
+  return submit(config, node, "/v1/snapshots", spec);
 }
 
 /** Starts a restore (download, validate, extract to staging, swap in). */
-export function submitRestore(config: Config, spec: RestoreSpec): Promise<BuilderResult<JobStatus>> {
-  return submit(config, "/v1/restores", spec);
+export function submitRestore(config: Config, node: NodeRef, spec: RestoreSpec): Promise<BuilderResult<JobStatus>> {
+  return submit(config, node, "/v1/restores", spec);
 }
 
 /** Starts a static-site build. */
-export function submitBuild(config: Config, spec: BuildSpec): Promise<BuilderResult<JobStatus>> {
-  return submit(config, "/v1/builds", spec);
+export function submitBuild(config: Config, node: NodeRef, spec: BuildSpec): Promise<BuilderResult<JobStatus>> {
+  return submit(config, node, "/v1/builds", spec);
 }
 
 /** The job's log as a stream; with `follow` it stays open until the job ends. */
-export async function jobLogStream(config: Config, id: string, follow: boolean): Promise<Response> {
-  return builderFetch(config, "GET", `/v1/jobs/${encodeURIComponent(id)}/logs?offset=0${follow ? "&follow=1" : ""}`);
+export async function jobLogStream(config: Config, node: NodeRef, id: string, follow: boolean): Promise<Response> {
+  return builderFetch(config, node, "GET", `/v1/jobs/${encodeURIComponent(id)}/logs?offset=0${follow ? "&follow=1" : ""}`);
 }
 
 /**
@@ -154,22 +171,22 @@ export function describeWait(status: Pick<JobStatus, "status" | "waiting">): str
 }
 
 /** Starts an app process on `node` (or, by its key, finds the one a lost reply already started). */
-export async function startProcess(config: Config, node: string, spec: ProcessSpec): Promise<BuilderResult<ProcessStatus>> {
-  const res = await builderFetch(config, "POST", "/v1/processes", spec, node);
+export async function startProcess(config: Config, node: NodeRef, spec: ProcessSpec): Promise<BuilderResult<ProcessStatus>> {
+  const res = await builderFetch(config, node, "POST", "/v1/processes", spec);
   if (!res.ok) return failure(res);
   return { ok: true, value: ProcessStatus.parse(await res.json()) };
 }
 
 /** A process's status; 404 (PROCESS_NOT_FOUND) when the node has no such process. */
-export async function getProcess(config: Config, node: string, id: string): Promise<BuilderResult<ProcessStatus>> {
-  const res = await builderFetch(config, "GET", `/v1/processes/${encodeURIComponent(id)}`, undefined, node);
+export async function getProcess(config: Config, node: NodeRef, id: string): Promise<BuilderResult<ProcessStatus>> {
+  const res = await builderFetch(config, node, "GET", `/v1/processes/${encodeURIComponent(id)}`);
   if (!res.ok) return failure(res);
   return { ok: true, value: ProcessStatus.parse(await res.json()) };
 }
 
 /** Stops a process after serving `drainSeconds` more; stopping one that is gone counts as done. */
-export async function stopProcess(config: Config, node: string, id: string, drainSeconds: number): Promise<BuilderResult<null>> {
-  const res = await builderFetch(config, "POST", `/v1/processes/${encodeURIComponent(id)}/stop`, { drainSeconds }, node);
+export async function stopProcess(config: Config, node: NodeRef, id: string, drainSeconds: number): Promise<BuilderResult<null>> {
+  const res = await builderFetch(config, node, "POST", `/v1/processes/${encodeURIComponent(id)}/stop`, { drainSeconds });
   if (res.ok || res.status === 404) {
     await res.body?.cancel();
     return { ok: true, value: null };
@@ -178,6 +195,20 @@ export async function stopProcess(config: Config, node: string, id: string, drai
 }
 
 /** The app's runtime log on `node`: its last `tailBytes`, and with `follow` what is written next. */
-export async function appLogStream(config: Config, node: string, appId: string, tailBytes: number, follow: boolean): Promise<Response> {
-  return builderFetch(config, "GET", `/v1/app-logs/${encodeURIComponent(appId)}?tail=${tailBytes}${follow ? "&follow=1" : ""}`, undefined, node);
+export async function appLogStream(config: Config, node: NodeRef, appId: string, tailBytes: number, follow: boolean): Promise<Response> {
+  return builderFetch(config, node, "GET", `/v1/app-logs/${encodeURIComponent(appId)}?tail=${tailBytes}${follow ? "&follow=1" : ""}`);
+}
+
+/** Stale disk copies the node set aside (fencing). */
+export async function listQuarantine(config: Config, node: NodeRef): Promise<BuilderResult<QuarantinedDisk[]>> {
+  const res = await builderFetch(config, node, "GET", "/v1/quarantine");
+  if (!res.ok) return failure(res);
+  return { ok: true, value: z.object({ quarantined: z.array(QuarantinedDisk) }).parse(await res.json()).quarantined };
+}
+
+/** Deletes a quarantined copy (the operator's decision). */
+export async function removeQuarantined(config: Config, node: NodeRef, name: string): Promise<BuilderResult<null>> {
+  const res = await builderFetch(config, node, "DELETE", `/v1/quarantine/${encodeURIComponent(name)}`);
+  if (!res.ok) return failure(res);
+  return { ok: true, value: null };
 }

@@ -19,6 +19,9 @@ export type ErrorCode =
   | "UPLOAD_NOT_FOUND"
   | "DEPLOYMENT_NOT_FOUND"
   | "ENV_VAR_NOT_FOUND"
+  | "NODE_NOT_FOUND"
+  | "NODE_NOT_EMPTY"
+  | "NODE_LOST"
   | "METHOD_NOT_ALLOWED"
   | "APP_STOPPED"
   | "APP_IS_STATIC"
@@ -68,6 +71,7 @@ export function statusOf(code: ErrorCode): ErrorStatus {
     case "UPLOAD_NOT_FOUND":
     case "DEPLOYMENT_NOT_FOUND":
     case "ENV_VAR_NOT_FOUND":
+    case "NODE_NOT_FOUND":
       return 404;
     case "METHOD_NOT_ALLOWED":
       return 405;
@@ -77,6 +81,8 @@ export function statusOf(code: ErrorCode): ErrorStatus {
     case "DISK_ATTACHED":
     case "DISK_BUSY":
     case "APP_HAS_DISK":
+    case "NODE_NOT_EMPTY":
+    case "NODE_LOST":
     case "BACKUP_NOT_READY":
     case "DEPLOYMENT_NOT_READY":
     case "UPLOAD_INCOMPLETE":

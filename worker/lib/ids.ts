@@ -33,6 +33,7 @@ export const ID_PREFIXES = {
   upload: "upl",
   restore: "rst",
   deployment: "dep",
+  node: "node",
 } as const;
 
 export type IdKind = keyof typeof ID_PREFIXES;

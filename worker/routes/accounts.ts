@@ -6,7 +6,7 @@ import { PLANS } from "../db/schema";
 import { ApiError } from "../lib/errors";
 import { errorResponse, jsonBody, newRouter } from "../lib/router";
 
-async function sameSecret(a: string, b: string): Promise<boolean> {
+export async function sameSecret(a: string, b: string): Promise<boolean> {
   const enc = new TextEncoder();
   const [da, db] = await Promise.all([
     crypto.subtle.digest("SHA-256", enc.encode(a)),
@@ -16,7 +16,7 @@ async function sameSecret(a: string, b: string): Promise<boolean> {
 }
 
 /** Operator-only: `Authorization: Bearer <OPERATOR_TOKEN>`; disabled when the secret is unset. */
-const requireOperator: MiddlewareHandler<AppEnv> = async (c, next) => {
+export const requireOperator: MiddlewareHandler<AppEnv> = async (c, next) => {
   const token = c.get("config").OPERATOR_TOKEN;
   const presented = /^Bearer\s+(\S+)$/i.exec(c.req.header("Authorization") ?? "")?.[1];
   if (!token || !presented || !(await sameSecret(presented, token))) {

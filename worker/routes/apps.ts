@@ -1,14 +1,15 @@
 import { createRoute, z } from "@hono/zod-openapi";
 import { ProcessExitReason, ProcessState } from "../../builder/src/protocol";
 import { requireScope } from "../auth/middleware";
-import { APP_STATUSES, RUNTIMES, SUPPORTED_RUNTIMES } from "../db/schema";
+import { eq } from "drizzle-orm";
+import { APP_STATUSES, disks, RUNTIMES, SUPPORTED_RUNTIMES } from "../db/schema";
 import { appLogStream } from "../lib/builder-client";
 import { ApiError } from "../lib/errors";
 import { authErrors, errorResponse, jsonBody, newRouter, planLimited, UNCOMPRESSED_STREAM } from "../lib/router";
 import { DnsLabel, Deleted, dataOf, Ref } from "../lib/schemas";
 import { appRuntimeStub, runsProcess } from "../services/app-runtime";
 import { appChanged } from "../services/cron-targets";
-import { placeProcess } from "../services/placement";
+import { nodeRef } from "../services/fleet";
 import { deleteAppCrons } from "../services/crons";
 import { appView, appViews, createApp, deleteApp, listApps, resolveApp, setAppStatus } from "../services/apps";
 
@@ -92,7 +93,7 @@ appRoutes.openapi(
   }),
   async (c) => {
     const row = await createApp(c.get("db"), c.get("principal").accountId, c.req.valid("json"));
-    return c.json({ data: await appView(c.get("db"), c.get("config"), row) }, 201);
+    return c.json({ data: await appView(c.get("db"), c.env, row) }, 201);
   },
 );
 
@@ -126,7 +127,7 @@ appRoutes.openapi(
   }),
   async (c) => {
     const row = await resolveApp(c.get("db"), c.get("principal").accountId, c.req.valid("param").app);
-    return c.json({ data: await appView(c.get("db"), c.get("config"), row) }, 200);
+    return c.json({ data: await appView(c.get("db"), c.env, row) }, 200);
   },
 );
 
@@ -155,7 +156,7 @@ for (const [verb, status, summary] of [
       }
       // Its cron jobs hold the app's state: a stopped app's jobs skip their runs.
       await appChanged(c.env, db, app.id);
-      return c.json({ data: await appView(db, c.get("config"), await resolveApp(db, app.accountId, app.id)) }, 200);
+      return c.json({ data: await appView(db, c.env, await resolveApp(db, app.accountId, app.id)) }, 200);
     },
   );
 }
@@ -190,7 +191,11 @@ appRoutes.openapi(
       throw new ApiError("APP_IS_STATIC", `${app.name} is a static site: it has no process; its request log is \`svc logs --app ${app.name}\``);
     }
     const { follow, tail } = c.req.valid("query");
-    const node = app.liveNode ?? placeProcess(c.get("config"), { diskId: null }).node;
+    // The log lives on the node that runs the app (a stopped app's, on the node it ran on last while that holds its disk).
+    const [disk] = await c.get("db").select({ nodeId: disks.nodeId }).from(disks).where(eq(disks.appId, app.id)).limit(1);
+    const nodeId = app.liveNode ?? disk?.nodeId ?? null;
+    const node = nodeId ? await nodeRef(c.env, nodeId).catch(() => null) : null;
+    if (!node) return c.body("", 200, { "Content-Type": "text/plain; charset=utf-8", "Cache-Control": "no-store" });
     const live = await appLogStream(c.get("config"), node, app.id, tail, follow === "true");
     if (live.status === 404) return c.body("", 200, { "Content-Type": "text/plain; charset=utf-8", "Cache-Control": "no-store" });
     if (!live.ok) throw new ApiError("BUILDER_UNAVAILABLE", `the app's node could not return the log (HTTP ${live.status})`);

@@ -95,7 +95,7 @@ backupRoutes.openapi(
     const db = c.get("db");
     const accountId = c.get("principal").accountId;
     const { disk } = await resolveDisk(db, accountId, c.req.valid("param").diskId);
-    const backup = await createBackup(db, c.get("config"), accountId, disk, c.req.valid("json").description);
+    const backup = await createBackup(db, c.env, accountId, disk, c.req.valid("json").description);
     await backupStub(c.env, backup.id).start(backup.id);
     const [view] = await backupViews(c.env, [backup]);
     return c.json({ data: view!, status: 201 }, 201);

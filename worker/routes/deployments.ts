@@ -9,6 +9,7 @@ import { dataOf, Ref } from "../lib/schemas";
 import { iso } from "../lib/time";
 import { appView, resolveApp } from "../services/apps";
 import { appChanged } from "../services/cron-targets";
+import { nodeRef } from "../services/fleet";
 import {
   ARTIFACTS,
   activateDeployment,
@@ -197,7 +198,10 @@ deploymentRoutes.openapi(
     const stored = await c.env.BUCKET.get(buildLogKey(row.id));
     if (stored) return c.body(stored.body, 200, headers);
     if (!row.builderJobId) return c.body("", 200, headers);
-    const live = await jobLogStream(c.get("config"), row.builderJobId, c.req.valid("query").follow === "true");
+    const nodeId = await deploymentStub(c.env, row.id).nodeId();
+    const node = nodeId ? await nodeRef(c.env, nodeId).catch(() => null) : null;
+    if (!node) return c.body("", 200, headers);
+    const live = await jobLogStream(c.get("config"), node, row.builderJobId, c.req.valid("query").follow === "true");
     if (!live.ok) throw new ApiError("BUILDER_UNAVAILABLE", `the builder could not return the log (HTTP ${live.status})`);
     return c.body(live.body ?? "", 200, { ...headers, ...UNCOMPRESSED_STREAM });
   },
@@ -225,7 +229,7 @@ deploymentRoutes.openapi(
     const updated = await activateDeployment(db, c.env, app, row);
     // The app's cron runs work in the active deployment's source.
     await appChanged(c.env, db, app.id);
-    return c.json({ data: await appView(db, c.get("config"), await resolveApp(db, updated.accountId, updated.id)) }, 200);
+    return c.json({ data: await appView(db, c.env, await resolveApp(db, updated.accountId, updated.id)) }, 200);
   },
 );
 

@@ -73,7 +73,7 @@ diskRoutes.openapi(
     },
   }),
   async (c) => {
-    const disk = await createDisk(c.get("db"), c.get("config"), c.get("principal").accountId, c.req.valid("json"));
+    const disk = await createDisk(c.get("db"), c.env, c.get("principal").accountId, c.req.valid("json"));
     return c.json({ data: disk }, 201);
   },
 );
@@ -165,7 +165,7 @@ diskRoutes.openapi(
     },
   }),
   async (c) => {
-    const id = await deleteDisk(c.get("db"), c.get("config"), c.env.BUCKET, c.get("principal").accountId, c.req.valid("param").disk);
+    const id = await deleteDisk(c.get("db"), c.env, c.get("principal").accountId, c.req.valid("param").disk);
     return c.json({ data: { id, deleted: true as const } }, 200);
   },
 );

@@ -1,11 +1,23 @@
 import { Hono, type MiddlewareHandler } from "hono";
-import { BlobsRequest, JobStatus, NonceCache, PartUrlRequest, ProcessStatus, verifyRequest } from "../../builder/src/protocol";
+import {
+  BlobsRequest,
+  HEADER_NODE,
+  JobStatus,
+  NODE_ID_PATTERN,
+  NodeHeartbeat,
+  NonceCache,
+  PartUrlRequest,
+  ProcessStatus,
+  verifyRequest,
+} from "../../builder/src/protocol";
 import type { AppEnv } from "../context";
+import { LONE_BUILDER_ID, signingKey } from "../lib/builder-client";
 import { ApiError } from "../lib/errors";
 import { appRuntimeStub } from "../services/app-runtime";
 import { backupStub, restoreStub } from "../services/backups";
 import { cronStub } from "../services/crons";
 import { deploymentStub } from "../services/deployments";
+import { fleetStub, nodeRef } from "../services/fleet";
 
 /** Nonces of accepted callbacks, per isolate; handlers are idempotent, so this only trims replays. */
 const seen = new NonceCache(10_000);
@@ -14,16 +26,33 @@ const seen = new NonceCache(10_000);
  * Endpoints the builder calls back; not part of the public API (no API key,
  * not in the OpenAPI document). Every request must carry a valid HMAC signature.
  */
-export const internalRoutes = new Hono<AppEnv & { Variables: { signedBody: unknown } }>();
+type InternalEnv = AppEnv & { Variables: { signedBody: unknown; node: string } };
 
-/** Verifies the builder's HMAC signature and nonce; leaves the verified JSON body in `signedBody`. */
-const requireBuilderSignature: MiddlewareHandler<AppEnv & { Variables: { signedBody: unknown } }> = async (c, next) => {
-  const secret = c.get("config").BUILDER_SECRET;
+export const internalRoutes = new Hono<InternalEnv>();
+
+/**
+ * Verifies the node's HMAC signature (with the key of the node its
+ * `X-Svc-Node` names, which must be a member of the fleet; without the header,
+ * the lone builder's BUILDER_SECRET) and nonce; leaves the verified JSON body
+ * in `signedBody` and the node's id in `node`.
+ */
+const requireBuilderSignature: MiddlewareHandler<InternalEnv> = async (c, next) => {
+  const config = c.get("config");
+  const nodeId = c.req.header(HEADER_NODE) ?? LONE_BUILDER_ID;
+  const member = NODE_ID_PATTERN.test(nodeId) ? await nodeRef(c.env, nodeId).catch(() => null) : null;
   const body = await c.req.text();
   const url = new URL(c.req.url);
-  const verdict = secret
-    ? await verifyRequest({ secret, method: c.req.method, path: url.pathname + url.search, body, headers: c.req.raw.headers })
-    : { ok: false as const, reason: "BUILDER_SECRET unset" };
+  const verdict = !config.BUILDER_SECRET
+    ? { ok: false as const, reason: "BUILDER_SECRET unset" }
+    : nodeId !== LONE_BUILDER_ID && !member
+      ? { ok: false as const, reason: `${nodeId} is not a member of the fleet` }
+      : await verifyRequest({
+          secret: await signingKey(config, nodeId),
+          method: c.req.method,
+          path: url.pathname + url.search,
+          body,
+          headers: c.req.raw.headers,
+        });
   if (!verdict.ok || !seen.use(verdict.nonce, verdict.timestamp)) {
     throw new ApiError("UNAUTHORIZED", `invalid builder signature${verdict.ok ? " (replayed)" : `: ${verdict.reason}`}`);
   }
@@ -32,6 +61,7 @@ const requireBuilderSignature: MiddlewareHandler<AppEnv & { Variables: { signedB
   } catch {
     throw new ApiError("VALIDATION_ERROR", "body is not JSON");
   }
+  c.set("node", nodeId);
   await next();
 };
 
@@ -48,6 +78,15 @@ internalRoutes.post("/builder/callback", async (c) => {
   else if (kind === "restore" && restoreId) await restoreStub(c.env, restoreId).jobFinished(status);
   else if (kind === "deployment" && deploymentId) await deploymentStub(c.env, deploymentId).jobFinished(status);
   return c.body(null, 204);
+});
+
+/** A node's heartbeat: capacity, load and the disks it holds; the answer names copies to set aside. */
+internalRoutes.post("/nodes/heartbeat", async (c) => {
+  const parsed = NodeHeartbeat.safeParse(c.get("signedBody"));
+  if (!parsed.success) throw new ApiError("VALIDATION_ERROR", "heartbeat body is not a node heartbeat");
+  const reply = await fleetStub(c.env).heartbeat(c.get("node"), parsed.data);
+  if (!reply) throw new ApiError("NODE_NOT_FOUND", "this node is not a member of the fleet; join again");
+  return c.json(reply, 200);
 });
 
 /** A state change of an app's process, routed to the app's object by the labels it gave the process. */

@@ -1,7 +1,8 @@
 import type { ProcessStatus } from "../../builder/src/protocol";
 import type { AppRow, Runtime } from "../db/schema";
-import type { Config, Env } from "../env";
+import { configOf, type Env } from "../env";
 import { getProcess } from "../lib/builder-client";
+import { nodeRef } from "./fleet";
 
 /** The AppRuntime object of an app that runs (one per app). */
 export const appRuntimeStub = (env: Env, appId: string) => env.APP_RUNTIME.get(env.APP_RUNTIME.idFromName(appId));
@@ -18,9 +19,10 @@ export type ProcessView = Pick<ProcessStatus, "ready" | "restarts" | "lastExit" 
 };
 
 /** The live process of an app that runs, asked of its node; null when nothing runs (static, stopped, never deployed). */
-export async function processView(config: Config, app: AppRow): Promise<ProcessView | null> {
+export async function processView(env: Env, app: AppRow): Promise<ProcessView | null> {
   if (!runsProcess(app.runtime) || !app.liveProcessId || !app.liveNode) return null;
-  const found = await getProcess(config, app.liveNode, app.liveProcessId).catch(() => null);
+  const node = await nodeRef(env, app.liveNode).catch(() => null);
+  const found = node ? await getProcess(configOf(env), node, app.liveProcessId).catch(() => null) : null;
   if (!found?.ok) return { state: "unknown", ready: false, restarts: 0, lastExit: null, lastLines: [], startedAt: null, readyAt: null };
   const { state, ready, restarts, lastExit, lastLines, startedAt, readyAt } = found.value;
   return { state, ready, restarts, lastExit, lastLines, startedAt, readyAt };

@@ -1,7 +1,7 @@
 import { and, asc, desc, eq, inArray } from "drizzle-orm";
 import { type Db, isUniqueViolation } from "../db/client";
 import { type AppRow, apps, type DiskRow, disks, type Runtime } from "../db/schema";
-import type { Config } from "../env";
+import { type Config, configOf, type Env } from "../env";
 import { ApiError } from "../lib/errors";
 import { isId, newId } from "../lib/ids";
 import { planLimitError, planOf } from "../lib/plans";
@@ -77,8 +77,8 @@ export async function appViews(db: Db, config: Config, rows: AppRow[]): Promise<
 }
 
 /** One app, with (for apps that run) its live process as its node reports it. */
-export async function appView(db: Db, config: Config, row: AppRow): Promise<AppView> {
-  const [view, process] = await Promise.all([appViews(db, config, [row]), processView(config, row)]);
+export async function appView(db: Db, env: Env, row: AppRow): Promise<AppView> {
+  const [view, process] = await Promise.all([appViews(db, configOf(env), [row]), processView(env, row)]);
   return { ...view[0]!, ...(runsProcess(row.runtime) ? { process } : {}) };
 }
 

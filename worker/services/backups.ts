@@ -11,7 +11,7 @@ import {
   restores,
 } from "../db/schema";
 import type { JobProgress } from "../../durable-objects/single-job";
-import type { Config, Env } from "../env";
+import { type Config, configOf, type Env } from "../env";
 import { diskUsage } from "../lib/builder-client";
 import { ApiError } from "../lib/errors";
 import { newId } from "../lib/ids";
@@ -20,6 +20,8 @@ import { iso, isoOrNull } from "../lib/time";
 import { presign } from "../storage/presign";
 import { appChanged } from "./cron-targets";
 import { isInUse, resolveDisk } from "./disks";
+import { lostNode } from "./fleet";
+import { diskNode } from "./placement";
 
 /** Archives above this are uploaded in parts (DESIGN §7). */
 export const MULTIPART_THRESHOLD_BYTES = 100 * 1024 * 1024;
@@ -134,13 +136,16 @@ export async function backupUsage(db: Db, accountId: string): Promise<number> {
  */
 export async function createBackup(
   db: Db,
-  config: Config,
+  env: Env,
   accountId: string,
   disk: DiskRow,
   description: string,
 ): Promise<BackupRow> {
   const quota = (await planOf(db, accountId)).limits.backupQuotaBytes;
-  const usage = await diskUsage(config, disk.id);
+  const node = await diskNode(env, disk);
+  const lost = await lostNode(env, node.id);
+  if (lost) throw new ApiError("NODE_LOST", `disk ${disk.name} is on node ${lost.name}, which was lost; it cannot be backed up until it returns or the disk is restored elsewhere`);
+  const usage = await diskUsage(configOf(env), node, disk.id);
   if (!usage.ok) throw new ApiError("BUILDER_UNAVAILABLE", `the builder could not measure the disk: ${usage.message}`);
   const reserved = Math.max(usage.value.usedBytes, MIN_RESERVATION_BYTES);
   const id = newId("backup");

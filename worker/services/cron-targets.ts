@@ -25,7 +25,8 @@ export type CronTarget = {
   plan?: Plan;
   /** Name → AES-GCM ciphertext as stored in D1 (decrypted only at dispatch, never stored in the clear). */
   env: Record<string, string>;
-  disk: { id: string; name: string; mountPath: string; sizeGb: number; restoring: boolean } | null;
+  /** `nodeId` and `generation` (where the disk is, fencing) are absent in copies pushed before the fleet. */
+  disk: { id: string; name: string; mountPath: string; sizeGb: number; restoring: boolean; nodeId?: string | null; generation?: number } | null;
   /** The active deployment's release (apps that run: the tree with its dependencies), else its source archive: the run's working directory. */
   sourceKey: string | null;
   /** Whether `sourceKey` is a release (its commands are on RELEASE_PATH). */
@@ -57,7 +58,15 @@ export async function loadTarget(db: Db, appId: string): Promise<CronTarget | nu
     plan,
     env: Object.fromEntries(vars.map((v) => [v.name, v.value])),
     disk: disk
-      ? { id: disk.id, name: disk.name, mountPath: disk.mountPath, sizeGb: disk.sizeGb, restoring: disk.status === "restoring" }
+      ? {
+          id: disk.id,
+          name: disk.name,
+          mountPath: disk.mountPath,
+          sizeGb: disk.sizeGb,
+          restoring: disk.status === "restoring",
+          nodeId: disk.nodeId,
+          generation: disk.generation,
+        }
       : null,
     sourceKey: releaseKey ?? sourceKey ?? null,
     release: releaseKey !== null && releaseKey !== undefined,

@@ -1,13 +1,15 @@
 import { and, desc, eq, sql } from "drizzle-orm";
 import { type Db, isUniqueViolation } from "../db/client";
 import { type AppRow, apps, backups, type DiskRow, disks } from "../db/schema";
-import type { Config } from "../env";
-import { destroyDisk, provisionDisk } from "../lib/builder-client";
+import { configOf, type Env } from "../env";
+import { destroyDisk, LONE_BUILDER_ID, provisionDisk } from "../lib/builder-client";
 import { ApiError } from "../lib/errors";
 import { isId, newId } from "../lib/ids";
 import { planLimitError, planOf } from "../lib/plans";
 import { iso } from "../lib/time";
 import { deletePrefix } from "../storage/objects";
+import { lostNode } from "./fleet";
+import { diskNode, placeDisk } from "./placement";
 
 export const GIB = 1024 ** 3;
 
@@ -82,7 +84,7 @@ export async function listDisks(db: Db, accountId: string): Promise<DiskView[]> 
  */
 export async function createDisk(
   db: Db,
-  config: Config,
+  env: Env,
   accountId: string,
   input: { name: string; sizeGb: number; mountPath: string },
 ): Promise<DiskView> {
@@ -95,6 +97,9 @@ export async function createDisk(
     mountPath: input.mountPath,
     appId: null,
     status: "available",
+    nodeId: null,
+    generation: 1,
+    placementNote: null,
     createdAt: now,
     updatedAt: now,
   };
@@ -102,14 +107,17 @@ export async function createDisk(
   if (input.sizeGb > limits.diskSizeGb) {
     throw planLimitError(plan, `a disk may have at most ${limits.diskSizeGb} GB (asked for ${input.sizeGb} GB)`, "ask for less");
   }
+  // Placed before it exists anywhere: the node with the most room (placement.ts).
+  const node = await placeDisk(env, db, row.sizeGb * GIB);
+  row.nodeId = node.id === LONE_BUILDER_ID ? null : node.id;
   // The plan's limits are checked by the statement that inserts, so concurrent creations cannot both squeeze in.
   const owned = sql`(select count(*) from disks where account_id = ${accountId})`;
   const reserved = sql`(select coalesce(sum(size_gb), 0) from disks where account_id = ${accountId})`;
   let inserted: D1Result;
   try {
     inserted = await db.run(sql`
-      insert into disks (id, account_id, name, size_gb, mount_path, app_id, status, created_at, updated_at)
-      select ${row.id}, ${accountId}, ${row.name}, ${row.sizeGb}, ${row.mountPath}, null, ${row.status}, ${now}, ${now}
+      insert into disks (id, account_id, name, size_gb, mount_path, app_id, status, node_id, generation, created_at, updated_at)
+      select ${row.id}, ${accountId}, ${row.name}, ${row.sizeGb}, ${row.mountPath}, null, ${row.status}, ${row.nodeId}, 1, ${now}, ${now}
       where ${owned} < ${limits.disks} and ${reserved} + ${row.sizeGb} <= ${limits.totalDiskGb}`);
   } catch (err) {
     if (isUniqueViolation(err)) throw new ApiError("NAME_TAKEN", `a disk named "${input.name}" already exists`);
@@ -124,7 +132,8 @@ export async function createDisk(
       "delete or shrink a disk",
     );
   }
-  const provisioned = await provisionDisk(config, row.id, { sizeBytes: row.sizeGb * GIB, tenant: row.accountId }).catch(async (err: unknown) => {
+  const spec = { sizeBytes: row.sizeGb * GIB, tenant: row.accountId, generation: row.generation };
+  const provisioned = await provisionDisk(configOf(env), node, row.id, spec).catch(async (err: unknown) => {
     await db.delete(disks).where(eq(disks.id, row.id));
     throw err;
   });
@@ -179,7 +188,7 @@ export async function detachDisk(db: Db, accountId: string, ref: string): Promis
  * failure leaves the disk listed; then the disk's backup archives and restore
  * uploads, then the rows (backups cascade with the disk).
  */
-export async function deleteDisk(db: Db, config: Config, bucket: R2Bucket, accountId: string, ref: string): Promise<string> {
+export async function deleteDisk(db: Db, env: Env, accountId: string, ref: string): Promise<string> {
   const { disk, app } = await resolveDisk(db, accountId, ref);
   if (app) throw new ApiError("DISK_ATTACHED", `disk ${disk.name} is attached to app ${app.name}; detach it first`);
   if (disk.status === "restoring") throw new ApiError("DISK_IN_USE", `disk ${disk.name} is being restored`);
@@ -191,10 +200,14 @@ export async function deleteDisk(db: Db, config: Config, bucket: R2Bucket, accou
   if (backup) {
     throw new ApiError("DISK_BUSY", `disk ${disk.name} is being backed up (${backup.id}); delete it once the backup is ready or failed`);
   }
-  const destroyed = await destroyDisk(config, disk.id);
-  if (!destroyed.ok) throw builderRefusal(destroyed, "the builder could not delete the disk");
-  await deletePrefix(bucket, `backups/${disk.id}/`);
-  await deletePrefix(bucket, `restore-uploads/${disk.id}/`);
+  // A disk whose node is lost is deleted from the record (and its backups); the node, if it returns, sets its copy aside.
+  const node = await diskNode(env, disk);
+  if (!(await lostNode(env, node.id))) {
+    const destroyed = await destroyDisk(configOf(env), node, disk.id);
+    if (!destroyed.ok) throw builderRefusal(destroyed, "the builder could not delete the disk");
+  }
+  await deletePrefix(env.BUCKET, `backups/${disk.id}/`);
+  await deletePrefix(env.BUCKET, `restore-uploads/${disk.id}/`);
   await db.delete(disks).where(eq(disks.id, disk.id));
   return disk.id;
 }

@@ -1,18 +1,82 @@
-import type { Config } from "../env";
+import { and, eq, sql } from "drizzle-orm";
+import type { FleetNode } from "../../durable-objects/fleet";
+import type { Db } from "../db/client";
+import { disks, nodes } from "../db/schema";
+import type { Env } from "../env";
+import type { NodeRef } from "../lib/builder-client";
+import { ApiError } from "../lib/errors";
+import { fleet, nodeRef, notePlaced } from "./fleet";
 
 /**
  * Where work runs: the one place the control plane decides it (DESIGN §10).
- * Nodes never choose. Everything that touches a disk goes to the node that
- * holds the disk; stateless work (builds, runs and processes of apps without
- * a disk) goes to the least loaded ready node.
+ * Nodes never choose.
  *
- * Today the data plane is the one builder at BUILDER_URL, so every answer is
- * that node; the fleet (issue 19) makes this function choose among nodes
- * registered in D1, without its callers changing.
+ * - A disk is placed at creation on a ready node that can hold it: the most
+ *   room left once every disk already placed there is counted full (the disks
+ *   are sparse images; the node refuses what its host could not hold), ties
+ *   to the node with fewer disks, so disks spread.
+ * - Everything touching a disk (its app's runs, backups, restores, the app's
+ *   process) goes to the disk's node.
+ * - Stateless work (builds, runs and processes of apps without a disk) goes
+ *   to the least loaded ready node: jobs and processes per core at its last
+ *   heartbeat, plus what this isolate placed since. It reads the Fleet
+ *   object's view (cached per isolate), never D1, so a scheduled cron run
+ *   costs no statement more than it did with one builder.
  */
-export type Placement = { node: string };
+
+/** Share of a node's disk kept for the node itself (job scratch, logs, releases), as the node keeps by default. */
+const NODE_RESERVE_SHARE = 0.1;
+
+/** A ready node for a new disk of `sizeBytes`, or INSUFFICIENT_STORAGE naming the best room there is. */
+export async function placeDisk(env: Env, db: Db, sizeBytes: number): Promise<NodeRef> {
+  const view = await fleet(env);
+  const ready = view.nodes.filter((node) => node.state === "ready");
+  if (ready.length === 0) throw noReadyNode(view.nodes);
+  // The lone builder of a control plane without joined nodes has no row and reports no capacity: it takes every disk.
+  if (ready.length === 1 && ready[0]!.diskTotalBytes === 0) return { id: ready[0]!.id, address: ready[0]!.address };
+  const promised = await db
+    .select({ nodeId: disks.nodeId, bytes: sql<number>`sum(${disks.sizeGb}) * 1073741824`, count: sql<number>`count(*)` })
+    .from(disks)
+    .innerJoin(nodes, and(eq(nodes.id, disks.nodeId), eq(nodes.state, "ready")))
+    .groupBy(disks.nodeId);
+  const byNode = new Map(promised.map((row) => [row.nodeId, row]));
+  const room = (node: FleetNode) => node.diskTotalBytes * (1 - NODE_RESERVE_SHARE) - Number(byNode.get(node.id)?.bytes ?? 0);
+  const candidates = ready
+    .map((node) => ({ node, room: room(node), count: Number(byNode.get(node.id)?.count ?? 0) }))
+    .sort((a, b) => b.room - a.room || a.count - b.count);
+  const best = candidates[0]!;
+  if (best.room < sizeBytes) {
+    throw new ApiError(
+      "INSUFFICIENT_STORAGE",
+      `no node can hold a disk of ${Math.round(sizeBytes / 2 ** 30)} GB: the most room left on a ready node is ${Math.max(0, Math.floor(best.room / 2 ** 30))} GB`,
+    );
+  }
+  return { id: best.node.id, address: best.node.address };
+}
+
+/** The least loaded ready node, for work that touches no disk. */
+export async function placeStateless(env: Env): Promise<NodeRef> {
+  const view = await fleet(env);
+  const ready = view.nodes.filter((node) => node.state === "ready");
+  if (ready.length === 0) throw noReadyNode(view.nodes);
+  const load = (node: FleetNode) => (node.runningJobs + node.processes + (view.picks.get(node.id) ?? 0)) / Math.max(1, node.cores);
+  let best = ready[0]!;
+  for (const node of ready) if (load(node) < load(best) || (load(node) === load(best) && Math.random() < 0.5)) best = node;
+  notePlaced(view, best.id);
+  return { id: best.id, address: best.address };
+}
+
+/** Where work about the disk goes: the node holding it (a disk made before nodes joined: the lone builder or any ready node). */
+export async function diskNode(env: Env, disk: { nodeId: string | null }): Promise<NodeRef> {
+  return disk.nodeId ? nodeRef(env, disk.nodeId) : placeStateless(env);
+}
 
 /** The node an app's process runs on: its disk's node when it has one, else the least loaded. */
-export function placeProcess(config: Config, _app: { diskId: string | null }): Placement {
-  return { node: config.BUILDER_URL };
+export async function placeProcess(env: Env, app: { disk: { nodeId: string | null } | null }): Promise<NodeRef> {
+  return app.disk ? diskNode(env, app.disk) : placeStateless(env);
+}
+
+function noReadyNode(all: FleetNode[]): ApiError {
+  const states = all.map((node) => `${node.name} ${node.state}`).join(", ");
+  return new ApiError("BUILDER_UNAVAILABLE", `no builder node is ready to take work${states ? ` (${states})` : " (none has joined)"}`);
 }

@@ -1,9 +1,9 @@
 import { HEADER_PROXY_ERROR, MAX_PROXY_BODY_BYTES, signProxy } from "../../builder/src/protocol";
 import type { Config } from "../env";
+import { type NodeRef, signingKey } from "../lib/builder-client";
 
-/** An app that runs, as the edge knows it: the process serving it and its node (apps.live_*). */
-export type ProcessTarget = { processId: string; node: string };
-
+/** An app that runs, as the edge knows it: the process serving it and its node (apps.live_*, the node from the fleet). */
+export type ProcessTarget = { processId: string; node: NodeRef };
 
 /** Headers a client may not send on to an app: ours, and hop-by-hop ones the fetch to the node sets itself. */
 const DROPPED = /^(x-svc-|x-forwarded-|cf-|connection$|keep-alive$|proxy-|te$|trailer$|transfer-encoding$)/i;
@@ -22,9 +22,9 @@ async function forwarded(request: Request, config: Config, target: ProcessTarget
   headers.set("X-Forwarded-Proto", url.protocol.replace(/:$/, ""));
   const client = request.headers.get("CF-Connecting-IP");
   if (client) headers.set("X-Forwarded-For", client);
-  for (const [name, value] of Object.entries(await signProxy(config.BUILDER_SECRET ?? "", target.processId))) headers.set(name, value);
+  for (const [name, value] of Object.entries(await signProxy(await signingKey(config, target.node.id), target.processId))) headers.set(name, value);
   const bodyless = request.method === "GET" || request.method === "HEAD";
-  return new Request(new URL(`/v1/proxy/${target.processId}${url.pathname}${url.search}`, target.node), {
+  return new Request(new URL(`/v1/proxy/${target.processId}${url.pathname}${url.search}`, target.node.address), {
     method: request.method,
     headers,
     body: bodyless ? null : request.body,
@@ -65,7 +65,7 @@ async function send(request: Request, config: Config, target: ProcessTarget): Pr
   try {
     return await fetch(await forwarded(request, config, target));
   } catch (err) {
-    console.error(JSON.stringify({ event: "proxy.unreachable", node: target.node, error: err instanceof Error ? err.message : String(err) }));
+    console.error(JSON.stringify({ event: "proxy.unreachable", node: target.node.id, error: err instanceof Error ? err.message : String(err) }));
     return plain(502, "The app's node could not be reached; try again in a moment");
   }
 }

@@ -1,6 +1,7 @@
 import { eq } from "drizzle-orm";
 import { openDb } from "../db/client";
 import { type AppRow, apps } from "../db/schema";
+import { nodeRef } from "../services/fleet";
 import { configOf, type Env } from "../env";
 import { runsProcess } from "../services/app-runtime";
 import { BlobCache } from "./blob-cache";
@@ -215,17 +216,20 @@ async function serveFrom(
  * `svc logs <app>` after the response, never before it.
  */
 /** An app that runs: its requests go to the process serving it (proxy.ts). */
-function serveProcess(request: Request, env: Env, name: string, app: SiteApp): Promise<Response> | Response {
-  const target = liveTarget(app);
+async function serveProcess(request: Request, env: Env, name: string, app: SiteApp): Promise<Response> {
+  const target = await liveTarget(env, app);
   if (!target) return page(app.activeDeploymentId ? 503 : 404, app.activeDeploymentId ? "This app is starting" : "Nothing deployed yet");
   return proxyToProcess(request, configOf(env), target, async () => {
     const fresh = await siteApp(env, name, Date.now(), true);
-    return fresh && fresh.status === "running" ? liveTarget(fresh) : null;
+    return fresh && fresh.status === "running" ? liveTarget(env, fresh) : null;
   });
 }
 
-function liveTarget(app: SiteApp): ProcessTarget | null {
-  return app.liveProcessId && app.liveNode ? { processId: app.liveProcessId, node: app.liveNode } : null;
+/** The live process and where its node is reached (the fleet's view, cached per isolate); null while none serves. */
+async function liveTarget(env: Env, app: SiteApp): Promise<ProcessTarget | null> {
+  if (!app.liveProcessId || !app.liveNode) return null;
+  const node = await nodeRef(env, app.liveNode).catch(() => null);
+  return node ? { processId: app.liveProcessId, node } : null;
 }
 
 export async function serveSite(

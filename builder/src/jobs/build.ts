@@ -16,7 +16,7 @@ import { join } from "node:path";
 import { FsImages, IMAGE_DATA_DIR } from "../fs-image.js";
 import { COMMON_OUTPUT_DIRS, PROJECT_ROOT, type ProjectFiles, planSite, readPackageJson } from "../detect.js";
 import type { JobOutcome } from "../job-manager.js";
-import type { BuildResult, BuildSpec } from "../protocol.js";
+import type { BuildResult, BuildSpec, NodeCredentials } from "../protocol.js";
 import type { SandboxHost } from "../sandbox-host.js";
 import {
   DEFAULT_PATH,
@@ -57,7 +57,7 @@ export interface BuildJobInput {
   /** Room for the project, its dependencies and its output (a filesystem of this size when the builder can make one). */
   scratchBytes: number;
   /** Signs the requests to the Worker's blobs endpoint. */
-  secret: string;
+  credentials: NodeCredentials;
   /** The package mirror (the builder's NPM_CONFIG_REGISTRY), or null for the package managers' default. */
   npmRegistry: string | null;
   /** Where python releases install from (the builder's BUILDER_PIP_INDEX_URL and BUILDER_PIP_FIND_LINKS). */
@@ -216,7 +216,7 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
     }
 
     if (plan.kind === "release") {
-      const published = await publishRelease({ root, plan, spec, jobDir: input.jobDir, secret: input.secret, user: input.user, log, signal, peakMemoryBytes });
+      const published = await publishRelease({ root, plan, spec, jobDir: input.jobDir, credentials: input.credentials, user: input.user, log, signal, peakMemoryBytes });
       if (!published.ok) return fail(published.error);
       const { result } = published;
       const ran = plan.install !== null || plan.buildCommand !== null;
@@ -255,7 +255,7 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
 
     const upload = await uploadMissingBlobs({
       endpoint: spec.blobsEndpoint,
-      secret: input.secret,
+      credentials: input.credentials,
       root: outputRoot,
       manifest: entries,
       signal,

@@ -12,7 +12,7 @@
 import { readdir, readlink } from "node:fs/promises";
 import { join } from "node:path";
 import { type ProjectFiles, readPackageJson } from "../detect.js";
-import type { BuildSpec, ReleaseResult } from "../protocol.js";
+import type { BuildSpec, ReleaseResult, NodeCredentials } from "../protocol.js";
 import { type ReleasePlan, planRelease } from "../release-plan.js";
 import { type JobLog, type JobUser, SANDBOX_WORK_DIR, formatBytes } from "../sandbox.js";
 import { parseSvcJson, type SvcJson } from "../static/project-config.js";
@@ -99,7 +99,7 @@ export interface PublishReleaseInput {
   /** A spec with `release`. */
   spec: BuildSpec;
   jobDir: string;
-  secret: string;
+  credentials: NodeCredentials;
   user: JobUser;
   log: JobLog;
   signal: AbortSignal;
@@ -134,7 +134,7 @@ export async function publishRelease(input: PublishReleaseInput): Promise<{ ok: 
       spoolDir: join(input.jobDir, "parts"),
       partUrlEndpoint: target.partUrlEndpoint,
       partSizeBytes: target.partSizeBytes,
-      secret: input.secret,
+      credentials: input.credentials,
       log,
       signal: input.signal,
     });

@@ -8,7 +8,7 @@
 import { join } from "node:path";
 import type { DiskStore } from "../disks.js";
 import type { JobContext, JobOutcome } from "../job-manager.js";
-import type { SnapshotSpec } from "../protocol.js";
+import type { SnapshotSpec, NodeCredentials } from "../protocol.js";
 import { formatBytes } from "../sandbox.js";
 import { PartUploadFailed, uploadDirectoryArchive } from "../tar/multipart-upload.js";
 import { SnapshotLimitExceeded } from "../tar/pack.js";
@@ -19,7 +19,7 @@ export interface SnapshotJobInput extends JobContext {
   spec: SnapshotSpec;
   disks: DiskStore;
   /** Signs the part-URL requests to the Worker. */
-  secret: string;
+  credentials: NodeCredentials;
 }
 
 /** Packs, compresses and uploads the disk; the result lists the parts for CompleteMultipartUpload. */
@@ -34,7 +34,7 @@ export async function snapshotJob(input: SnapshotJobInput): Promise<JobOutcome> 
       spoolDir: join(input.jobDir, "work"),
       partUrlEndpoint: spec.partUrlEndpoint,
       partSizeBytes: spec.partSizeBytes,
-      secret: input.secret,
+      credentials: input.credentials,
       log,
       signal,
       // The backup limits a restore of this disk enforces (protocol.ts): past one, the snapshot fails with the reason.

@@ -23,7 +23,7 @@ import { deliverCallback } from "../callback.js";
 import type { DiskLeases } from "../disk-leases.js";
 import type { DiskStore } from "../disks.js";
 import { isId, newId } from "../ids.js";
-import { type ProcessSpec, ProcessStatus, TENANT_PATTERN } from "../protocol.js";
+import { type ProcessSpec, ProcessStatus, TENANT_PATTERN, type NodeCredentials } from "../protocol.js";
 import type { SandboxHost } from "../sandbox-host.js";
 import type { TenantUsers } from "../tenants.js";
 import { AppLogs, ProcessOutput } from "./app-log.js";
@@ -41,7 +41,7 @@ const SHUTDOWN_CALLBACKS_MS = 10_000;
 /** What the manager needs from the server. */
 export interface ProcessManagerOptions {
   dataDir: string;
-  secret: string;
+  credentials: NodeCredentials;
   host: SandboxHost;
   tenants: TenantUsers;
   disks: DiskStore;
@@ -100,6 +100,13 @@ export class ProcessManager {
     manager.#pruneTimer = setInterval(() => void manager.#prune(), PRUNE_INTERVAL_MS);
     manager.#pruneTimer.unref();
     return manager;
+  }
+
+  /** Processes not yet stopped or failed (what heartbeats report). */
+  get live(): number {
+    let live = 0;
+    for (const entry of this.#entries.values()) if (!isFinal(entry.status.state)) live++;
+    return live;
   }
 
   /** Starts a process (or answers the one its key already names). */
@@ -231,7 +238,7 @@ export class ProcessManager {
     const superseded = new AbortController();
     entry.delivery = superseded;
     const signal = AbortSignal.any([superseded.signal, this.#stopCallbacks.signal]);
-    const delivery = entry.delivering.then(() => deliverCallback({ url, status, secret: this.#options.secret, signal }));
+    const delivery = entry.delivering.then(() => deliverCallback({ url, status, credentials: this.#options.credentials, signal }));
     entry.delivering = delivery.then(() => undefined);
     this.#deliveries.add(delivery);
     void delivery.finally(() => this.#deliveries.delete(delivery));

@@ -2,13 +2,13 @@
  * Content-addressed publishing: the builder tells the Worker which blobs the
  * site consists of, the Worker answers with presigned PUT URLs for the ones its
  * storage lacks, and only those are sent. The builder holds no storage
- * credentials; every request to the Worker is signed with the shared secret.
+ * credentials; every request to the Worker is signed with the node's key.
  */
 import { createHash } from "node:crypto";
 import { Readable, Transform } from "node:stream";
 import type { ReadableStream as WebReadableStream } from "node:stream/web";
 import { setTimeout as sleep } from "node:timers/promises";
-import { BLOB_BATCH_LIMIT, type BlobsRequest, BlobsResponse, type ManifestEntry, signRequest } from "../protocol.js";
+import { BLOB_BATCH_LIMIT, type BlobsRequest, BlobsResponse, type ManifestEntry, signRequest, type NodeCredentials } from "../protocol.js";
 import { openInside } from "./files.js";
 import { forEachLimited } from "./pool.js";
 
@@ -22,7 +22,7 @@ const PARALLEL_PUTS = 16;
 export interface UploadOptions {
   /** The Worker's blobs endpoint (BuildSpec.blobsEndpoint). */
   endpoint: string;
-  secret: string;
+  credentials: NodeCredentials;
   /** Real path of the output folder the manifest was made from. */
   root: string;
   manifest: ManifestEntry[];
@@ -75,7 +75,7 @@ async function askMissing(options: UploadOptions, batch: ManifestEntry[]): Promi
   const request: BlobsRequest = { blobs: batch.map(({ sha256, size, contentType }) => ({ sha256, size, contentType })) };
   const body = JSON.stringify(request);
   const response = await withRetries(`blob check at ${url.origin}${url.pathname}`, options.signal, async (signal) => {
-    const headers = await signRequest({ secret: options.secret, method: "POST", path: url.pathname + url.search, body });
+    const headers = await signRequest({ secret: options.credentials.key, node: options.credentials.node, method: "POST", path: url.pathname + url.search, body });
     return fetch(url, { method: "POST", headers: { ...headers, "Content-Type": "application/json" }, body, signal });
   });
   const parsed = BlobsResponse.safeParse(await response.json().catch(() => null));

@@ -24,7 +24,7 @@ import { availableParallelism } from "node:os";
 import { join } from "node:path";
 import { pipeline } from "node:stream/promises";
 import { setTimeout as sleep } from "node:timers/promises";
-import { PartUrlResponse, SNAPSHOT_MAX_PARTS, type SnapshotPart, signRequest } from "../protocol.js";
+import { PartUrlResponse, SNAPSHOT_MAX_PARTS, type SnapshotPart, signRequest, type NodeCredentials } from "../protocol.js";
 import { type JobLog, formatBytes } from "../sandbox.js";
 import { DirectoryPacker, type PackLimits } from "./pack.js";
 import { parallelGzip } from "./parallel-gzip.js";
@@ -57,7 +57,7 @@ export interface ArchiveUploadInput {
   partUrlEndpoint: string;
   partSizeBytes: number;
   /** Signs the part-URL requests to the Worker. */
-  secret: string;
+  credentials: NodeCredentials;
   /** Hears about members left out (sockets, fifos…) and each uploaded part. */
   log: JobLog;
   signal: AbortSignal;
@@ -90,7 +90,7 @@ export class PartUploadFailed extends Error {}
  */
 export async function uploadDirectoryArchive(input: ArchiveUploadInput): Promise<UploadedArchive> {
   const { log, signal } = input;
-  const uploader = new PartUploader(input.partUrlEndpoint, input.secret, log, signal);
+  const uploader = new PartUploader(input.partUrlEndpoint, input.credentials, log, signal);
   const spooler = new PartSpooler(input.spoolDir, input.partSizeBytes, uploader);
   try {
     await mkdir(input.spoolDir, { mode: 0o700 });
@@ -218,7 +218,7 @@ class PartSpooler {
  */
 class PartUploader {
   readonly #endpoint: URL;
-  readonly #secret: string;
+  readonly #credentials: NodeCredentials;
   readonly #log: JobLog;
   readonly #signal: AbortSignal;
   readonly #failure = new AbortController();
@@ -230,9 +230,9 @@ class PartUploader {
   /** Why the upload failed, once it did. */
   error: string | null = null;
 
-  constructor(endpoint: string, secret: string, log: JobLog, signal: AbortSignal) {
+  constructor(endpoint: string, credentials: NodeCredentials, log: JobLog, signal: AbortSignal) {
     this.#endpoint = new URL(endpoint);
-    this.#secret = secret;
+    this.#credentials = credentials;
     this.#log = log;
     this.#signal = AbortSignal.any([signal, this.#stop.signal]);
   }
@@ -296,7 +296,7 @@ class PartUploader {
   async #partUrl(partNumber: number): Promise<URL> {
     const body = JSON.stringify({ partNumber });
     const path = this.#endpoint.pathname + this.#endpoint.search;
-    const headers = await signRequest({ secret: this.#secret, method: "POST", path, body });
+    const headers = await signRequest({ secret: this.#credentials.key, node: this.#credentials.node, method: "POST", path, body });
     const response = await fetch(this.#endpoint, {
       method: "POST",
       headers: { ...headers, "Content-Type": "application/json" },

@@ -1,0 +1,72 @@
+import type { FleetNode } from "../../durable-objects/fleet";
+import type { Env } from "../env";
+import { LONE_BUILDER_ID, type NodeRef } from "../lib/builder-client";
+import { ApiError } from "../lib/errors";
+
+/** How long an isolate trusts its copy of the fleet (the Fleet object's `view()`). */
+const VIEW_TTL_MS = 2_000;
+
+type View = { at: number; nodes: FleetNode[]; picks: Map<string, number> };
+let cached: View | null = null;
+
+/** The fleet's one object. */
+export function fleetStub(env: Env) {
+  return env.FLEET.get(env.FLEET.idFromName("fleet"));
+}
+
+/**
+ * The nodes as the Fleet object knew them at most 2 s ago, read without D1
+ * (one RPC per isolate per 2 s), with the work this isolate placed since
+ * counted as load. While no node has joined, the lone builder at BUILDER_URL
+ * (if configured) is the whole fleet.
+ */
+export async function fleet(env: Env, now = Date.now()): Promise<View> {
+  if (!cached || now - cached.at > VIEW_TTL_MS) {
+    const nodes = await fleetStub(env).view();
+    cached = { at: now, nodes: nodes.length > 0 || !env.BUILDER_URL ? nodes : [loneBuilder(env.BUILDER_URL, now)], picks: new Map() };
+  }
+  return cached;
+}
+
+/** Forgets this isolate's copy (after a membership change it made itself). */
+export function forgetFleet(): void {
+  cached = null;
+}
+
+function loneBuilder(address: string, now: number): FleetNode {
+  return {
+    id: LONE_BUILDER_ID,
+    name: LONE_BUILDER_ID,
+    address,
+    state: "ready",
+    cores: 1,
+    memoryMb: 0,
+    diskTotalBytes: 0,
+    diskFreeBytes: 0,
+    runningJobs: 0,
+    processes: 0,
+    pid: null,
+    joinedAt: now,
+    lastHeartbeatAt: now,
+    lostAt: null,
+    quarantined: [],
+  };
+}
+
+/** Where node `id` is reached; NODE_NOT_FOUND once it was removed. */
+export async function nodeRef(env: Env, id: string): Promise<NodeRef> {
+  const node = (await fleet(env)).nodes.find((candidate) => candidate.id === id);
+  if (!node) throw new ApiError("NODE_NOT_FOUND", `node ${id} is no longer a member of the fleet`);
+  return { id: node.id, address: node.address };
+}
+
+/** The node, when it is lost (its work elsewhere must not wait for it); null otherwise. */
+export async function lostNode(env: Env, id: string): Promise<FleetNode | null> {
+  const node = (await fleet(env)).nodes.find((candidate) => candidate.id === id);
+  return node?.state === "lost" ? node : null;
+}
+
+/** Counts one unit of work placed on `id` by this isolate until the next heartbeat reports it. */
+export function notePlaced(view: View, id: string): void {
+  view.picks.set(id, (view.picks.get(id) ?? 0) + 1);
+}
