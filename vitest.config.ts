@@ -32,6 +32,7 @@ export default defineConfig({
               bindings: {
                 TEST_MIGRATIONS: await readD1Migrations(migrationsDir),
                 OPERATOR_TOKEN: "test-operator-token",
+                NODE_JOIN_TOKEN: "test-node-join-token",
                 BUILDER_SECRET: builderSecret,
                 BUILDER_URL: builderUrl,
                 // Nothing listens here: completion reaches the Worker suites by polling,

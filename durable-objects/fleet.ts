@@ -124,7 +124,7 @@ export class Fleet extends DurableObject<Env> {
     return { fence: await this.staleCopies(nodeId, report) };
   }
 
-  /** Disks the node holds whose record is on another node or at a newer generation. */
+  /** Disks the node holds whose record is gone, on another node or at a newer generation. */
   private async staleCopies(nodeId: string, report: NodeHeartbeat): Promise<string[]> {
     const fence: string[] = [];
     for (let i = 0; i < report.disks.length; i += 90) {
@@ -139,8 +139,8 @@ export class Fleet extends DurableObject<Env> {
       const byId = new Map(records.map((record) => [record.id, record]));
       for (const held of batch) {
         const record = byId.get(held.id);
-        // A disk deleted meanwhile is the node's to clean up (its delete may come later); only moved ones are fenced.
-        if (record && ((record.nodeId !== null && record.nodeId !== nodeId) || record.generation > held.generation)) fence.push(held.id);
+        // Deleted while the node was away, moved to another node, or restored at a newer generation: set aside, never deleted silently.
+        if (!record || (record.nodeId !== null && record.nodeId !== nodeId) || record.generation > held.generation) fence.push(held.id);
       }
     }
     return fence;

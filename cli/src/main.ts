@@ -1,5 +1,6 @@
 import { ApiClient } from "./api.js";
 import { type BaseContext, type Command, defineCommand, GLOBAL_OPTIONS, type Group, helpRows } from "./command.js";
+import { admin } from "./commands/admin.js";
 import { apps } from "./commands/apps.js";
 import { backups } from "./commands/backups.js";
 import { cron } from "./commands/cron.js";
@@ -17,7 +18,7 @@ import { didYouMean } from "./suggest.js";
 import { VERSION } from "./version.js";
 
 /** Every noun and top-level command, in help order. A new noun is one file under commands/ and one line here. */
-const COMMANDS: readonly (Group | Command)[] = [login, logout, keys, apps, env, disk, backups, cron, init, deploy, deployments, logs];
+const COMMANDS: readonly (Group | Command)[] = [login, logout, keys, apps, env, disk, backups, cron, init, deploy, deployments, logs, admin];
 
 const isGroup = (entry: Group | Command): entry is Group => "commands" in entry;
 
