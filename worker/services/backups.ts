@@ -195,7 +195,17 @@ export async function startBackup(
   automatic = false,
 ): Promise<BackupRow> {
   const backup = await createBackup(db, config, accountId, disk, description, automatic);
-  await backupStub(env, backup.id).start(backup.id);
+  try {
+    await backupStub(env, backup.id).start(backup.id);
+  } catch (err) {
+    // Left `creating`, the row would hold its quota and keep the disk busy (no automatic snapshot again) for good.
+    const failureReason = `the backup could not start: ${err instanceof Error ? err.message : String(err)}`;
+    await db
+      .update(backups)
+      .set({ status: "failed", failureReason, reservedBytes: 0, completedAt: Date.now() })
+      .where(and(eq(backups.id, backup.id), eq(backups.status, "creating")));
+    throw err;
+  }
   return backup;
 }
 

@@ -51,7 +51,7 @@ export async function snapshotDueDisks(env: Env, now: number): Promise<SnapshotP
     const skip = async (reason: string, from: number) => {
       await db
         .update(disks)
-        .set({ nextSnapshotAt: retryAt, snapshotSkipped: `the automatic snapshot due ${iso(now)} did not start: ${reason}` })
+        .set({ nextSnapshotAt: retryAt, snapshotSkipped: `the automatic snapshot of ${iso(now)} did not start: ${reason}` })
         .where(and(eq(disks.id, disk.id), eq(disks.nextSnapshotAt, from)));
     };
     try {
