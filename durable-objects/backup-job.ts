@@ -4,6 +4,7 @@ import { submitSnapshot } from "../worker/lib/builder-client";
 import { diskNode } from "../worker/services/placement";
 import { builderShare, PLAN_LIMITS } from "../worker/lib/plans";
 import { GIB } from "../worker/services/disks";
+import { pruneAutomaticSnapshots } from "../worker/services/snapshots";
 import { completeUpload } from "../worker/storage/objects";
 import { presignPart } from "../worker/storage/presign";
 import { type Ending, failureOf, SingleBuilderJob } from "./single-job";
@@ -105,7 +106,7 @@ export class BackupJob extends SingleBuilderJob {
       return;
     }
     const owner = await this.db
-      .select({ plan: accounts.plan })
+      .select({ plan: accounts.plan, diskId: backups.diskId, automatic: backups.automatic })
       .from(backups)
       .innerJoin(accounts, eq(backups.accountId, accounts.id))
       .where(eq(backups.id, backupId))
@@ -122,5 +123,7 @@ export class BackupJob extends SingleBuilderJob {
         expiresAt: now + retentionDays * DAY_MS,
       })
       .where(eq(backups.id, backupId));
+    // A new automatic snapshot is ready: the oldest beyond the disk's keep go (never a person's backups).
+    if (owner?.automatic) await pruneAutomaticSnapshots(this.db, this.env.BUCKET, owner.diskId);
   }
 }

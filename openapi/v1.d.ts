@@ -3217,7 +3217,84 @@ export interface paths {
         };
         options?: never;
         head?: never;
-        patch?: never;
+        /**
+         * Change a disk's automatic snapshots
+         * @description Only the supplied fields change. A new interval starts the schedule afresh (the next snapshot one interval from now); 0 turns snapshots off, keeping those already made until their retention ends. A smaller snapshotKeep deletes the oldest automatic snapshots beyond it when the next one is ready.
+         */
+        patch: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    /** @description Disk id or name */
+                    disk: string;
+                };
+                cookie?: never;
+            };
+            requestBody: {
+                content: {
+                    "application/json": components["schemas"]["UpdateDisk"];
+                };
+            };
+            responses: {
+                /** @description The disk after the change */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": {
+                            data: components["schemas"]["Disk"];
+                        };
+                    };
+                };
+                /** @description Invalid request (VALIDATION_ERROR) */
+                400: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description Missing, malformed, unknown, deleted or expired API key (UNAUTHORIZED) */
+                401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description The key lacks the required scope (INSUFFICIENT_SCOPE), or the plan's limit is reached (PLAN_LIMIT_EXCEEDED) */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description No such disk in this account (DISK_NOT_FOUND) */
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description Too many requests with this key (RATE_LIMITED); Retry-After says when to try again */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+            };
+        };
         trace?: never;
     };
     "/v1/disks/{disk}/attach": {
@@ -4797,6 +4874,8 @@ export interface components {
             app: string;
         };
         Backup: {
+            /** @description Made by the disk's snapshot schedule (description `automatic snapshot`); only these are pruned to the disk's `snapshotKeep` */
+            automatic: boolean;
             completedAt?: string;
             createdAt: string;
             description: string;
@@ -4942,6 +5021,16 @@ export interface components {
             mountPath: string;
             name: string;
             sizeGb: number;
+            /**
+             * @description Hours between automatic snapshots, 1-168; 0 turns them off. Default 24 (daily); the first one interval after creation
+             * @example 24
+             */
+            snapshotIntervalHours?: number;
+            /**
+             * @description Automatic snapshots kept, at most the plan's limit (free 7, pro 30, business 90). Default 7
+             * @example 7
+             */
+            snapshotKeep?: number;
         };
         Cron: {
             appId: string;
@@ -5047,7 +5136,21 @@ export interface components {
             inUse: boolean;
             mountPath: string;
             name: string;
+            /** @description When the next automatic snapshot starts (within 5 minutes of it; a time past means at the next pass); null when off */
+            nextSnapshotAt: string | null;
             sizeGb: number;
+            /**
+             * @description Hours between automatic snapshots; 0 when they are off
+             * @example 24
+             */
+            snapshotIntervalHours: number;
+            /**
+             * @description Ready automatic snapshots kept; older ones are deleted when a new one is ready
+             * @example 7
+             */
+            snapshotKeep: number;
+            /** @description Why the last automatic snapshot that was due did not start (backup space full, disk busy…); null once one starts */
+            snapshotSkipped: string | null;
             /** @enum {string} */
             status: "available" | "restoring";
             updatedAt: string;
@@ -5179,6 +5282,24 @@ export interface components {
             schedule?: string;
             timeoutSeconds?: number;
             timezone?: string;
+        };
+        /**
+         * @example {
+         *       "snapshotIntervalHours": 12,
+         *       "snapshotKeep": 14
+         *     }
+         */
+        UpdateDisk: {
+            /**
+             * @description Hours between automatic snapshots, 1-168; 0 turns them off
+             * @example 24
+             */
+            snapshotIntervalHours?: number;
+            /**
+             * @description Automatic snapshots kept, at most the plan's limit (free 7, pro 30, business 90)
+             * @example 7
+             */
+            snapshotKeep?: number;
         };
         WhoAmI: {
             /** @example acct_8fK2pR7sT1uW9xZc3hY8aQ0m */

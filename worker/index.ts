@@ -1,6 +1,7 @@
 import { createApp } from "./app";
 import type { Env } from "./env";
 import { sweep } from "./services/retention";
+import { snapshotDueDisks } from "./services/snapshots";
 import { watchCrons } from "./services/watchdog";
 
 export { AppRuntime } from "../durable-objects/app-runtime";
@@ -12,13 +13,20 @@ export { RestoreJob } from "../durable-objects/restore-job";
 
 const app = createApp();
 
-/** wrangler.toml [triggers]: the hourly retention sweep; the other trigger (every 5 minutes) is the cron watchdog. */
+/**
+ * wrangler.toml [triggers]: the hourly retention sweep; the other trigger
+ * (every 5 minutes) is the watchdog pass: cron jobs whose alarm died, and
+ * disks whose automatic snapshot is due.
+ */
 const RETENTION_SCHEDULE = "17 * * * *";
 
 export default {
   fetch: app.fetch,
   scheduled(controller, env, ctx) {
     if (controller.cron === RETENTION_SCHEDULE) ctx.waitUntil(sweep(env, controller.scheduledTime));
-    else ctx.waitUntil(watchCrons(env, controller.scheduledTime));
+    else {
+      ctx.waitUntil(watchCrons(env, controller.scheduledTime));
+      ctx.waitUntil(snapshotDueDisks(env, controller.scheduledTime));
+    }
   },
 } satisfies ExportedHandler<Env>;

@@ -13,6 +13,18 @@ export function positiveInteger(value: string, flag: string, fail: Fail): number
   return n;
 }
 
+const UNIT_HOURS: Record<string, number> = { h: 1, d: 24, w: 168 };
+
+/** An interval of whole hours such as `24h`, `1d`, `1w` (or a bare number of hours); `off` (or 0) is 0. */
+export function hoursOrOff(value: string, flag: string, fail: Fail): number {
+  const text = value.trim().toLowerCase();
+  if (text === "off") return 0;
+  const match = /^(\d+)\s*([hdw]?)$/.exec(text);
+  const hours = match ? Number(match[1]) * UNIT_HOURS[match[2] || "h"]! : Number.NaN;
+  if (!Number.isSafeInteger(hours)) throw fail(`${flag} must be whole hours such as 12h, 1d or 1w, or off, got "${value}"`);
+  return hours;
+}
+
 const UNIT_SECONDS: Record<string, number> = { s: 1, m: 60, h: 3600, d: 86_400, w: 604_800 };
 
 /** A duration such as `90s`, `15m`, `1h`, `30d`, `2w` (or a bare number of seconds), in seconds. */

@@ -158,12 +158,28 @@ describe("svc apps, env and disk against wrangler dev", () => {
 
       const list = await svc(["disk", "list"], deploy);
       expect(list.code).toBe(0);
-      expect(list.stdout).toMatch(/^NAME\s+ID\s+SIZE\s+MOUNT PATH\s+APP\s+IN USE\s+CREATED$/m);
-      expect(list.stdout).toMatch(new RegExp(`^${diskName}\\s+disk_\\w+\\s+1 GB\\s+/data\\s+-\\s+no\\s`, "m"));
+      expect(list.stdout).toMatch(/^NAME\s+ID\s+SIZE\s+MOUNT PATH\s+APP\s+IN USE\s+SNAPSHOTS\s+CREATED$/m);
+      expect(list.stdout).toMatch(new RegExp(`^${diskName}\\s+disk_\\w+\\s+1 GB\\s+/data\\s+-\\s+no\\s+daily \\(keep 7\\)\\s`, "m"));
 
       const info = await svc(["disk", "info", diskName, "--json"], deploy);
       expect(info.code).toBe(0);
       expect(json(info.stdout)).toMatchObject({ name: diskName, sizeGb: 1, mountPath: "/data", appId: null, inUse: false });
+    });
+
+    it("update changes the automatic snapshots; info shows them", async () => {
+      const created = await svc(["disk", "info", diskName], deploy);
+      expect(created.stdout).toMatch(/^snapshots\s+daily, keeping 7$/m);
+      expect(created.stdout).toMatch(/^next snapshot\s+\d{4}-\d\d-\d\dT\S+Z \(.+\)$/m);
+      const updated = await svc(["disk", "update", diskName, "--snapshot-every", "6h", "--snapshot-keep", "3"], deploy);
+      expect(updated.stderr).toBe("");
+      expect(updated.stdout).toMatch(/^snapshots\s+every 6 hours, keeping 3$/m);
+      const off = await svc(["disk", "update", diskName, "--snapshot-every", "off", "--json"], deploy);
+      expect(json(off.stdout)).toMatchObject({ snapshotIntervalHours: 0, snapshotKeep: 3, nextSnapshotAt: null });
+      const bad = await svc(["disk", "update", diskName, "--snapshot-keep", "0"], deploy);
+      expect(bad.code).toBe(2);
+      expect(bad.stderr).toContain("--snapshot-keep must be a whole number of at least 1");
+      const back = await svc(["disk", "update", diskName, "--snapshot-every", "1d", "--snapshot-keep", "7"], deploy);
+      expect(back.stdout).toMatch(/^snapshots\s+daily, keeping 7$/m);
     });
 
     it("attach puts the disk on the app, and delete is refused while attached", async () => {

@@ -75,10 +75,10 @@ describe("svc backups against wrangler dev", () => {
   it("list shows the backup in a table and as JSON", async () => {
     const r = await svc(["backups", "list", disk], env);
     expect(r.code).toBe(0);
-    expect(r.stdout).toMatch(/^ID\s+STATUS\s+SIZE\s+CREATED\s+EXPIRES\s+DESCRIPTION$/m);
-    expect(r.stdout).toMatch(new RegExp(`^${backupId}\\s+ready\\s+\\d+(\\.\\d)? (B|KiB|MiB)\\s+.+\\s+cli test$`, "m"));
+    expect(r.stdout).toMatch(/^ID\s+STATUS\s+KIND\s+SIZE\s+CREATED\s+EXPIRES\s+DESCRIPTION$/m);
+    expect(r.stdout).toMatch(new RegExp(`^${backupId}\\s+ready\\s+manual\\s+\\d+(\\.\\d)? (B|KiB|MiB)\\s+.+\\s+cli test$`, "m"));
     const list = json<Backup[]>((await svc(["backups", "list", disk, "--json"], env)).stdout);
-    expect(list[0]).toMatchObject({ id: backupId, status: "ready", description: "cli test" });
+    expect(list[0]).toMatchObject({ id: backupId, status: "ready", description: "cli test", automatic: false });
   });
 
   it("download -o streams the archive to a file that tar lists, with the SHA-256 checked", async () => {

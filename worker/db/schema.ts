@@ -153,10 +153,31 @@ export const disks = sqliteTable(
     generation: integer("generation").notNull().default(1),
     /** What happened to the disk when its node was lost or drained, in the user's words; null when nothing did. */
     placementNote: text("placement_note"),
+    /**
+     * Automatic snapshots (issue 19): hours between them, 0 when off. A whole
+     * number of hours rather than a cron expression: "daily" is what users
+     * ask for, and an interval cannot be set to fire every minute.
+     */
+    snapshotIntervalHours: integer("snapshot_interval_hours").notNull().default(24),
+    /** Ready automatic backups of the disk kept; older ones are deleted when a new one is ready. */
+    snapshotKeep: integer("snapshot_keep").notNull().default(7),
+    /**
+     * When the watchdog pass starts the next automatic snapshot; null when
+     * they are off. Disks that existed before snapshots get 0: due at the
+     * first pass, so every disk has one by the next day.
+     */
+    nextSnapshotAt: integer("next_snapshot_at").default(0),
+    /** Why the last automatic snapshot that was due did not start (quota full, disk busy…); null once one starts. */
+    snapshotSkipped: text("snapshot_skipped"),
     createdAt: integer("created_at").notNull(),
     updatedAt: integer("updated_at").notNull(),
   },
-  (t) => [uniqueIndex("disks_account_name_idx").on(t.accountId, t.name), index("disks_app_idx").on(t.appId), index("disks_node_idx").on(t.nodeId)],
+  (t) => [
+    uniqueIndex("disks_account_name_idx").on(t.accountId, t.name),
+    index("disks_app_idx").on(t.appId),
+    index("disks_node_idx").on(t.nodeId),
+    index("disks_next_snapshot_idx").on(t.nextSnapshotAt),
+  ],
 );
 
 export const NODE_STATES = ["ready", "cordoned", "draining", "lost"] as const;
@@ -282,6 +303,8 @@ export const backups = sqliteTable(
       .references(() => disks.id, { onDelete: "cascade" }),
     status: text("status", { enum: BACKUP_STATUSES }).notNull(),
     description: text("description").notNull().default(""),
+    /** Made by the disk's snapshot schedule, not by a person; only these are pruned to the disk's `snapshot_keep`. */
+    automatic: integer("automatic", { mode: "boolean" }).notNull().default(false),
     /** Archive size once ready; 0 before. */
     sizeBytes: integer("size_bytes").notNull().default(0),
     /** Quota held while creating (the disk's used bytes when the backup started). */

@@ -11,6 +11,11 @@ export type PlanLimits = {
   backupRetentionDays: number;
   /** One backup space shared by disk backups and database dumps. */
   backupQuotaBytes: number;
+  /**
+   * Most automatic snapshots one disk may keep (its `snapshotKeep`): a daily
+   * snapshot for each day of the plan's retention, after which they expire anyway.
+   */
+  snapshotKeep: number;
   /** Disks the account may have. */
   disks: number;
   /** Largest single disk. */
@@ -41,6 +46,7 @@ export type PlanLimits = {
 export const PLAN_LIMITS: Record<Plan, PlanLimits> = {
   free: {
     backupRetentionDays: 7,
+    snapshotKeep: 7,
     backupQuotaBytes: 10 * GIB,
     disks: 2,
     diskSizeGb: 10,
@@ -52,6 +58,7 @@ export const PLAN_LIMITS: Record<Plan, PlanLimits> = {
   },
   pro: {
     backupRetentionDays: 30,
+    snapshotKeep: 30,
     backupQuotaBytes: 100 * GIB,
     disks: 10,
     diskSizeGb: 250,
@@ -63,6 +70,7 @@ export const PLAN_LIMITS: Record<Plan, PlanLimits> = {
   },
   business: {
     backupRetentionDays: 90,
+    snapshotKeep: 90,
     backupQuotaBytes: 1024 * GIB,
     disks: 50,
     diskSizeGb: 1000,

@@ -6,9 +6,7 @@ import { authErrors, errorResponse, jsonBody, newRouter } from "../lib/router";
 import { Ref } from "../lib/schemas";
 import {
   backupArchive,
-  backupStub,
   backupViews,
-  createBackup,
   deleteBackup,
   listBackups,
   presignRestoreUpload,
@@ -16,6 +14,7 @@ import {
   resolveBackup,
   resolveRestore,
   restoreViewOf,
+  startBackup,
   startRestore,
   uploadedArchive,
 } from "../services/backups";
@@ -41,6 +40,9 @@ const BackupSchema = z
     }),
     waiting: z.string().optional().openapi({ description: "Only while queued: why the snapshot waits" }),
     description: z.string(),
+    automatic: z.boolean().openapi({
+      description: "Made by the disk's snapshot schedule (description `automatic snapshot`); only these are pruned to the disk's `snapshotKeep`",
+    }),
     createdAt: z.string(),
     completedAt: z.string().optional(),
     sha256: z.string().optional().openapi({ description: "SHA-256 of the .tar.gz, checked on restore" }),
@@ -95,8 +97,7 @@ backupRoutes.openapi(
     const db = c.get("db");
     const accountId = c.get("principal").accountId;
     const { disk } = await resolveDisk(db, accountId, c.req.valid("param").diskId);
-    const backup = await createBackup(db, c.env, accountId, disk, c.req.valid("json").description);
-    await backupStub(c.env, backup.id).start(backup.id);
+    const backup = await startBackup(db, c.env, accountId, disk, c.req.valid("json").description);
     const [view] = await backupViews(c.env, [backup]);
     return c.json({ data: view!, status: 201 }, 201);
   },

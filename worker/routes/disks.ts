@@ -6,7 +6,9 @@ import { DISK_STATUSES } from "../db/schema";
 import { authErrors, errorResponse, jsonBody, newRouter, planLimited } from "../lib/router";
 import { DnsLabel, Deleted, dataOf, Ref } from "../lib/schemas";
 import { resolveApp } from "../services/apps";
-import { attachDisk, createDisk, deleteDisk, detachDisk, diskView, listDisks } from "../services/disks";
+import { DEFAULT_SNAPSHOT_INTERVAL_HOURS, DEFAULT_SNAPSHOT_KEEP, MAX_SNAPSHOT_INTERVAL_HOURS } from "../lib/snapshot-schedule";
+import { PLAN_LIMITS } from "../lib/plans";
+import { attachDisk, createDisk, deleteDisk, detachDisk, diskView, listDisks, updateDiskSnapshots } from "../services/disks";
 
 const DiskSchema = z
   .object({
@@ -18,6 +20,14 @@ const DiskSchema = z
     appId: z.string().nullable(),
     appName: z.string().nullable(),
     inUse: z.boolean().openapi({ description: "Attached to a running app (restores are refused while true)" }),
+    snapshotIntervalHours: z.number().int().openapi({ description: "Hours between automatic snapshots; 0 when they are off", example: 24 }),
+    snapshotKeep: z.number().int().openapi({ description: "Ready automatic snapshots kept; older ones are deleted when a new one is ready", example: 7 }),
+    nextSnapshotAt: z.string().nullable().openapi({
+      description: "When the next automatic snapshot starts (within 5 minutes of it; a time past means at the next pass); null when off",
+    }),
+    snapshotSkipped: z.string().nullable().openapi({
+      description: "Why the last automatic snapshot that was due did not start (backup space full, disk busy…); null once one starts",
+    }),
     createdAt: z.string(),
     updatedAt: z.string(),
   })
@@ -33,13 +43,28 @@ const MountPath = z
     if (problem) context.addIssue({ code: "custom", message: problem });
   });
 
+const INTERVAL_DESCRIPTION = `Hours between automatic snapshots, 1-${MAX_SNAPSHOT_INTERVAL_HOURS}; 0 turns them off`;
+const KEEP_DESCRIPTION = "Automatic snapshots kept, at most the plan's limit (free 7, pro 30, business 90)";
+const SnapshotInterval = z.number().int().min(0).max(MAX_SNAPSHOT_INTERVAL_HOURS).openapi({ description: INTERVAL_DESCRIPTION, example: 24 });
+const SnapshotKeep = z.number().int().min(1).max(PLAN_LIMITS.business.snapshotKeep).openapi({ description: KEEP_DESCRIPTION, example: 7 });
+
 const CreateDiskBody = z
   .strictObject({
     name: DnsLabel,
     sizeGb: z.number().int().min(1).max(1000),
     mountPath: MountPath.default("/data"),
+    // Optional rather than defaulted here, so generated clients need not send them; createDisk applies the defaults.
+    snapshotIntervalHours: SnapshotInterval.optional().openapi({
+      description: `${INTERVAL_DESCRIPTION}. Default ${DEFAULT_SNAPSHOT_INTERVAL_HOURS} (daily); the first one interval after creation`,
+    }),
+    snapshotKeep: SnapshotKeep.optional().openapi({ description: `${KEEP_DESCRIPTION}. Default ${DEFAULT_SNAPSHOT_KEEP}` }),
   })
   .openapi("CreateDisk", { example: { name: "uploads", sizeGb: 10, mountPath: "/var/data" } });
+
+const UpdateDiskBody = z
+  .strictObject({ snapshotIntervalHours: SnapshotInterval.optional(), snapshotKeep: SnapshotKeep.optional() })
+  .refine((b) => Object.keys(b).length > 0, "supply at least one field to change")
+  .openapi("UpdateDisk", { example: { snapshotIntervalHours: 12, snapshotKeep: 14 } });
 
 const AttachBody = z.strictObject({ app: Ref.openapi({ description: "App id or name" }) }).openapi("AttachDisk");
 
@@ -104,6 +129,22 @@ diskRoutes.openapi(
     responses: { 200: diskResponse("The disk"), ...authErrors, ...notFound },
   }),
   async (c) => c.json({ data: await diskView(c.get("db"), c.get("principal").accountId, c.req.valid("param").disk) }, 200),
+);
+
+diskRoutes.openapi(
+  createRoute({
+    method: "patch",
+    path: "/{disk}",
+    summary: "Change a disk's automatic snapshots",
+    description:
+      "Only the supplied fields change. A new interval starts the schedule afresh (the next snapshot one interval from now); 0 turns snapshots off, keeping those already made until their retention ends. A smaller snapshotKeep deletes the oldest automatic snapshots beyond it when the next one is ready.",
+    tags: ["Disks"],
+    security,
+    request: { params: DiskParam, body: jsonBody(UpdateDiskBody) },
+    responses: { 200: diskResponse("The disk after the change"), ...authErrors, ...planLimited, ...notFound },
+  }),
+  async (c) =>
+    c.json({ data: await updateDiskSnapshots(c.get("db"), c.get("principal").accountId, c.req.valid("param").disk, c.req.valid("json")) }, 200),
 );
 
 diskRoutes.openapi(

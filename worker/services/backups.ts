@@ -41,6 +41,8 @@ export type BackupView = {
   /** Why a queued backup waits, in words. */
   waiting?: string;
   description: string;
+  /** Made by the disk's snapshot schedule rather than by a person. */
+  automatic: boolean;
   createdAt: string;
   completedAt?: string;
   sha256?: string;
@@ -64,6 +66,7 @@ export function backupView(row: BackupRow, progress?: JobProgress | null): Backu
     ...(creating ? { phase } : {}),
     ...(creating && phase === "queued" && progress?.waiting ? { waiting: progress.waiting } : {}),
     description: row.description,
+    automatic: row.automatic,
     createdAt: iso(row.createdAt),
     ...(row.completedAt !== null ? { completedAt: iso(row.completedAt) } : {}),
     ...(row.sha256 !== null ? { sha256: row.sha256 } : {}),
@@ -133,6 +136,7 @@ export async function backupUsage(db: Db, accountId: string): Promise<number> {
 /**
  * Creates a `creating` backup only if it fits the plan's quota; the check and
  * the insert are one statement, so concurrent requests cannot both squeeze in.
+ * Automatic snapshots come through here too: they count against the same quota.
  */
 export async function createBackup(
   db: Db,
@@ -140,6 +144,7 @@ export async function createBackup(
   accountId: string,
   disk: DiskRow,
   description: string,
+  automatic = false,
 ): Promise<BackupRow> {
   const quota = (await planOf(db, accountId)).limits.backupQuotaBytes;
   const node = await diskNode(env, disk);
@@ -152,8 +157,8 @@ export async function createBackup(
   const now = Date.now();
   const objectKey = `backups/${disk.id}/${id}.tar.gz`;
   const inserted = await db.run(sql`
-    insert into backups (id, account_id, disk_id, status, description, size_bytes, reserved_bytes, object_key, created_at)
-    select ${id}, ${accountId}, ${disk.id}, 'creating', ${description}, 0, ${reserved}, ${objectKey}, ${now}
+    insert into backups (id, account_id, disk_id, status, description, automatic, size_bytes, reserved_bytes, object_key, created_at)
+    select ${id}, ${accountId}, ${disk.id}, 'creating', ${description}, ${automatic ? 1 : 0}, 0, ${reserved}, ${objectKey}, ${now}
     where ${usageSql(accountId)} + ${reserved} <= ${quota}`);
   if (inserted.meta.changes !== 1) {
     const used = await backupUsage(db, accountId);
@@ -168,6 +173,7 @@ export async function createBackup(
     diskId: disk.id,
     status: "creating",
     description,
+    automatic,
     sizeBytes: 0,
     reservedBytes: reserved,
     sha256: null,
@@ -177,6 +183,34 @@ export async function createBackup(
     completedAt: null,
     expiresAt: null,
   };
+}
+
+/**
+ * Starts a backup of the disk: the row (within the quota), then its BackupJob
+ * object, which has the builder snapshot the disk. A user's backup and an
+ * automatic snapshot both start here.
+ */
+export async function startBackup(
+  db: Db,
+  env: Env,
+  accountId: string,
+  disk: DiskRow,
+  description: string,
+  automatic = false,
+): Promise<BackupRow> {
+  const backup = await createBackup(db, env, accountId, disk, description, automatic);
+  try {
+    await backupStub(env, backup.id).start(backup.id);
+  } catch (err) {
+    // Left `creating`, the row would hold its quota and keep the disk busy (no automatic snapshot again) for good.
+    const failureReason = `the backup could not start: ${err instanceof Error ? err.message : String(err)}`;
+    await db
+      .update(backups)
+      .set({ status: "failed", failureReason, reservedBytes: 0, completedAt: Date.now() })
+      .where(and(eq(backups.id, backup.id), eq(backups.status, "creating")));
+    throw err;
+  }
+  return backup;
 }
 
 export async function listBackups(db: Db, diskId: string): Promise<BackupRow[]> {

@@ -1,12 +1,13 @@
 import { and, desc, eq, sql } from "drizzle-orm";
 import { type Db, isUniqueViolation } from "../db/client";
-import { type AppRow, apps, backups, type DiskRow, disks } from "../db/schema";
+import { type AppRow, apps, backups, type DiskRow, disks, type Plan } from "../db/schema";
 import { configOf, type Env } from "../env";
 import { destroyDisk, LONE_BUILDER_ID, provisionDisk } from "../lib/builder-client";
 import { ApiError } from "../lib/errors";
 import { isId, newId } from "../lib/ids";
 import { planLimitError, planOf } from "../lib/plans";
-import { iso } from "../lib/time";
+import { DEFAULT_SNAPSHOT_INTERVAL_HOURS, DEFAULT_SNAPSHOT_KEEP, firstSnapshotAt } from "../lib/snapshot-schedule";
+import { iso, isoOrNull } from "../lib/time";
 import { deletePrefix } from "../storage/objects";
 import { lostNode } from "./fleet";
 import { diskNode, placeDisk } from "./placement";
@@ -22,9 +23,18 @@ export type DiskView = {
   appId: string | null;
   appName: string | null;
   inUse: boolean;
+  /** Hours between automatic snapshots; 0 when they are off. */
+  snapshotIntervalHours: number;
+  snapshotKeep: number;
+  /** When the next automatic snapshot starts (a time past means at the next watchdog pass); null when off. */
+  nextSnapshotAt: string | null;
+  snapshotSkipped: string | null;
   createdAt: string;
   updatedAt: string;
 };
+
+/** A disk's snapshot settings as the API takes them (both optional on update). */
+export type SnapshotSettings = { snapshotIntervalHours?: number; snapshotKeep?: number };
 
 type DiskWithApp = { disk: DiskRow; app: Pick<AppRow, "id" | "name" | "status"> | null };
 
@@ -47,6 +57,11 @@ function viewOf(entry: DiskWithApp): DiskView {
     appId: app?.id ?? null,
     appName: app?.name ?? null,
     inUse: isInUse(entry),
+    snapshotIntervalHours: disk.snapshotIntervalHours,
+    snapshotKeep: disk.snapshotKeep,
+    // A disk older than snapshots is due "at 0": shown as due since it was made.
+    nextSnapshotAt: isoOrNull(disk.nextSnapshotAt === null ? null : Math.max(disk.nextSnapshotAt, disk.createdAt)),
+    snapshotSkipped: disk.snapshotSkipped,
     createdAt: iso(disk.createdAt),
     updatedAt: iso(disk.updatedAt),
   };
@@ -86,9 +101,10 @@ export async function createDisk(
   db: Db,
   env: Env,
   accountId: string,
-  input: { name: string; sizeGb: number; mountPath: string },
+  input: { name: string; sizeGb: number; mountPath: string } & SnapshotSettings,
 ): Promise<DiskView> {
   const now = Date.now();
+  const interval = input.snapshotIntervalHours ?? DEFAULT_SNAPSHOT_INTERVAL_HOURS;
   const row: DiskRow = {
     id: newId("disk"),
     accountId,
@@ -100,6 +116,11 @@ export async function createDisk(
     nodeId: null,
     generation: 1,
     placementNote: null,
+    // The first snapshot one interval after creation: an empty disk has nothing to keep yet.
+    snapshotIntervalHours: interval,
+    snapshotKeep: input.snapshotKeep ?? DEFAULT_SNAPSHOT_KEEP,
+    nextSnapshotAt: firstSnapshotAt(interval, now),
+    snapshotSkipped: null,
     createdAt: now,
     updatedAt: now,
   };
@@ -107,6 +128,7 @@ export async function createDisk(
   if (input.sizeGb > limits.diskSizeGb) {
     throw planLimitError(plan, `a disk may have at most ${limits.diskSizeGb} GB (asked for ${input.sizeGb} GB)`, "ask for less");
   }
+  checkSnapshotKeep(plan, limits.snapshotKeep, row.snapshotKeep);
   // Placed before it exists anywhere: the node with the most room (placement.ts).
   const node = await placeDisk(env, db, row.sizeGb * GIB);
   row.nodeId = node.id === LONE_BUILDER_ID ? null : node.id;
@@ -116,8 +138,10 @@ export async function createDisk(
   let inserted: D1Result;
   try {
     inserted = await db.run(sql`
-      insert into disks (id, account_id, name, size_gb, mount_path, app_id, status, node_id, generation, created_at, updated_at)
-      select ${row.id}, ${accountId}, ${row.name}, ${row.sizeGb}, ${row.mountPath}, null, ${row.status}, ${row.nodeId}, 1, ${now}, ${now}
+      insert into disks (id, account_id, name, size_gb, mount_path, app_id, status, node_id, generation,
+                         snapshot_interval_hours, snapshot_keep, next_snapshot_at, created_at, updated_at)
+      select ${row.id}, ${accountId}, ${row.name}, ${row.sizeGb}, ${row.mountPath}, null, ${row.status}, ${row.nodeId}, 1,
+             ${row.snapshotIntervalHours}, ${row.snapshotKeep}, ${row.nextSnapshotAt}, ${now}, ${now}
       where ${owned} < ${limits.disks} and ${reserved} + ${row.sizeGb} <= ${limits.totalDiskGb}`);
   } catch (err) {
     if (isUniqueViolation(err)) throw new ApiError("NAME_TAKEN", `a disk named "${input.name}" already exists`);
@@ -142,6 +166,38 @@ export async function createDisk(
     throw builderRefusal(provisioned, "the builder could not create the disk");
   }
   return viewOf({ disk: row, app: null });
+}
+
+function checkSnapshotKeep(plan: Plan, max: number, keep: number): void {
+  if (keep > max) {
+    throw planLimitError(plan, `a disk may keep at most ${max} automatic snapshots (asked for ${keep})`, "keep fewer");
+  }
+}
+
+/**
+ * Changes a disk's automatic snapshots. A new interval (or turning them on)
+ * starts the schedule afresh: the next one is due an interval from now; 0
+ * turns them off (the snapshots already made stay until their retention ends).
+ * A smaller keep takes effect when the next automatic snapshot is ready, so
+ * changing a setting never deletes a backup by itself.
+ */
+export async function updateDiskSnapshots(db: Db, accountId: string, ref: string, input: SnapshotSettings): Promise<DiskView> {
+  const { disk } = await resolveDisk(db, accountId, ref);
+  const now = Date.now();
+  const changes: Partial<DiskRow> = { updatedAt: now };
+  if (input.snapshotKeep !== undefined) {
+    const { plan, limits } = await planOf(db, accountId);
+    checkSnapshotKeep(plan, limits.snapshotKeep, input.snapshotKeep);
+    changes.snapshotKeep = input.snapshotKeep;
+  }
+  const interval = input.snapshotIntervalHours;
+  if (interval !== undefined && interval !== disk.snapshotIntervalHours) {
+    changes.snapshotIntervalHours = interval;
+    changes.nextSnapshotAt = firstSnapshotAt(interval, now);
+    changes.snapshotSkipped = null;
+  }
+  await db.update(disks).set(changes).where(eq(disks.id, disk.id));
+  return diskView(db, accountId, disk.id);
 }
 
 /**

@@ -81,6 +81,7 @@ function describe(backup: Backup): string {
     ["id", backup.id],
     ["disk", backup.diskId],
     ["status", statusOf(backup, true)],
+    ["made by", backup.automatic ? "the disk's snapshot schedule (automatic)" : "a person (manual)"],
     ["size", backup.status === "ready" ? formatBytes(backup.sizeBytes) : "-"],
     ["description", backup.description || "-"],
     ["created", when(backup.createdAt)],
@@ -145,6 +146,7 @@ const list = defineCommand({
         : table(backups, [
             ["ID", (b) => b.id],
             ["STATUS", (b) => statusOf(b)],
+            ["KIND", (b) => (b.automatic ? "automatic" : "manual")],
             ["SIZE", (b) => (b.status === "ready" ? formatBytes(b.sizeBytes) : "-")],
             ["CREATED", (b) => ago(b.createdAt)],
             ["EXPIRES", (b) => ago(b.expiresAt, "-")],

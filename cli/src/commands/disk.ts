@@ -2,7 +2,7 @@ import type { ResponseData, Schemas } from "../../../openapi/types.js";
 import { type Call, path } from "../api.js";
 import { APP_ARG, defineCommand, type Group, YES_OPTION } from "../command.js";
 import { ago, fields, table, when } from "../output.js";
-import { positiveInteger } from "../parse.js";
+import { hoursOrOff, positiveInteger } from "../parse.js";
 import { confirmOrRefuse } from "../prompt.js";
 
 /** A persistent disk as the API returns it. */
@@ -21,17 +21,62 @@ function aboutDisk(what: string, disk: string, extra: Call["hints"] = {}): Call 
   };
 }
 
+/** How often a disk is snapshotted, as people say it: "daily", "every 6 hours", "off". */
+export function snapshotEvery(hours: number): string {
+  if (hours === 0) return "off";
+  const named: Record<number, string> = { 1: "hourly", 24: "daily", 168: "weekly" };
+  if (named[hours]) return named[hours];
+  return hours % 24 === 0 ? `every ${hours / 24} days` : `every ${hours} hours`;
+}
+
+function snapshots(disk: Disk): string {
+  return disk.snapshotIntervalHours === 0 ? "off" : `${snapshotEvery(disk.snapshotIntervalHours)}, keeping ${disk.snapshotKeep}`;
+}
+
 function describe(disk: Disk): string {
-  return fields([
+  const rows: [string, string][] = [
     ["id", disk.id],
     ["name", disk.name],
     ["size", `${disk.sizeGb} GB`],
     ["mount path", disk.mountPath],
     ["app", disk.appName ? `${disk.appName} (${disk.appId})` : "not attached"],
     ["in use", disk.inUse ? "yes (attached to a running app)" : "no"],
-    ["created", when(disk.createdAt)],
-  ]);
+    ["snapshots", snapshots(disk)],
+  ];
+  if (disk.nextSnapshotAt) rows.push(["next snapshot", when(disk.nextSnapshotAt)]);
+  if (disk.snapshotSkipped) rows.push(["last skipped", disk.snapshotSkipped]);
+  rows.push(["created", when(disk.createdAt)]);
+  return fields(rows);
 }
+
+/** The snapshot flags of create and update. */
+const SNAPSHOT_OPTIONS = {
+  "snapshot-every": {
+    type: "string",
+    value: "interval",
+    description: "automatic snapshot interval in whole hours (12h, 1d, 1w, at most a week) or off; default 1d",
+  },
+  "snapshot-keep": { type: "string", value: "N", description: "automatic snapshots to keep (default 7; at most 7/30/90 on free/pro/business)" },
+} as const;
+
+const SNAPSHOT_FLAGS = { snapshotIntervalHours: "--snapshot-every", snapshotKeep: "--snapshot-keep" };
+
+/** The body fields the snapshot flags that were given ask for. */
+function snapshotSettings(
+  opts: { "snapshot-every"?: string; "snapshot-keep"?: string },
+  fail: (message: string) => Error,
+): { snapshotIntervalHours?: number; snapshotKeep?: number } {
+  const every = opts["snapshot-every"];
+  const keep = opts["snapshot-keep"];
+  return {
+    ...(every === undefined ? {} : { snapshotIntervalHours: hoursOrOff(every, "--snapshot-every", fail) }),
+    ...(keep === undefined ? {} : { snapshotKeep: positiveInteger(keep, "--snapshot-keep", fail) }),
+  };
+}
+
+const SNAPSHOT_HINTS = {
+  PLAN_LIMIT_EXCEEDED: "keep fewer automatic snapshots (--snapshot-keep), or upgrade the plan",
+};
 
 const DISK_ARG = [{ name: "disk", description: "disk name or id" }] as const;
 
@@ -42,19 +87,20 @@ const create = defineCommand({
     name: { type: "string", value: "name", description: "disk name", required: true },
     size: { type: "string", value: "GB", description: "size in GB", required: true },
     "mount-path": { type: "string", value: "path", description: "where apps see it (default chosen by the API, e.g. /data)" },
+    ...SNAPSHOT_OPTIONS,
   },
-  examples: ["svc disk create --name uploads --size 10 --mount-path /data"],
+  examples: ["svc disk create --name uploads --size 10 --mount-path /data", "svc disk create --name cache --size 1 --snapshot-every off"],
   async run({ opts, out, api, fail }) {
     const sizeGb = positiveInteger(opts.size, "--size", fail);
     const mountPath = opts["mount-path"];
     const disk = await (await api()).data<Disk>(
       "POST",
       "/v1/disks",
-      { name: opts.name, sizeGb, ...(mountPath === undefined ? {} : { mountPath }) },
+      { name: opts.name, sizeGb, ...(mountPath === undefined ? {} : { mountPath }), ...snapshotSettings(opts, fail) },
       {
         what: `create disk ${opts.name}`,
-        flags: { name: "--name", sizeGb: "--size", mountPath: "--mount-path" },
-        hints: { NAME_TAKEN: "this account already has a disk with that name: choose another --name" },
+        flags: { name: "--name", sizeGb: "--size", mountPath: "--mount-path", ...SNAPSHOT_FLAGS },
+        hints: { NAME_TAKEN: "this account already has a disk with that name: choose another --name", ...SNAPSHOT_HINTS },
       },
     );
     out.result(disk, `Created disk ${disk.name}\n${describe(disk)}`);
@@ -77,6 +123,7 @@ const list = defineCommand({
             ["MOUNT PATH", (d) => d.mountPath],
             ["APP", (d) => d.appName ?? "-"],
             ["IN USE", (d) => (d.inUse ? "yes" : "no")],
+            ["SNAPSHOTS", (d) => (d.snapshotIntervalHours === 0 ? "off" : `${snapshotEvery(d.snapshotIntervalHours)} (keep ${d.snapshotKeep})`)],
             ["CREATED", (d) => ago(d.createdAt)],
           ]);
     out.result(disks, human);
@@ -91,6 +138,28 @@ const info = defineCommand({
   async run({ args, out, api }) {
     const disk = await (await api()).data<Disk>("GET", path`/v1/disks/${args.disk}`, undefined, aboutDisk(`show disk ${args.disk}`, args.disk));
     out.result(disk, describe(disk));
+  },
+});
+
+const update = defineCommand({
+  name: "update",
+  summary: "Change a disk's automatic snapshots; only the given options change",
+  description: `A new interval starts the schedule afresh: the next snapshot is one interval from now.
+--snapshot-every off stops them; the snapshots already made stay until the plan's retention ends.
+A smaller --snapshot-keep deletes the oldest automatic snapshots beyond it when the next one is ready.`,
+  args: DISK_ARG,
+  options: SNAPSHOT_OPTIONS,
+  examples: ["svc disk update uploads --snapshot-every 6h --snapshot-keep 14", "svc disk update cache --snapshot-every off"],
+  async run({ args, opts, out, api, fail }) {
+    const body = snapshotSettings(opts, fail);
+    if (Object.keys(body).length === 0) throw fail("nothing to change: pass --snapshot-every, --snapshot-keep or both");
+    const disk = await (await api()).data<Disk>(
+      "PATCH",
+      path`/v1/disks/${args.disk}`,
+      body,
+      { ...aboutDisk(`update disk ${args.disk}`, args.disk, SNAPSHOT_HINTS), flags: SNAPSHOT_FLAGS },
+    );
+    out.result(disk, `Updated disk ${disk.name}\n${describe(disk)}`);
   },
 });
 
@@ -155,4 +224,4 @@ const remove = defineCommand({
 });
 
 /** `svc disk …`: persistent disks and where they are attached. */
-export const disk: Group = { name: "disk", summary: "Manage persistent disks", commands: [create, list, info, attach, detach, remove] };
+export const disk: Group = { name: "disk", summary: "Manage persistent disks", commands: [create, list, info, update, attach, detach, remove] };
