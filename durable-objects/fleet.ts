@@ -50,13 +50,19 @@ export type NodeCommand = "cordon" | "uncordon" | "drain";
  * are fenced (the heartbeat's answer names them and the node sets them aside).
  */
 export class Fleet extends DurableObject<Env> {
-  private nodes = new Map<string, FleetNode>();
+  /** What each node last reported having set aside (not worth a D1 column: it is reported again every heartbeat). */
+  private quarantined = new Map<string, QuarantinedDisk[]>();
 
-  constructor(ctx: DurableObjectState, env: Env) {
-    super(ctx, env);
-    ctx.blockConcurrencyWhile(async () => {
-      for (const row of await this.db.select().from(nodes)) this.nodes.set(row.id, { ...row, quarantined: [] });
-    });
+  /**
+   * The fleet as D1 holds it: the rows are the truth (this object is their
+   * only writer, and its calls run one at a time), read for every call; the
+   * hot paths cache `view()` per isolate (fleet.ts), so this stays cheap.
+   */
+  private get nodes(): Promise<Map<string, FleetNode>> {
+    return this.db
+      .select()
+      .from(nodes)
+      .then((rows) => new Map(rows.map((row) => [row.id, { ...row, quarantined: this.quarantined.get(row.id) ?? [] }])));
   }
 
   private get db() {
@@ -69,13 +75,14 @@ export class Fleet extends DurableObject<Env> {
 
   /** Every node, as the fleet knows it now. */
   async view(): Promise<FleetNode[]> {
-    return [...this.nodes.values()];
+    return [...(await this.nodes).values()];
   }
 
   /** A node joins (or joins again after a restart, with the id it was given). */
   async join(request: NodeJoin, now = Date.now()): Promise<FleetResult<{ nodeId: string }>> {
-    const sameName = [...this.nodes.values()].find((node) => node.name === request.name);
-    const known = request.nodeId ? this.nodes.get(request.nodeId) : undefined;
+    const fleet = await this.nodes;
+    const sameName = [...fleet.values()].find((node) => node.name === request.name);
+    const known = request.nodeId ? fleet.get(request.nodeId) : undefined;
     if (sameName && sameName.id !== known?.id) {
       // A name names one node; a node whose host was rebuilt joins again under a new name, or after `remove`.
       return refuse("NAME_TAKEN", `a node named ${request.name} is already a member (${sameName.id}); remove it first or choose another name`);
@@ -96,7 +103,6 @@ export class Fleet extends DurableObject<Env> {
     };
     const { quarantined: _, ...row } = node;
     await this.db.insert(nodes).values(row).onConflictDoUpdate({ target: nodes.id, set: row });
-    this.nodes.set(id, node);
     // Disks made before nodes joined were on the one builder: the first node holding one claims it.
     const held = request.disks.map((disk) => disk.id);
     if (held.length > 0) {
@@ -111,11 +117,10 @@ export class Fleet extends DurableObject<Env> {
 
   /** A heartbeat: capacity and load recorded, the deadline moved; the answer names copies to fence. */
   async heartbeat(nodeId: string, report: NodeHeartbeat, now = Date.now()): Promise<NodeHeartbeatReply | null> {
-    const node = this.nodes.get(nodeId);
+    const [node] = await this.db.select({ state: nodes.state }).from(nodes).where(eq(nodes.id, nodeId));
     if (!node) return null;
     const wasLost = node.state === "lost";
-    Object.assign(node, report.capacity, { lastHeartbeatAt: now, quarantined: report.quarantined });
-    if (wasLost) Object.assign(node, { state: "ready" satisfies NodeState, lostAt: null });
+    this.quarantined.set(nodeId, report.quarantined);
     await this.db
       .update(nodes)
       .set({ ...report.capacity, lastHeartbeatAt: now, ...(wasLost ? { state: "ready" as const, lostAt: null } : {}) })
@@ -148,7 +153,7 @@ export class Fleet extends DurableObject<Env> {
 
   /** cordon: no new work; uncordon: ready again; drain: no new work, and what it holds is to move (see README: disks move by snapshot). */
   async command(nodeId: string, command: NodeCommand): Promise<FleetResult<FleetNode>> {
-    const node = this.nodes.get(nodeId);
+    const node = (await this.nodes).get(nodeId);
     if (!node) return refuse("NODE_NOT_FOUND", `no node ${nodeId}`);
     if (node.state === "lost" && command !== "drain") return refuse("NODE_LOST", `node ${node.name} is lost; it becomes ready again when it heartbeats`);
     const state: NodeState = command === "uncordon" ? "ready" : command === "cordon" ? "cordoned" : "draining";
@@ -159,7 +164,7 @@ export class Fleet extends DurableObject<Env> {
 
   /** Declares the node lost now (the operator knows the host is gone), as the deadline would. */
   async declareLost(nodeId: string, why: string): Promise<FleetResult<FleetNode>> {
-    const node = this.nodes.get(nodeId);
+    const node = (await this.nodes).get(nodeId);
     if (!node) return refuse("NODE_NOT_FOUND", `no node ${nodeId}`);
     if (node.state !== "lost") await this.lose(node, why);
     return { ok: true, value: node };
@@ -167,7 +172,7 @@ export class Fleet extends DurableObject<Env> {
 
   /** Forgets an empty node: no disk placed on it and no app served from it. */
   async remove(nodeId: string): Promise<FleetResult<null>> {
-    const node = this.nodes.get(nodeId);
+    const node = (await this.nodes).get(nodeId);
     if (!node) return refuse("NODE_NOT_FOUND", `no node ${nodeId}`);
     const [disk] = await this.db.select({ id: disks.id }).from(disks).where(eq(disks.nodeId, nodeId)).limit(1);
     const [app] = await this.db.select({ id: apps.id }).from(apps).where(eq(apps.liveNode, nodeId)).limit(1);
@@ -176,7 +181,7 @@ export class Fleet extends DurableObject<Env> {
       return refuse("NODE_NOT_EMPTY", `node ${node.name} is not empty (it holds ${holds.filter(Boolean).join(", ")}); drain it first`);
     }
     await this.db.delete(nodes).where(eq(nodes.id, nodeId));
-    this.nodes.delete(nodeId);
+    this.quarantined.delete(nodeId);
     await this.arm();
     return { ok: true, value: null };
   }
@@ -184,7 +189,7 @@ export class Fleet extends DurableObject<Env> {
   override async alarm(): Promise<void> {
     const now = Date.now();
     const lostAfter = this.config.NODE_LOST_AFTER_SECONDS * 1000;
-    for (const node of this.nodes.values()) {
+    for (const node of (await this.nodes).values()) {
       if (node.state !== "lost" && now - node.lastHeartbeatAt >= lostAfter) {
         await this.lose(node, `no heartbeat for ${Math.round((now - node.lastHeartbeatAt) / 1000)} s`);
       }
@@ -215,7 +220,7 @@ export class Fleet extends DurableObject<Env> {
   private async arm(): Promise<void> {
     const lostAfter = this.config.NODE_LOST_AFTER_SECONDS * 1000;
     let next = Number.POSITIVE_INFINITY;
-    for (const node of this.nodes.values()) if (node.state !== "lost") next = Math.min(next, node.lastHeartbeatAt + lostAfter);
+    for (const node of (await this.nodes).values()) if (node.state !== "lost") next = Math.min(next, node.lastHeartbeatAt + lostAfter);
     if (Number.isFinite(next)) await this.ctx.storage.setAlarm(next);
     else await this.ctx.storage.deleteAlarm();
   }
