@@ -60,7 +60,7 @@ export default defineConfig({
         test: {
           name: "node",
           environment: "node",
-          include: ["test/builder/**/*.test.ts", "test/dashboard/**/*.test.ts"],
+          include: ["test/builder/**/*.test.ts", "test/dashboard/**/*.test.ts", "test/scripts/**/*.test.ts"],
           testTimeout: 60_000,
           hookTimeout: 120_000,
         },

@@ -185,6 +185,22 @@ export class Deployment extends SingleBuilderJob {
     return presignPart(this.config, key, uploadId, partNumber);
   }
 
+  /** A build is safe to repeat: one whose node was lost starts again, from the source, on another node. */
+  protected override async retryElsewhere(): Promise<boolean> {
+    const deploymentId = this.ctx.storage.kv.get<string>("deploymentId");
+    if (!deploymentId) return false;
+    const reset = await this.db
+      .update(deployments)
+      .set({ status: "queued", startedAt: null, builderJobId: null })
+      .where(and(eq(deployments.id, deploymentId), inArray(deployments.status, ["queued", "building"])))
+      .returning({ id: deployments.id });
+    if (reset.length === 0) return false;
+    this.forgetJob();
+    console.log(JSON.stringify({ event: "deployment.rebuilt", deploymentId, why: "its node was lost" }));
+    await this.submit(deploymentId);
+    return true;
+  }
+
   async cancel(): Promise<void> {
     const jobId = this.ctx.storage.kv.get<string>("jobId");
     const node = await this.jobNode();

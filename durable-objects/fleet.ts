@@ -1,11 +1,19 @@
 import { DurableObject } from "cloudflare:workers";
-import { and, eq, inArray, isNull, ne } from "drizzle-orm";
+import { and, desc, eq, inArray, isNull, ne } from "drizzle-orm";
 import type { NodeHeartbeat, NodeHeartbeatReply, NodeJoin, QuarantinedDisk } from "../builder/src/protocol";
 import { openDb } from "../worker/db/client";
-import { apps, disks, type NodeRow, type NodeState, nodes } from "../worker/db/schema";
+import { apps, backups, disks, type NodeRow, type NodeState, nodes, restores } from "../worker/db/schema";
 import { configOf, type Env } from "../worker/env";
 import type { ErrorCode } from "../worker/lib/errors";
+import type { NodeRef } from "../worker/lib/builder-client";
 import { newId } from "../worker/lib/ids";
+import { appRuntimeStub, runsProcess } from "../worker/services/app-runtime";
+import { setAppStatus } from "../worker/services/apps";
+import { startBackup } from "../worker/services/backups";
+import { appChanged } from "../worker/services/cron-targets";
+import { GIB } from "../worker/services/disks";
+import { placeDiskAmong } from "../worker/services/placement";
+import { newestReadyBackup, relocateDisk } from "../worker/services/relocation";
 
 /** What the placement function and the operator read of a node. */
 export type FleetNode = Pick<
@@ -33,6 +41,23 @@ const refuse = (code: ErrorCode, message: string) => ({ ok: false as const, code
 
 /** Operator transitions (`svc admin nodes cordon|uncordon|drain`). */
 export type NodeCommand = "cordon" | "uncordon" | "drain";
+
+/**
+ * A disk on its way off a draining node: its app stopped, a final snapshot,
+ * then a restore on another node (the app starts there when it ends).
+ */
+type Move = {
+  diskId: string;
+  from: string;
+  /** Whether its app ran before the move (it runs again after). */
+  appWasRunning: boolean;
+  backupId: string | null;
+  restoreId: string | null;
+  startedAt: number;
+};
+
+/** How often the alarm advances moves under way. */
+const MOVE_TICK_MS = 1_000;
 
 /**
  * The fleet's one object (DESIGN §10): every change of membership goes
@@ -121,6 +146,14 @@ export class Fleet extends DurableObject<Env> {
     if (!node) return null;
     const wasLost = node.state === "lost";
     this.quarantined.set(nodeId, report.quarantined);
+    if (wasLost) {
+      this.ctx.storage.kv.delete(`failoverNow:${nodeId}`);
+      // Disks still recorded here were never restored elsewhere: they are back, with nothing lost.
+      await this.db
+        .update(disks)
+        .set({ placementNote: `its node was lost and came back at ${new Date(now).toISOString()} before the disk was restored elsewhere: nothing was lost` })
+        .where(eq(disks.nodeId, nodeId));
+    }
     await this.db
       .update(nodes)
       .set({ ...report.capacity, lastHeartbeatAt: now, ...(wasLost ? { state: "ready" as const, lostAt: null } : {}) })
@@ -159,14 +192,24 @@ export class Fleet extends DurableObject<Env> {
     const state: NodeState = command === "uncordon" ? "ready" : command === "cordon" ? "cordoned" : "draining";
     node.state = node.state === "lost" ? "lost" : state;
     await this.db.update(nodes).set({ state: node.state }).where(eq(nodes.id, nodeId));
+    if (command === "drain" && node.state === "draining") await this.planDrain(node);
     return { ok: true, value: node };
   }
 
-  /** Declares the node lost now (the operator knows the host is gone), as the deadline would. */
-  async declareLost(nodeId: string, why: string): Promise<FleetResult<FleetNode>> {
+  /**
+   * Declares the node lost now (the operator knows the host is gone), as the
+   * deadline would; with `restoreDisksNow`, its disks are restored elsewhere
+   * without waiting for the grace period.
+   */
+  async declareLost(nodeId: string, why: string, restoreDisksNow = false): Promise<FleetResult<FleetNode>> {
     const node = (await this.nodes).get(nodeId);
     if (!node) return refuse("NODE_NOT_FOUND", `no node ${nodeId}`);
     if (node.state !== "lost") await this.lose(node, why);
+    if (restoreDisksNow) {
+      this.ctx.storage.kv.put(`failoverNow:${nodeId}`, true);
+      await this.failOver(node, Date.now());
+    }
+    await this.arm();
     return { ok: true, value: node };
   }
 
@@ -193,8 +236,150 @@ export class Fleet extends DurableObject<Env> {
       if (node.state !== "lost" && now - node.lastHeartbeatAt >= lostAfter) {
         await this.lose(node, `no heartbeat for ${Math.round((now - node.lastHeartbeatAt) / 1000)} s`);
       }
+      if (node.state === "lost" && this.failoverDue(node, now)) await this.failOver(node, now);
     }
+    for (const move of this.moves()) await this.advance(move).catch((err: unknown) => console.error(`fleet: moving disk ${move.diskId}`, err));
     await this.arm();
+  }
+
+  /** A lost node's disks are restored elsewhere once it has been lost for the grace period (or at once, on the operator's word). */
+  private failoverDue(node: FleetNode, now: number): boolean {
+    if (this.ctx.storage.kv.get(`failoverNow:${node.id}`)) return true;
+    return node.lostAt !== null && now >= node.lostAt + this.config.DISK_FAILOVER_GRACE_SECONDS * 1000;
+  }
+
+  /**
+   * Restores each disk of a lost node from its newest ready backup on a
+   * healthy node, saying so on the disk; a disk without a backup stays where
+   * it is (it comes back if the node does), and says that too. Never an empty
+   * disk in its place.
+   */
+  private async failOver(node: FleetNode, now: number): Promise<void> {
+    const held = await this.db.select().from(disks).where(and(eq(disks.nodeId, node.id), eq(disks.status, "available")));
+    const lostAt = new Date(node.lostAt ?? now).toISOString();
+    for (const disk of held) {
+      const backup = await newestReadyBackup(this.db, disk.id);
+      if (!backup) {
+        const note = `node ${node.name} was lost at ${lostAt} with this disk, which had no ready backup: its data is only on that node, and comes back if the node does`;
+        if (disk.placementNote !== note) await this.db.update(disks).set({ placementNote: note, updatedAt: now }).where(eq(disks.id, disk.id));
+        continue;
+      }
+      let target: NodeRef;
+      try {
+        target = await placeDiskAmong(this.db, [...(await this.nodes).values()], disk.sizeGb * GIB);
+      } catch (err) {
+        const note = `node ${node.name} was lost at ${lostAt}; no other node can take this disk yet (${err instanceof Error ? err.message : String(err)}); retrying`;
+        if (disk.placementNote !== note) await this.db.update(disks).set({ placementNote: note, updatedAt: now }).where(eq(disks.id, disk.id));
+        continue;
+      }
+      const backupAt = new Date(backup.completedAt ?? backup.createdAt).toISOString();
+      const targetName = (await this.nodes).get(target.id)?.name ?? target.id;
+      const note = `node ${node.name} was lost at ${lostAt}; restored on node ${targetName} from the backup of ${backupAt} (${backup.id}); writes after it are lost`;
+      const why = await relocateDisk(this.env, this.db, disk, backup, target, note);
+      console.log(JSON.stringify({ event: "disk.failover", disk: disk.id, from: node.id, to: target.id, backup: backup.id, refused: why }));
+    }
+  }
+
+  /** Plans moving every disk off a draining node, and moves its apps without a disk now (start elsewhere, then stop there). */
+  private async planDrain(node: FleetNode): Promise<void> {
+    const moves = new Map(this.moves().map((move) => [move.diskId, move]));
+    const held = await this.db
+      .select({ id: disks.id, appStatus: apps.status })
+      .from(disks)
+      .leftJoin(apps, eq(apps.id, disks.appId))
+      .where(eq(disks.nodeId, node.id));
+    for (const disk of held) {
+      if (moves.has(disk.id)) continue;
+      moves.set(disk.id, { diskId: disk.id, from: node.id, appWasRunning: disk.appStatus === "running", backupId: null, restoreId: null, startedAt: Date.now() });
+    }
+    this.ctx.storage.kv.put("moves", [...moves.values()]);
+    const served = await this.db
+      .select({ id: apps.id })
+      .from(apps)
+      .leftJoin(disks, eq(disks.appId, apps.id))
+      .where(and(eq(apps.liveNode, node.id), ne(apps.status, "stopped"), isNull(disks.id)));
+    // A start places a new process on a ready node; it takes the traffic once healthy and the one here drains.
+    for (const app of served) await this.env.APP_RUNTIME.get(this.env.APP_RUNTIME.idFromName(app.id)).start(app.id);
+  }
+
+  private moves(): Move[] {
+    return this.ctx.storage.kv.get<Move[]>("moves") ?? [];
+  }
+
+  private saveMove(move: Move | null, diskId: string): void {
+    const rest = this.moves().filter((m) => m.diskId !== diskId);
+    this.ctx.storage.kv.put("moves", move ? [...rest, move] : rest);
+  }
+
+  /**
+   * One step of a disk's move off a draining node, from where it stands:
+   * app stopped and final snapshot started; snapshot ready, restore started
+   * on another node; restore ended. Nothing written after the final snapshot
+   * is lost, because the app (the only writer) was stopped before it.
+   */
+  private async advance(move: Move): Promise<void> {
+    const disk = await this.db.select().from(disks).where(eq(disks.id, move.diskId)).get();
+    if (!disk) return this.saveMove(null, move.diskId);
+    const from = (await this.nodes).get(move.from);
+    const fromName = from?.name ?? move.from;
+    const abandon = async (why: string) => {
+      await this.db.update(disks).set({ placementNote: `a drain of node ${fromName} could not move this disk: ${why}` }).where(eq(disks.id, disk.id));
+      if (move.appWasRunning && disk.appId) await this.setRunning(disk.appId, true);
+      this.saveMove(null, move.diskId);
+    };
+    if (move.restoreId) {
+      const restore = await this.db.select().from(restores).where(eq(restores.id, move.restoreId)).get();
+      if (restore?.status === "running") return;
+      if (restore?.status === "failed") await this.db.update(disks).set({ placementNote: `${disk.placementNote} — the restore failed: ${restore.error}` }).where(eq(disks.id, disk.id));
+      // The restore's end started the app again (on the new node) when it had one.
+      if (!move.appWasRunning && disk.appId) await this.setRunning(disk.appId, false);
+      return this.saveMove(null, move.diskId);
+    }
+    if (!move.backupId) {
+      if (disk.nodeId !== move.from) return this.saveMove(null, move.diskId);
+      if (disk.status !== "available") return; // a restore of the user's own is under way; try again after it
+      if (move.appWasRunning && disk.appId) await this.setRunning(disk.appId, false);
+      try {
+        const backup = await startBackup(this.db, this.env, disk.accountId, disk, `final snapshot before moving off node ${fromName}`, true);
+        this.saveMove({ ...move, backupId: backup.id }, move.diskId);
+      } catch (err) {
+        await abandon(`its final snapshot could not start (${err instanceof Error ? err.message : String(err)})`);
+      }
+      return;
+    }
+    const backup = await this.db.select().from(backups).where(eq(backups.id, move.backupId)).get();
+    if (!backup || backup.status === "failed") return abandon(`its final snapshot failed${backup?.failureReason ? ` (${backup.failureReason})` : ""}`);
+    if (backup.status !== "ready") return;
+    let target: NodeRef;
+    try {
+      target = await placeDiskAmong(this.db, [...(await this.nodes).values()], disk.sizeGb * GIB);
+    } catch (err) {
+      return abandon(err instanceof Error ? err.message : String(err));
+    }
+    const targetName = (await this.nodes).get(target.id)?.name ?? target.id;
+    const at = new Date(backup.completedAt ?? Date.now()).toISOString();
+    const note = `moved from node ${fromName} to node ${targetName} by a drain: its app was stopped and nothing written before the final snapshot of ${at} (${backup.id}) is lost`;
+    const why = await relocateDisk(this.env, this.db, disk, backup, target, note);
+    if (why) return abandon(why);
+    const restore = await this.db.select({ id: restores.id }).from(restores).where(eq(restores.backupId, backup.id)).orderBy(desc(restores.createdAt)).get();
+    this.saveMove({ ...move, restoreId: restore?.id ?? null }, move.diskId);
+  }
+
+  /** Starts or stops an app as its owner's stop and start do (status, process, cron targets). */
+  private async setRunning(appId: string, running: boolean): Promise<void> {
+    const app = await this.db.select().from(apps).where(eq(apps.id, appId)).get();
+    if (!app || (app.status === "running") === running) return;
+    await setAppStatus(this.db, app, running ? "running" : "stopped");
+    if (runsProcess(app.runtime)) {
+      const runtime = appRuntimeStub(this.env, app.id);
+      await (running ? runtime.start(app.id) : runtime.stop(app.id));
+    }
+    await appChanged(this.env, this.db, app.id);
+  }
+
+  private async holdsDisks(nodeId: string): Promise<boolean> {
+    const [disk] = await this.db.select({ id: disks.id }).from(disks).where(and(eq(disks.nodeId, nodeId), eq(disks.status, "available"))).limit(1);
+    return disk !== undefined;
   }
 
   private async lose(node: FleetNode, why: string, now = Date.now()): Promise<void> {
@@ -216,11 +401,16 @@ export class Fleet extends DurableObject<Env> {
     }
   }
 
-  /** One alarm: the earliest heartbeat deadline of a node not yet lost. */
+  /** One alarm: the earliest heartbeat deadline of a node not yet lost, a lost node's failover, or the next step of a move. */
   private async arm(): Promise<void> {
     const lostAfter = this.config.NODE_LOST_AFTER_SECONDS * 1000;
-    let next = Number.POSITIVE_INFINITY;
-    for (const node of (await this.nodes).values()) if (node.state !== "lost") next = Math.min(next, node.lastHeartbeatAt + lostAfter);
+    const grace = this.config.DISK_FAILOVER_GRACE_SECONDS * 1000;
+    let next = this.moves().length > 0 ? Date.now() + MOVE_TICK_MS : Number.POSITIVE_INFINITY;
+    for (const node of (await this.nodes).values()) {
+      if (node.state !== "lost") next = Math.min(next, node.lastHeartbeatAt + lostAfter);
+      // Until its disks have left, a lost node keeps the alarm coming (a failover that found no room tries again).
+      else if (node.lostAt !== null) next = Math.min(next, Math.max(node.lostAt + grace, Date.now() + (await this.holdsDisks(node.id) ? 30_000 : Number.POSITIVE_INFINITY)));
+    }
     if (Number.isFinite(next)) await this.ctx.storage.setAlarm(next);
     else await this.ctx.storage.deleteAlarm();
   }

@@ -51,6 +51,20 @@ export abstract class SingleBuilderJob extends DurableObject<Env> {
   /** Gives up on a job the builder cannot report on after this long. */
   protected abstract maxRuntimeMs(): number;
 
+  /**
+   * The job's node was lost before it ended. A job that is safe to repeat
+   * (a build) sends itself to another node and answers true; the others fail
+   * with the reason (default).
+   */
+  protected async retryElsewhere(): Promise<boolean> {
+    return false;
+  }
+
+  /** Forgets the job sent to a lost node, so that a new submission is watched instead. */
+  protected forgetJob(): void {
+    for (const key of ["jobId", "jobKey", "node", "watchedAt", "phase", "startedAt", "waiting"]) this.ctx.storage.kv.delete(key);
+  }
+
   /** Called once when the builder starts the job (epoch ms); a subclass records it where its views read it. */
   protected async started(_startedAt: number): Promise<void> {}
 
@@ -162,6 +176,7 @@ export abstract class SingleBuilderJob extends DurableObject<Env> {
     if (jobId !== undefined) job = await getJob(this.config, node, jobId).catch(() => null);
     else job = await findJob(this.config, node, key!).catch(() => null);
     const lost = job?.ok ? null : await lostNode(this.env, nodeId);
+    if (lost && (await this.retryElsewhere())) return;
     if (lost) {
       // The disk or the work is on a node the fleet declared lost: waiting longer would only delay the news.
       await this.finishOnce({ error: `node lost: ${lost.name} stopped answering${lost.lostAt ? ` (declared lost at ${new Date(lost.lostAt).toISOString()})` : ""}` });

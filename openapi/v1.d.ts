@@ -4514,6 +4514,64 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/operator/nodes/{node}/failover": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Declare a node lost and restore its disks elsewhere from their newest backups now, without the grace period (operator only) */
+        post: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    node: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description The node */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": {
+                            data: components["schemas"]["Node"];
+                        };
+                    };
+                };
+                /** @description Missing or wrong operator token (UNAUTHORIZED) */
+                401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description No such node (NODE_NOT_FOUND) */
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+            };
+        };
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/operator/nodes/{node}/lost": {
         parameters: {
             query?: never;
@@ -5138,6 +5196,11 @@ export interface components {
             name: string;
             /** @description When the next automatic snapshot starts (within 5 minutes of it; a time past means at the next pass); null when off */
             nextSnapshotAt: string | null;
+            /**
+             * @description What happened to the disk when the machine holding it was lost or emptied: where it was restored, from which backup, and what was lost; null when nothing did
+             * @example node local-2 was lost at 2026-11-24T03:12:09Z; restored on node local-1 from the backup of 2026-11-24T03:00:00Z; writes after it are lost
+             */
+            placement: string | null;
             sizeGb: number;
             /**
              * @description Hours between automatic snapshots; 0 when they are off

@@ -106,6 +106,8 @@ export type SupervisedBuilder = {
   restarts(): number;
   /** Stops supervising, then stops the builder. */
   stop(): Promise<void>;
+  /** Stops supervising and kills the builder at once (SIGKILL): a host that died. */
+  kill(): void;
 };
 
 const RESTART_DELAY_MS = 1_000;
@@ -151,6 +153,14 @@ export async function superviseBuilder(options: LaunchOptions): Promise<Supervis
     async stop() {
       stopping = true;
       await current.stop();
+    },
+    kill() {
+      stopping = true;
+      try {
+        process.kill(current.pid, "SIGKILL");
+      } catch {
+        // already gone
+      }
     },
   };
 }

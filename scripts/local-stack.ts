@@ -49,6 +49,8 @@ export type LocalStackOptions = {
   workerLogs?: boolean;
   /** Builder nodes to start and join (1 by default; `npm start -- --nodes 3` to try failover on one machine). */
   nodes?: number;
+  /** Worker vars over wrangler.toml's (e.g. a short NODE_LOST_AFTER_SECONDS for a failover test). */
+  workerVars?: Record<string, string>;
 };
 
 /** One builder node the stack runs (supervised: started again on its port and data directory when it dies). */
@@ -62,6 +64,10 @@ export type LocalNode = {
   pid(): number;
   /** Stops supervising it and stops it (SIGTERM). */
   stop(): Promise<void>;
+  /** Stops supervising it and kills it (SIGKILL), as a host dying would. */
+  kill(): void;
+  /** Starts it again after `kill()` (same port, data directory and identity), supervised. */
+  revive(): Promise<void>;
 };
 
 export type LocalStack = {
@@ -205,7 +211,13 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
   const startWrangler = (port: number, inspectorPort: number) => {
     const apiUrl = `http://127.0.0.1:${port}`;
     // Addresses only: the secrets reach wrangler through their file, never the command line (visible in ps).
-    const vars = { PUBLIC_URL: opts.publicUrl ?? apiUrl, S3_ENDPOINT: `${apiUrl}/storage`, APPS_DOMAIN: `localhost:${port}`, APPS_URL_SCHEME: "http" };
+    const vars = {
+      PUBLIC_URL: opts.publicUrl ?? apiUrl,
+      S3_ENDPOINT: `${apiUrl}/storage`,
+      APPS_DOMAIN: `localhost:${port}`,
+      APPS_URL_SCHEME: "http",
+      ...opts.workerVars,
+    };
     return startProcess(
       join(BIN, "wrangler"),
       [
@@ -268,18 +280,33 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
     // its port and data directory, and joins again as itself.
     for (let i = 1; i <= (opts.nodes ?? 1); i++) {
       const dataDir = join(opts.stateDir, i === 1 ? "builder" : `builder-${i}`);
-      const node = await superviseBuilder({
-        dataDir,
-        env: {
-          ...opts.builderEnv,
-          BUILDER_JOIN_TOKEN: secrets.NODE_JOIN_TOKEN,
-          BUILDER_CONTROL_URL: opts.publicUrl ?? apiUrl,
-          BUILDER_NODE_NAME: `local-${i}`,
-        },
-        log: opts.output === "files" ? { file: join(opts.stateDir, i === 1 ? "builder.log" : `builder-${i}.log`) } : "inherit",
-      });
+      const launch = (port?: number) =>
+        superviseBuilder({
+          dataDir,
+          ...(port === undefined ? {} : { port }),
+          env: {
+            ...opts.builderEnv,
+            BUILDER_JOIN_TOKEN: secrets.NODE_JOIN_TOKEN,
+            BUILDER_CONTROL_URL: opts.publicUrl ?? apiUrl,
+            BUILDER_NODE_NAME: `local-${i}`,
+          },
+          log: opts.output === "files" ? { file: join(opts.stateDir, i === 1 ? "builder.log" : `builder-${i}.log`) } : "inherit",
+        });
+      let supervised = await launch();
       const { nodeId } = JSON.parse(await readFile(join(dataDir, "node.json"), "utf8")) as { nodeId: string };
-      nodes.push({ name: `local-${i}`, id: nodeId, url: node.url, dataDir, pid: node.pid, stop: node.stop });
+      const port = Number(new URL(supervised.url).port);
+      nodes.push({
+        name: `local-${i}`,
+        id: nodeId,
+        url: supervised.url,
+        dataDir,
+        pid: () => supervised.pid(),
+        stop: () => supervised.stop(),
+        kill: () => supervised.kill(),
+        revive: async () => {
+          supervised = await launch(port);
+        },
+      });
     }
     const adminKey = await adminKeyFor(apiUrl, secrets, opts.stateDir);
     // `svc login --local` reads where this stack answers (the key is in local-admin-key beside it).

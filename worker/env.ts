@@ -31,6 +31,8 @@ export interface Env {
   BUILDER_URL?: string;
   NODE_HEARTBEAT_SECONDS: string;
   NODE_LOST_AFTER_SECONDS: string;
+  /** How long a lost node's disks wait for it to return before they are restored from backup elsewhere. */
+  DISK_FAILOVER_GRACE_SECONDS: string;
   MAX_REQUEST_BODY_BYTES: string;
   MAX_BUILD_UPLOAD_BYTES: string;
   BUILD_MEMORY_MB: string;
@@ -60,6 +62,7 @@ const configSchema = z.object({
   BUILDER_URL: z.url().optional(),
   NODE_HEARTBEAT_SECONDS: positiveInt,
   NODE_LOST_AFTER_SECONDS: positiveInt,
+  DISK_FAILOVER_GRACE_SECONDS: z.coerce.number().int().nonnegative(),
   MAX_REQUEST_BODY_BYTES: positiveInt,
   MAX_BUILD_UPLOAD_BYTES: positiveInt,
   BUILD_MEMORY_MB: positiveInt,

@@ -4,7 +4,7 @@ import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { inject } from "vitest";
-import { type LocalStack, ROOT, startLocalStack } from "../../scripts/local-stack.js";
+import { type LocalStack, type LocalStackOptions, ROOT, startLocalStack } from "../../scripts/local-stack.js";
 
 /** What one `svc` invocation produced. */
 export type SvcResult = { code: number | null; stdout: string; stderr: string };
@@ -79,7 +79,7 @@ export async function startStack(): Promise<LocalStack & { stateDir: string }> {
     stateDir: shared.stateDir,
     adminKey: apiKey.key,
     builderPid: () => shared.builderPid,
-    nodes: shared.nodes.map((node) => ({ ...node, pid: () => node.pid, stop: own("stop a node") })),
+    nodes: shared.nodes.map((node) => ({ ...node, pid: () => node.pid, stop: own("stop a node"), kill: own("kill a node"), revive: own("revive a node") })),
     wranglerPid: () => shared.wranglerPid,
     restartApi: own("restart its API"),
     stop: async () => {},
@@ -87,9 +87,10 @@ export async function startStack(): Promise<LocalStack & { stateDir: string }> {
 }
 
 /** One local stack (wrangler dev + builder) in a temporary directory, removed again by `stop()`; its logs are in `stateDir`. */
-export async function startOwnStack(): Promise<LocalStack & { stateDir: string }> {
+export async function startOwnStack(options: Pick<LocalStackOptions, "nodes" | "workerVars"> = {}): Promise<LocalStack & { stateDir: string }> {
   const dir = await mkdtemp(join(tmpdir(), "svc-cli-stack-"));
   const stack = await startLocalStack({
+    ...options,
     port: 0,
     persistDir: join(dir, "persist"),
     stateDir: join(dir, "state"),

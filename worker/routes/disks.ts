@@ -28,6 +28,11 @@ const DiskSchema = z
     snapshotSkipped: z.string().nullable().openapi({
       description: "Why the last automatic snapshot that was due did not start (backup space full, disk busy…); null once one starts",
     }),
+    placement: z.string().nullable().openapi({
+      description:
+        "What happened to the disk when the machine holding it was lost or emptied: where it was restored, from which backup, and what was lost; null when nothing did",
+      example: "node local-2 was lost at 2026-11-24T03:12:09Z; restored on node local-1 from the backup of 2026-11-24T03:00:00Z; writes after it are lost",
+    }),
     createdAt: z.string(),
     updatedAt: z.string(),
   })

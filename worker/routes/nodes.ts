@@ -155,6 +155,23 @@ operatorNodeRoutes.openapi(
 
 operatorNodeRoutes.openapi(
   createRoute({
+    method: "post",
+    path: "/{node}/failover",
+    summary: "Declare a node lost and restore its disks elsewhere from their newest backups now, without the grace period (operator only)",
+    tags: ["Fleet"],
+    security: [{ operatorToken: [] }],
+    request: { params: NodeParam },
+    responses: { 200: { description: "The node", content: { "application/json": { schema: z.object({ data: NodeSchema }) } } }, ...operatorErrors },
+  }),
+  async (c) => {
+    const node = unwrap(await fleetStub(c.env).declareLost(c.req.valid("param").node, "declared lost by the operator", true));
+    forgetFleet();
+    return c.json({ data: nodeView(node) }, 200);
+  },
+);
+
+operatorNodeRoutes.openapi(
+  createRoute({
     method: "delete",
     path: "/{node}",
     summary: "Remove an empty node from the fleet (operator only)",

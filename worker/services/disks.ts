@@ -29,6 +29,8 @@ export type DiskView = {
   /** When the next automatic snapshot starts (a time past means at the next watchdog pass); null when off. */
   nextSnapshotAt: string | null;
   snapshotSkipped: string | null;
+  /** What happened to the disk when its node was lost or drained (DiskRow.placementNote). */
+  placement: string | null;
   createdAt: string;
   updatedAt: string;
 };
@@ -62,6 +64,7 @@ function viewOf(entry: DiskWithApp): DiskView {
     // A disk older than snapshots is due "at 0": shown as due since it was made.
     nextSnapshotAt: isoOrNull(disk.nextSnapshotAt === null ? null : Math.max(disk.nextSnapshotAt, disk.createdAt)),
     snapshotSkipped: disk.snapshotSkipped,
+    placement: disk.placementNote,
     createdAt: iso(disk.createdAt),
     updatedAt: iso(disk.updatedAt),
   };

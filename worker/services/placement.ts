@@ -29,9 +29,13 @@ const NODE_RESERVE_SHARE = 0.1;
 
 /** A ready node for a new disk of `sizeBytes`, or INSUFFICIENT_STORAGE naming the best room there is. */
 export async function placeDisk(env: Env, db: Db, sizeBytes: number): Promise<NodeRef> {
-  const view = await fleet(env);
-  const ready = view.nodes.filter((node) => node.state === "ready");
-  if (ready.length === 0) throw noReadyNode(view.nodes);
+  return placeDiskAmong(db, (await fleet(env)).nodes, sizeBytes);
+}
+
+/** {@link placeDisk} over a given fleet (the Fleet object places with its own copy). */
+export async function placeDiskAmong(db: Db, all: FleetNode[], sizeBytes: number): Promise<NodeRef> {
+  const ready = all.filter((node) => node.state === "ready");
+  if (ready.length === 0) throw noReadyNode(all);
   // The lone builder of a control plane without joined nodes has no row and reports no capacity: it takes every disk.
   if (ready.length === 1 && ready[0]!.diskTotalBytes === 0) return { id: ready[0]!.id, address: ready[0]!.address };
   const promised = await db

@@ -7,7 +7,7 @@ import { CliError } from "../output.js";
 /** A builder node as `GET /v1/operator/nodes` lists it. */
 type Node = Schemas["Node"];
 
-const ACTIONS = ["list", "cordon", "uncordon", "drain", "lost", "remove"] as const;
+const ACTIONS = ["list", "cordon", "uncordon", "drain", "lost", "failover", "remove"] as const;
 type Action = (typeof ACTIONS)[number];
 
 /** The operator routes take the deployment's OPERATOR_TOKEN, never an API key. */
@@ -24,10 +24,12 @@ const gib = (bytes: number) => `${(bytes / 2 ** 30).toFixed(0)} GiB`;
 
 const nodes = defineCommand({
   name: "nodes",
-  summary: "The builder nodes of the fleet: list, cordon, uncordon, drain, lost, remove (operator token)",
+  summary: "The builder nodes of the fleet: list, cordon, uncordon, drain, lost, failover, remove (operator token)",
   description: `Needs SVC_OPERATOR_TOKEN (the deployment's OPERATOR_TOKEN). cordon: no new work is placed on the
-node; uncordon: it takes work again; drain: no new work, to empty it; lost: declare it lost now, as a
-missed heartbeat deadline would (its apps start elsewhere); remove: forget an empty node.`,
+node; uncordon: it takes work again; drain: move its disks (app stopped, final snapshot, restored on
+another node, app started there) and its apps off it; lost: declare it lost now, as a missed heartbeat
+deadline would (its apps start elsewhere); failover: declare it lost and restore its disks on other
+nodes from their newest backups now, without the grace period; remove: forget an empty node.`,
   rest: { name: "action [node]", description: `one of ${ACTIONS.join(", ")} (default list), then the node's id or name`, optional: true },
   options: {},
   examples: ["svc admin nodes", "svc admin nodes cordon local-2", "svc admin nodes remove node_4f2…"],

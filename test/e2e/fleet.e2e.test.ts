@@ -1,0 +1,211 @@
+import { existsSync } from "node:fs";
+import { cp, mkdtemp, readdir, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { type LocalNode, type LocalStack, ROOT } from "../../scripts/local-stack.js";
+import { STACK_START_TIMEOUT_MS, startOwnStack, svc, tempHome } from "../cli/svc.js";
+import { expectExit, siteRequest } from "./sites.js";
+
+/** Short enough for a test, the same code paths as the defaults (60 s, 300 s). */
+const LOST_AFTER_S = 5;
+const GRACE_S = 5;
+
+type Json = Record<string, unknown>;
+type NodeView = { id: string; name: string; state: string; quarantined: { diskId: string; name: string }[] };
+type DiskView = { id: string; name: string; status: string; placement: string | null };
+type Run = { jobName: string; status: string; error: string | null };
+
+/**
+ * Issue 19's acceptance: three node processes joined to one control plane
+ * (`npm start -- --nodes 3`'s stack), stateless work spread over them, and a
+ * node killed with `kill -9` while it runs a cron run, holds two disks (one
+ * with a backup, one without) and serves an app. Then the node comes back
+ * (fenced), and a drain moves a disk with nothing lost.
+ */
+describe("a fleet of three nodes", () => {
+  let stack: LocalStack;
+  let home: Awaited<ReturnType<typeof tempHome>>;
+  const dirs: string[] = [];
+
+  beforeAll(async () => {
+    stack = await startOwnStack({
+      nodes: 3,
+      workerVars: { NODE_HEARTBEAT_SECONDS: "1", NODE_LOST_AFTER_SECONDS: String(LOST_AFTER_S), DISK_FAILOVER_GRACE_SECONDS: String(GRACE_S) },
+    });
+    home = await tempHome();
+  }, STACK_START_TIMEOUT_MS);
+  afterAll(async () => {
+    await stack?.stop();
+    await home?.remove();
+    await Promise.all(dirs.map((dir) => rm(dir, { recursive: true, force: true })));
+  });
+
+  const call = async <T = Json>(method: string, path: string, body?: unknown, token = stack.adminKey): Promise<{ status: number; data: T }> => {
+    const res = await fetch(`${stack.apiUrl}${path}`, {
+      method,
+      headers: { Authorization: `Bearer ${token}`, ...(body === undefined ? {} : { "Content-Type": "application/json" }) },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    const text = await res.text();
+    const parsed = text ? (JSON.parse(text) as { data?: T }) : {};
+    return { status: res.status, data: (parsed.data ?? parsed) as T };
+  };
+  const ok = async <T = Json>(method: string, path: string, body?: unknown, token?: string): Promise<T> => {
+    const res = await call<T>(method, path, body, token);
+    if (res.status >= 300) throw new Error(`${method} ${path}: ${res.status} ${JSON.stringify(res.data)}`);
+    return res.data;
+  };
+  const operator = () => stack.secrets.OPERATOR_TOKEN;
+  const nodesNow = () => ok<NodeView[]>("GET", "/v1/operator/nodes", undefined, operator());
+  const holder = (diskId: string): LocalNode | undefined => stack.nodes.find((node) => existsSync(join(node.dataDir, "disks", diskId, "disk.json")));
+  const until = async <T>(what: string, probe: () => Promise<T | null | undefined | false>, ms = 60_000): Promise<T> => {
+    const deadline = Date.now() + ms;
+    for (;;) {
+      const value = await probe().catch(() => null);
+      if (value) return value;
+      if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+      await sleep(200);
+    }
+  };
+  const newApp = (name: string, runtime = "static") => ok<{ id: string }>("POST", "/v1/apps", { name, runtime, memoryMb: 256 });
+  const newCron = (appId: string, name: string, command: string) =>
+    ok<{ id: string }>("POST", "/v1/crons", { appId, name, schedule: "0 0 1 1 *", command, concurrencyPolicy: "allow", timeoutSeconds: 300 });
+  /** Starts a manual run; with `wait`, resolves to its end and its log. */
+  const run = async (cronId: string, wait = true): Promise<Run & { log: string }> => {
+    const started = await ok<Run>("POST", `/v1/crons/${cronId}/run`, {});
+    if (!wait) return { ...started, log: "" };
+    const ended = await until(`run ${started.jobName}`, async () => {
+      const runs = await ok<Run[]>("GET", `/v1/crons/${cronId}/runs`);
+      const found = runs.find((r) => r.jobName === started.jobName);
+      return found && found.status !== "running" ? found : null;
+    });
+    const res = await fetch(`${stack.apiUrl}/v1/crons/${cronId}/runs/${started.jobName}/logs`, { headers: { Authorization: `Bearer ${stack.adminKey}` } });
+    return { ...ended, log: await res.text() };
+  };
+  const jobsOn = async (node: LocalNode) => (await readdir(join(node.dataDir, "jobs")).catch(() => [])).length;
+  const diskInfo = (name: string) => ok<DiskView>("GET", `/v1/disks/${name}`);
+
+  it("spreads stateless runs over the three nodes: none gets more than half", async () => {
+    expect((await nodesNow()).map((n) => n.state)).toEqual(["ready", "ready", "ready"]);
+    const app = await newApp("spread");
+    const cron = await newCron(app.id, "tick", "true");
+    const before = await Promise.all(stack.nodes.map(jobsOn));
+    const runs = 30;
+    for (let i = 0; i < runs; i++) await run(cron.id, false);
+    await until("every run to end", async () => (await ok<Run[]>("GET", `/v1/crons/${cron.id}/runs`)).every((r) => r.status !== "running"), 120_000);
+    const per = (await Promise.all(stack.nodes.map(jobsOn))).map((after, i) => after - before[i]!);
+    console.log(`fleet e2e: ${runs} runs per node: ${per.join(", ")}`);
+    expect(per.reduce((a, b) => a + b, 0)).toBe(runs);
+    for (const count of per) expect(count).toBeLessThanOrEqual(runs / 2);
+  }, 180_000);
+
+  it(
+    "a node killed with kill -9: lost within the threshold, its app serves again elsewhere, its backed-up disk comes back byte-identical, the other is reported lost; back again it is fenced; a drain loses nothing",
+    async () => {
+      // Two disks and an app on one node: the first disk decides which; the others are cordoned meanwhile.
+      const keeper = await newApp("keeper");
+      const lonely = await newApp("lonely");
+      const kept = await ok<DiskView>("POST", "/v1/disks", { name: "kept", sizeGb: 1, mountPath: "/data" });
+      const victim = holder(kept.id)!;
+      expect(victim).toBeDefined();
+      const others = stack.nodes.filter((node) => node !== victim);
+      for (const node of others) await ok("POST", `/v1/operator/nodes/${node.id}/cordon`, {}, operator());
+      const lone = await ok<DiskView>("POST", "/v1/disks", { name: "lone", sizeGb: 1, mountPath: "/data" });
+      expect(holder(lone.id)).toBe(victim);
+      const web = "fleetweb";
+      await newApp(web, "node");
+      const source = await mkdtemp(join(tmpdir(), "svc-fleet-app-"));
+      dirs.push(source);
+      await cp(join(ROOT, "test", "fixtures", "apps", "node-features"), source, { recursive: true });
+      const env = { ...home.env, SVC_API_URL: stack.apiUrl, SVC_API_KEY: stack.adminKey };
+      expectExit(await svc(["deploy", "--source", source, "--app", web], env), 0, "deploy");
+      expect((await siteRequest(stack, web, "/")).status).toBe(200);
+      for (const node of others) await ok("POST", `/v1/operator/nodes/${node.id}/uncordon`, {}, operator());
+
+      await ok("POST", `/v1/disks/${kept.id}/attach`, { app: keeper.id });
+      await ok("POST", `/v1/disks/${lone.id}/attach`, { app: lonely.id });
+      const write = "head -c 3000000 /dev/urandom > /data/blob && mkdir -p /data/d && echo hello > /data/d/note && sha256sum /data/blob /data/d/note";
+      const keeperWrite = await run((await newCron(keeper.id, "write", write)).id);
+      const lonelyWrite = await run((await newCron(lonely.id, "write", write)).id);
+      expect(keeperWrite.status).toBe("success");
+      expect(lonelyWrite.status).toBe("success");
+      const sums = (log: string) => [...log.matchAll(/([0-9a-f]{64}) {2}(\S+)/g)].map((m) => `${m[1]} ${m[2]}`).sort();
+      const keptSums = sums(keeperWrite.log);
+      const loneSums = sums(lonelyWrite.log);
+      expect(keptSums).toHaveLength(2);
+      const backup = await ok<{ id: string }>("POST", `/v1/disks/${kept.id}/backups`, { description: "before the failure" });
+      await until("the backup", async () =>
+        (await ok<{ id: string; status: string }[]>("GET", `/v1/disks/${kept.id}/backups`)).some((b) => b.id === backup.id && b.status === "ready"),
+      );
+      const check = await newCron(keeper.id, "check", "sha256sum /data/blob /data/d/note");
+      // A run in progress on the node when it dies: it may have done part of its work, so it is not repeated.
+      const sleeperCron = await newCron(keeper.id, "sleeper", "sleep 120");
+      const sleeper = await run(sleeperCron.id, false);
+      await until("the sleeper to start", async () =>
+        (await ok<(Run & { phase: string | null })[]>("GET", `/v1/crons/${sleeperCron.id}/runs`)).some((r) => r.jobName === sleeper.jobName && r.phase === "running"),
+      );
+
+      const killedAt = Date.now();
+      victim.kill();
+      const lostAt = await until("the node to be lost", async () => ((await nodesNow()).find((n) => n.id === victim.id)?.state === "lost" ? Date.now() : null), 30_000);
+      const servingAt = await until("the app to serve again", async () => ((await siteRequest(stack, web, "/")).status === 200 ? Date.now() : null), 60_000);
+      const restored = await until(
+        "the backed-up disk to be restored elsewhere",
+        async () => {
+          const disk = await diskInfo("kept");
+          return disk.status === "available" && disk.placement?.includes("restored on node") ? { disk, at: Date.now() } : null;
+        },
+        120_000,
+      );
+      console.log(
+        `fleet e2e: lost ${((lostAt - killedAt) / 1000).toFixed(1)} s after kill -9 (threshold ${LOST_AFTER_S} s); app serving ${((servingAt - lostAt) / 1000).toFixed(1)} s after; disk restored ${((restored.at - lostAt) / 1000).toFixed(1)} s after (grace ${GRACE_S} s)`,
+      );
+      expect(lostAt - killedAt).toBeLessThanOrEqual((LOST_AFTER_S + 5) * 1000);
+      expect(servingAt - lostAt).toBeLessThanOrEqual(10_000);
+      expect(restored.disk.placement).toMatch(new RegExp(`node local-\\d was lost at .*; restored on node local-\\d from the backup of .* \\(${backup.id}\\); writes after it are lost`));
+      expect(holder(kept.id)).not.toBe(victim);
+      expect(sums((await run(check.id)).log)).toEqual(keptSums);
+      const loneNow = await until("the lone disk's report", async () => {
+        const disk = await diskInfo("lone");
+        return disk.placement?.includes("no ready backup") ? disk : null;
+      });
+      expect(loneNow.placement).toMatch(/was lost at .* with this disk, which had no ready backup: its data is only on that node/);
+      const sleeperRun = await until("the sleeper's end", async () => {
+        const runs = await ok<Run[]>("GET", `/v1/crons/${sleeperCron.id}/runs`);
+        const found = runs.find((r) => r.jobName === sleeper.jobName);
+        return found && found.status !== "running" ? found : null;
+      });
+      expect(sleeperRun.error).toMatch(/node lost/);
+
+      // The node comes back: its stale copy of `kept` is set aside (quarantined), `lone` is its own again.
+      await victim.revive();
+      const back = await until("the node to return, its stale copy quarantined", async () => {
+        const node = (await nodesNow()).find((n) => n.id === victim.id);
+        return node?.state === "ready" && node.quarantined.some((q) => q.diskId === kept.id) ? node : null;
+      });
+      expect(back.quarantined.map((q) => q.diskId)).toEqual([kept.id]);
+      expect(existsSync(join(victim.dataDir, "disks", kept.id))).toBe(false);
+      expect((await diskInfo("lone")).placement).toMatch(/came back .* nothing was lost/);
+      expect(sums((await run((await newCron(lonely.id, "check", "sha256sum /data/blob /data/d/note")).id)).log)).toEqual(loneSums);
+      expect(sums((await run(check.id)).log)).toEqual(keptSums);
+
+      // A drain moves the disk off its new node with nothing lost.
+      const from = holder(kept.id)!;
+      await ok("POST", `/v1/operator/nodes/${from.id}/drain`, {}, operator());
+      const moved = await until(
+        "the drain to move the disk",
+        async () => {
+          const disk = await diskInfo("kept");
+          return disk.status === "available" && disk.placement?.startsWith("moved from node") && holder(kept.id) !== from ? disk : null;
+        },
+        120_000,
+      );
+      expect(moved.placement).toMatch(/by a drain: its app was stopped and nothing written before the final snapshot/);
+      expect(sums((await run(check.id)).log)).toEqual(keptSums);
+      expect((await ok<{ status: string }>("GET", `/v1/apps/${keeper.id}`)).status).toBe("running");
+    },
+    600_000,
+  );
+});
