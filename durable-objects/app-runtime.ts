@@ -8,7 +8,7 @@ import { getProcess, type NodeRef, startProcess, stopProcess } from "../worker/l
 import { appChanged } from "../worker/services/cron-targets";
 import { GIB } from "../worker/services/disks";
 import { envOf } from "../worker/services/env-vars";
-import { lostNode, nodeRef } from "../worker/services/fleet";
+import { forgetFleet, lostNode, nodeRef } from "../worker/services/fleet";
 import { placeProcess } from "../worker/services/placement";
 import { presign } from "../worker/storage/presign";
 
@@ -33,6 +33,8 @@ const DRAIN_SECONDS = 5;
 const PENDING_POLL_MS = 1_000;
 /** Checking that the live process still exists on its node (a node restarted without it is repaired). */
 const LIVE_CHECK_MS = 60_000;
+/** A start that could not be placed or delivered is tried again this much later. */
+const START_RETRY_MS = 3_000;
 /** Fetching a release and extracting it comes on top of the health check's time. */
 const START_GRACE_MS = 120_000;
 
@@ -105,6 +107,7 @@ export class AppRuntime extends DurableObject<Env> {
   /** The app was stopped (or deleted): its processes stop, and the edge answers 503. */
   async stop(appId: string): Promise<void> {
     this.ctx.storage.kv.put("appId", appId);
+    this.ctx.storage.kv.delete("retryStartAt");
     await this.abandonPending("the app was stopped");
     const live = this.live;
     this.ctx.storage.kv.delete("live");
@@ -114,6 +117,8 @@ export class AppRuntime extends DurableObject<Env> {
 
   /** The fleet declared `nodeId` lost: what ran there starts again elsewhere (an app whose disk is there waits for its disk). */
   async nodeLost(nodeId: string, why: string): Promise<void> {
+    // This isolate's copy of the fleet may still call the node ready: placement must see it lost.
+    forgetFleet();
     const pending = this.pending;
     if (pending?.node === nodeId) await this.failPending(pending, why, []);
     if (this.live?.node === nodeId) await this.replaceLost(why);
@@ -130,6 +135,12 @@ export class AppRuntime extends DurableObject<Env> {
 
   override async alarm(): Promise<void> {
     await this.retryStops();
+    const retryAt = this.ctx.storage.kv.get<number>("retryStartAt");
+    const appId = this.ctx.storage.kv.get<string>("appId");
+    if (retryAt !== undefined && retryAt <= Date.now() && appId && !this.pending && !this.live) {
+      this.ctx.storage.kv.delete("retryStartAt");
+      await this.start(appId);
+    }
     const pending = this.pending;
     if (pending) {
       const node = await nodeRef(this.env, pending.node).catch(() => null);
@@ -170,7 +181,10 @@ export class AppRuntime extends DurableObject<Env> {
     } catch (err) {
       const why = err instanceof Error ? err.message : String(err);
       if (reason === "deploy") await this.failDeployment(deployment.id, `the new process could not be placed: ${why}`, []);
-      else console.error(JSON.stringify({ event: "app.unplaced", appId: app.id, why }));
+      else {
+        console.error(JSON.stringify({ event: "app.unplaced", appId: app.id, why }));
+        if (!this.live) await this.retryStartSoon();
+      }
       return;
     }
     const sequence = (this.ctx.storage.kv.get<number>("sequence") ?? 0) + 1;
@@ -204,6 +218,8 @@ export class AppRuntime extends DurableObject<Env> {
     }));
     if (!started.ok) {
       if (reason === "deploy") await this.failDeployment(deployment.id, `the node refused the new process: ${started.message}`, []);
+      // The app should run and nothing serves it: try again shortly (placement may choose another node).
+      else if (!this.live) await this.retryStartSoon();
       return;
     }
     const pending: Pending = {
@@ -318,9 +334,17 @@ export class AppRuntime extends DurableObject<Env> {
     for (const instance of stops) await this.retire(instance, 0);
   }
 
+  /** A start that found no node to run on (or none answering) is tried again. */
+  private async retryStartSoon(): Promise<void> {
+    this.ctx.storage.kv.put("retryStartAt", Date.now() + START_RETRY_MS);
+    await this.schedule();
+  }
+
   private async schedule(): Promise<void> {
     const now = Date.now();
+    const retryAt = this.ctx.storage.kv.get<number>("retryStartAt");
     if (this.pending || (this.ctx.storage.kv.get<Instance[]>("stops") ?? []).length > 0) await this.ctx.storage.setAlarm(now + PENDING_POLL_MS);
+    else if (retryAt !== undefined && !this.live) await this.ctx.storage.setAlarm(Math.max(retryAt, now));
     else if (this.live) await this.ctx.storage.setAlarm(now + LIVE_CHECK_MS);
     else await this.ctx.storage.deleteAlarm();
   }

@@ -115,7 +115,7 @@ describe("the README's Using it block, as written, against npm start", () => {
     console.log(`npm start (dashboard build, migrations, builder, wrangler dev, account) came up in ${startSeconds.toFixed(1)} s`);
 
     const secrets = [...(await readFile(join(clone, ".dev.vars"), "utf8")).matchAll(/^[A-Z0-9_]+="?([^"\n]+)"?$/gm)].map((m) => m[1]!);
-    expect(secrets).toHaveLength(5);
+    expect(secrets).toHaveLength(6);
     const commandLines = await processCommandLines();
     const wrangler = commandLines.filter((line) => line.includes("wrangler") && line.includes(` dev `) && line.includes(`--port ${port} `));
     // wrangler's launcher and the CLI process it starts carry the same arguments.
