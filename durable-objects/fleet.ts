@@ -56,6 +56,8 @@ type Move = {
   startedAt: number;
 };
 
+/** How often a lost node's disks that could not be restored elsewhere are tried again. */
+const FAILOVER_RETRY_MS = 30_000;
 /** How often the alarm advances moves under way. */
 const MOVE_TICK_MS = 1_000;
 
@@ -128,6 +130,7 @@ export class Fleet extends DurableObject<Env> {
     };
     const { quarantined: _, ...row } = node;
     await this.db.insert(nodes).values(row).onConflictDoUpdate({ target: nodes.id, set: row });
+    if (known?.state === "lost") await this.returned(id, now);
     // Disks made before nodes joined were on the one builder: the first node holding one claims it.
     const held = request.disks.map((disk) => disk.id);
     if (held.length > 0) {
@@ -146,20 +149,22 @@ export class Fleet extends DurableObject<Env> {
     if (!node) return null;
     const wasLost = node.state === "lost";
     this.quarantined.set(nodeId, report.quarantined);
-    if (wasLost) {
-      this.ctx.storage.kv.delete(`failoverNow:${nodeId}`);
-      // Disks still recorded here were never restored elsewhere: they are back, with nothing lost.
-      await this.db
-        .update(disks)
-        .set({ placementNote: `its node was lost and came back at ${new Date(now).toISOString()} before the disk was restored elsewhere: nothing was lost` })
-        .where(eq(disks.nodeId, nodeId));
-    }
+    if (wasLost) await this.returned(nodeId, now);
     await this.db
       .update(nodes)
       .set({ ...report.capacity, lastHeartbeatAt: now, ...(wasLost ? { state: "ready" as const, lostAt: null } : {}) })
       .where(eq(nodes.id, nodeId));
     await this.arm();
     return { fence: await this.staleCopies(nodeId, report) };
+  }
+
+  /** A lost node is back (it joined again or heartbeats): disks still recorded on it were never restored elsewhere. */
+  private async returned(nodeId: string, now: number): Promise<void> {
+    this.ctx.storage.kv.delete(`failoverNow:${nodeId}`);
+    await this.db
+      .update(disks)
+      .set({ placementNote: `its node was lost and came back at ${new Date(now).toISOString()} before the disk was restored elsewhere: nothing was lost` })
+      .where(eq(disks.nodeId, nodeId));
   }
 
   /** Disks the node holds whose record is gone, on another node or at a newer generation. */
@@ -192,7 +197,10 @@ export class Fleet extends DurableObject<Env> {
     const state: NodeState = command === "uncordon" ? "ready" : command === "cordon" ? "cordoned" : "draining";
     node.state = node.state === "lost" ? "lost" : state;
     await this.db.update(nodes).set({ state: node.state }).where(eq(nodes.id, nodeId));
-    if (command === "drain" && node.state === "draining") await this.planDrain(node);
+    if (command === "drain" && node.state === "draining") {
+      await this.planDrain(node);
+      await this.arm();
+    }
     return { ok: true, value: node };
   }
 
@@ -408,10 +416,21 @@ export class Fleet extends DurableObject<Env> {
     let next = this.moves().length > 0 ? Date.now() + MOVE_TICK_MS : Number.POSITIVE_INFINITY;
     for (const node of (await this.nodes).values()) {
       if (node.state !== "lost") next = Math.min(next, node.lastHeartbeatAt + lostAfter);
-      // Until its disks have left, a lost node keeps the alarm coming (a failover that found no room tries again).
-      else if (node.lostAt !== null) next = Math.min(next, Math.max(node.lostAt + grace, Date.now() + (await this.holdsDisks(node.id) ? 30_000 : Number.POSITIVE_INFINITY)));
+      // Its disks' failover is due at the end of the grace period; until they have left, a lost node
+      // keeps the alarm coming (a failover that found no room, or no backup yet, tries again).
+      else if (node.lostAt !== null && (await this.holdsDisks(node.id))) {
+        const due = this.failoverDue(node, Date.now()) ? Date.now() + FAILOVER_RETRY_MS : node.lostAt + grace;
+        next = Math.min(next, due);
+      }
     }
-    if (Number.isFinite(next)) await this.ctx.storage.setAlarm(next);
-    else await this.ctx.storage.deleteAlarm();
+    if (!Number.isFinite(next)) {
+      await this.ctx.storage.deleteAlarm();
+      return;
+    }
+    // Heartbeats re-arm every few seconds: an earlier alarm already set is kept, or a move's next step
+    // (always "a second from now") would be pushed back by each heartbeat and never come.
+    const current = await this.ctx.storage.getAlarm();
+    if (current !== null && current > Date.now() && current <= next) return;
+    await this.ctx.storage.setAlarm(next);
   }
 }
