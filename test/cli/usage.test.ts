@@ -5,7 +5,7 @@ import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ago } from "../../cli/src/output.js";
 import { ROOT } from "../../scripts/local-stack.js";
-import { svc, tempHome } from "./svc.js";
+import { svc, svcBinary, tempHome } from "./svc.js";
 
 const run = promisify(execFile);
 
@@ -26,9 +26,12 @@ describe("svc command line", () => {
     await home.remove();
   });
 
-  it("prints every command with --help and exits 0", async () => {
+  it("prints every command with --help and exits 0, from cli/bin/svc.js as from its sources compiled", async () => {
     const r = await svc(["--help"], env);
     expect(r.code).toBe(0);
+    // The file users run (it compiles the sources through tsx at each start) says exactly the same.
+    const binary = await svcBinary(["--help"], env);
+    expect(binary).toEqual(r);
     for (const cmd of ["login", "logout", "keys create", "keys list", "keys delete", "keys roll", "apps create", "apps delete", "env set", "env unset", "env list", "disk attach", "disk detach"]) {
       expect(r.stdout).toContain(cmd);
     }
