@@ -1,12 +1,12 @@
-import { createExecutionContext, createScheduledController, runInDurableObject, waitOnExecutionContext } from "cloudflare:test";
+import { createExecutionContext, createScheduledController, waitOnExecutionContext } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
-import type { JobStatus } from "../../builder/src/protocol";
 import worker from "../../worker/index";
-import { newId, randomBase62 } from "../../worker/lib/ids";
+import { newId } from "../../worker/lib/ids";
 import { PLAN_LIMITS } from "../../worker/lib/plans";
 import { HOUR_MS, nextSnapshotAt } from "../../worker/lib/snapshot-schedule";
 import { backupStub, backupUsage } from "../../worker/services/backups";
+import { finishedSnapshot } from "./backup-helpers";
 import { call, db, type ErrorJson, expectAuthEnforced, json, newAccount } from "./helpers";
 
 type Disk = {
@@ -52,50 +52,6 @@ async function readyBackup(accountId: string, diskId: string, opts: { automatic:
   return { id, objectKey };
 }
 
-/**
- * An automatic snapshot whose builder job has finished, as its object sees it
- * (the Worker suites' storage URLs lead nowhere, so the part is written
- * through the binding, as in crash-safety.test.ts); returns the final status
- * to hand to the object.
- */
-async function finishedAutomaticSnapshot(accountId: string, diskId: string): Promise<{ backupId: string; status: JobStatus }> {
-  const backupId = newId("backup");
-  const objectKey = `backups/${diskId}/${backupId}.tar.gz`;
-  await env.DB.prepare(
-    "INSERT INTO backups (id, account_id, disk_id, status, description, automatic, reserved_bytes, object_key, created_at) VALUES (?, ?, ?, 'creating', 'automatic snapshot', 1, 65536, ?, ?)",
-  )
-    .bind(backupId, accountId, diskId, objectKey, Date.now())
-    .run();
-  const upload = await env.BUCKET.createMultipartUpload(objectKey);
-  const bytes = new TextEncoder().encode("a tar.gz, as far as this test is concerned");
-  const part = await upload.uploadPart(1, bytes);
-  const jobId = `job_${randomBase62(24)}`;
-  await runInDurableObject(backupStub(env, backupId), (_i, state) => {
-    state.storage.kv.put("backupId", backupId);
-    state.storage.kv.put("objectKey", objectKey);
-    state.storage.kv.put("multipartUploadId", upload.uploadId);
-    state.storage.kv.put("jobId", jobId);
-  });
-  const now = new Date().toISOString();
-  const status: JobStatus = {
-    id: jobId,
-    key: backupId,
-    status: "succeeded",
-    reason: null,
-    exitCode: null,
-    signal: null,
-    error: null,
-    peakMemoryBytes: 0,
-    logBytes: 0,
-    logTruncated: false,
-    createdAt: now,
-    startedAt: now,
-    finishedAt: now,
-    labels: { kind: "backup", backupId },
-    result: { kind: "snapshot", sizeBytes: bytes.byteLength, sha256: "c".repeat(64), parts: [{ partNumber: 1, etag: `"${part.etag}"` }], entries: 1, expandedBytes: 512 },
-  };
-  return { backupId, status };
-}
 
 describe("automatic snapshots: the watchdog pass", () => {
   it("a disk whose snapshot is due gets an automatic backup, through the same path as a user's, and not another before its interval", async () => {
@@ -186,7 +142,7 @@ describe("automatic snapshots: keeping snapshotKeep", () => {
     const mine = await readyBackup(accountId, disk.id, { automatic: false, createdAt: now - 10 * day });
     const old = [3, 2, 1].map((ago) => readyBackup(accountId, disk.id, { automatic: true, createdAt: now - ago * day }));
     const [oldest, older, newest] = await Promise.all(old);
-    const { backupId, status } = await finishedAutomaticSnapshot(accountId, disk.id);
+    const { backupId, status } = await finishedSnapshot(accountId, disk.id, { automatic: true, description: "automatic snapshot" });
     await backupStub(env, backupId).jobFinished(status);
 
     const list = await listBackups(key, disk.id);

@@ -407,18 +407,33 @@ export async function startRestore(
   ]);
   // Its app (stopped, or it would be in use) learns that the disk is being restored.
   if (entry.disk.appId) await appChanged(env, db, entry.disk.appId);
+  const error = await startRestoreJob(env, db, row);
+  if (error === null) return row;
+  if (entry.disk.appId) await appChanged(env, db, entry.disk.appId);
+  return { ...row, status: "failed", error };
+}
+
+/**
+ * Hands a recorded restore to its RestoreJob object. One that cannot start is
+ * failed with the reason and its disk made `available` again (with `note`
+ * as what happened to it, when given); returns that reason, or null.
+ */
+export async function startRestoreJob(env: Env, db: Db, row: RestoreRow, note?: string): Promise<string | null> {
   try {
     await restoreStub(env, row.id).start(row.id);
+    return null;
   } catch (err) {
     const error = `the restore could not start: ${err instanceof Error ? err.message : String(err)}`;
+    const now = Date.now();
     await db.batch([
-      db.update(restores).set({ status: "failed", error, finishedAt: Date.now() }).where(eq(restores.id, row.id)),
-      db.update(disks).set({ status: "available", updatedAt: Date.now() }).where(eq(disks.id, entry.disk.id)),
+      db.update(restores).set({ status: "failed", error, finishedAt: now }).where(eq(restores.id, row.id)),
+      db
+        .update(disks)
+        .set({ status: "available", updatedAt: now, ...(note === undefined ? {} : { placementNote: `${note} — not done: ${error}` }) })
+        .where(eq(disks.id, row.diskId)),
     ]);
-    if (entry.disk.appId) await appChanged(env, db, entry.disk.appId);
-    return { ...row, status: "failed", error };
+    return error;
   }
-  return row;
 }
 
 export async function resolveRestore(db: Db, diskId: string, restoreId: string): Promise<RestoreRow> {

@@ -4,7 +4,7 @@ import { type BackupRow, backups, type DiskRow, disks, type RestoreRow, restores
 import { configOf, type Env } from "../env";
 import { type NodeRef, provisionDisk } from "../lib/builder-client";
 import { newId } from "../lib/ids";
-import { restoreStub } from "./backups";
+import { startRestoreJob } from "./backups";
 import { appChanged } from "./cron-targets";
 import { GIB } from "./disks";
 
@@ -71,18 +71,10 @@ export async function relocateDisk(env: Env, db: Db, disk: DiskRow, backup: Back
     finishedAt: null,
   };
   await db.insert(restores).values(row);
-  try {
-    await restoreStub(env, row.id).start(row.id);
-  } catch (err) {
-    // Not started: the disk is left `available` on its new node, empty, with the reason; a later failover or
-    // the user's own restore of that backup fills it.
-    const error = `the restore could not start: ${err instanceof Error ? err.message : String(err)}`;
-    await db.batch([
-      db.update(restores).set({ status: "failed", error, finishedAt: Date.now() }).where(eq(restores.id, row.id)),
-      db.update(disks).set({ status: "available", placementNote: `${note} — not done: ${error}`, updatedAt: Date.now() }).where(eq(disks.id, disk.id)),
-    ]);
-    return error;
-  }
+  // Not started: the disk is left `available` on its new node, empty, with the reason; a later failover or
+  // the user's own restore of that backup fills it.
+  const error = await startRestoreJob(env, db, row, note);
+  if (error !== null) return error;
   // Its app's cron runs go to the disk's new node (and wait while it is restored); the watchdog pushes again if this fails.
   if (disk.appId) await appChanged(env, db, disk.appId).catch((err: unknown) => console.error(`relocation: pushing app ${disk.appId}'s target`, err));
   return null;
