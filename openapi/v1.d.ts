@@ -5246,6 +5246,7 @@ export interface components {
                 processes: number;
                 runningJobs: number;
             };
+            disks: string[];
             id: string;
             joinedAt: string;
             lastHeartbeatAt: string;

@@ -42,6 +42,8 @@ export interface JobCgroup {
   readonly procsFiles: string[];
   /** Peak bytes so far and whether the kernel's OOM killer struck. */
   sample(): Promise<{ peakBytes: number; oomKilled: boolean }>;
+  /** SIGKILLs every process in the cgroup(s) now; how many there were. */
+  kill(): number;
   /** Kills whatever is left and removes the cgroup(s). */
   remove(): Promise<void>;
 }
@@ -114,14 +116,16 @@ async function removeDir(dir: string): Promise<void> {
   console.error(`builder: could not remove cgroup ${dir}`);
 }
 
-function killMembers(dir: string): void {
-  for (const pid of pidsOf(dir)) {
+function killMembers(dir: string): number {
+  const pids = pidsOf(dir);
+  for (const pid of pids) {
     try {
       process.kill(pid, "SIGKILL");
     } catch {
       // gone already
     }
   }
+  return pids.length;
 }
 
 /** Removes the job parents of builders that are no longer running (and their empty job cgroups). */
@@ -223,6 +227,10 @@ class V2JobCgroup implements JobCgroup {
     return { peakBytes: this.#peak, oomKilled: Number(/^oom_kill (\d+)$/m.exec(events)?.[1] ?? 0) > 0 };
   }
 
+  kill(): number {
+    return killMembers(this.#dir);
+  }
+
   async remove(): Promise<void> {
     writeOptional(join(this.#dir, "cgroup.kill"), "1");
     await removeDir(this.#dir);
@@ -318,6 +326,12 @@ class V1JobCgroup implements JobCgroup {
       // gone with the job
     }
     return { peakBytes: peak, oomKilled: Number(/^oom_kill (\d+)$/m.exec(control)?.[1] ?? 0) > 0 };
+  }
+
+  kill(): number {
+    let killed = 0;
+    for (const dir of this.#dirs.values()) killed = Math.max(killed, killMembers(dir));
+    return killed;
   }
 
   async remove(): Promise<void> {

@@ -650,6 +650,9 @@ export async function runInSandbox(options: SandboxOptions): Promise<SandboxOutc
       while (running && Date.now() < deadline) await sleep(50);
     }
     if (running) signal(rootPid, "SIGKILL");
+    // Killed while it was being made, bubblewrap's child may not yet have asked to die with its
+    // parent, and would run on, holding the job's output open: everything in the job's cgroup goes.
+    for (let round = 0; cgroup && round < 40 && cgroup.kill() > 0; round++) await sleep(50);
   };
   const terminate = (why: KillCause, graceMs: number): void => {
     if (cause !== null || !running) return;

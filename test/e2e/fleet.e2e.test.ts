@@ -96,13 +96,14 @@ describe("a fleet of three nodes", () => {
   const jobsOn = async (node: LocalNode) => (await readdir(join(node.dataDir, "jobs")).catch(() => [])).length;
   const diskInfo = (name: string) => ok<DiskView>("GET", `/v1/disks/${name}`);
 
-  it("spreads stateless runs over the three nodes: none gets more than half", async () => {
+  it("spreads 200 runs of an app without a disk over the three nodes: none gets more than half", async () => {
     expect((await nodesNow()).map((n) => n.state)).toEqual(["ready", "ready", "ready"]);
     const app = await newApp("spread");
     const cron = await newCron(app.id, "tick", "true");
     const before = await Promise.all(stack.nodes.map(jobsOn));
-    const runs = 30;
-    for (let i = 0; i < runs; i++) await run(cron.id, false);
+    const runs = 200;
+    // Eight at a time: within the account's queue (its plan lets 24 wait) and its six at once.
+    for (let i = 0; i < runs; i += 8) await Promise.all(Array.from({ length: 8 }, () => run(cron.id, false)));
     await until("every run to end", async () => (await ok<Run[]>("GET", `/v1/crons/${cron.id}/runs`)).every((r) => r.status !== "running"), 120_000);
     const per = (await Promise.all(stack.nodes.map(jobsOn))).map((after, i) => after - before[i]!);
     console.log(`fleet e2e: ${runs} runs per node: ${per.join(", ")}`);
@@ -206,20 +207,35 @@ describe("a fleet of three nodes", () => {
       expect(sums((await run((await newCron(lonely.id, "lonely-check", "sha256sum /data/blob /data/d/note")).id)).log)).toEqual(loneSums);
       expect(sums((await run(check.id)).log)).toEqual(keptSums);
 
-      // A drain moves the disk off its new node with nothing lost.
+      // A drain of a node holding two disks with data moves both with nothing lost.
       const from = holder(kept.id)!;
+      for (const node of stack.nodes.filter((n) => n !== from)) await ok("POST", `/v1/operator/nodes/${node.id}/cordon`, {}, operator());
+      const second = await newApp("second");
+      const third = await ok<DiskView>("POST", "/v1/disks", { name: "third", sizeGb: 1, mountPath: "/data" });
+      for (const node of stack.nodes.filter((n) => n !== from)) await ok("POST", `/v1/operator/nodes/${node.id}/uncordon`, {}, operator());
+      expect(holder(third.id)).toBe(from);
+      await ok("POST", `/v1/disks/${third.id}/attach`, { app: second.id });
+      const thirdSums = sums((await run((await newCron(second.id, "second-write", write)).id)).log);
+      const secondCheck = await newCron(second.id, "second-check", "sha256sum /data/blob /data/d/note");
       await ok("POST", `/v1/operator/nodes/${from.id}/drain`, {}, operator());
-      const moved = await until(
-        "the drain to move the disk",
-        async () => {
-          const disk = await diskInfo("kept");
-          return disk.status === "available" && disk.placement?.startsWith("moved from node") && holder(kept.id) !== from ? disk : null;
-        },
-        120_000,
-      );
-      expect(moved.placement).toMatch(/by a drain: its app was stopped and nothing written before the final snapshot/);
+      for (const [name, id] of [["kept", kept.id], ["third", third.id]] as const) {
+        const moved = await until(
+          `the drain to move ${name}`,
+          async () => {
+            const disk = await diskInfo(name);
+            return disk.status === "available" && disk.placement?.startsWith("moved from node") && existsSync(join(from.dataDir, "disks", id)) === false ? disk : null;
+          },
+          120_000,
+        );
+        expect(moved.placement).toMatch(/by a drain: its app was stopped and nothing written before the final snapshot/);
+      }
       expect(sums((await run(check.id)).log)).toEqual(keptSums);
-      expect((await ok<{ status: string }>("GET", `/v1/apps/${keeper.id}`)).status).toBe("running");
+      expect(sums((await run(secondCheck.id)).log)).toEqual(thirdSums);
+      for (const app of [keeper.id, second.id]) expect((await ok<{ status: string }>("GET", `/v1/apps/${app}`)).status).toBe("running");
+      // Emptied: it holds nothing now, and the operator may remove it.
+      const listed = (await nodesNow()).find((n) => n.id === from.id)!;
+      expect(listed.state).toBe("draining");
+      expect(listed.quarantined.map((q) => q.diskId).sort()).toEqual([kept.id, third.id].sort());
     },
     600_000,
   );

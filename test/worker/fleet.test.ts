@@ -114,6 +114,8 @@ describe("operator routes", () => {
     const { accountId } = await newAccount("business");
     const now = Date.now();
     await db().insert(disks).values({ id: "disk_onb", accountId, name: "d", sizeGb: 1, mountPath: "/data", nodeId: b.nodeId, createdAt: now, updatedAt: now });
+    const listed = await json<{ data: { id: string; disks: string[] }[] }>(await call("/v1/operator/nodes", { headers: operator }));
+    expect(listed.data.find((n) => n.id === b.nodeId)?.disks).toEqual(["disk_onb"]);
     const refused = await call(`/v1/operator/nodes/${b.nodeId}`, { method: "DELETE", headers: operator });
     expect(refused.status).toBe(409);
     expect((await json<ErrorJson>(refused)).error.code).toBe("NODE_NOT_EMPTY");

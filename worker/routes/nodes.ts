@@ -3,7 +3,8 @@ import type { MiddlewareHandler } from "hono";
 import { NodeCapacity, NodeJoin, NodeJoined, QuarantinedDisk } from "../../builder/src/protocol";
 import type { FleetNode, FleetResult } from "../../durable-objects/fleet";
 import type { AppEnv } from "../context";
-import { NODE_STATES } from "../db/schema";
+import { isNotNull } from "drizzle-orm";
+import { disks, NODE_STATES } from "../db/schema";
 import { listQuarantine, nodeKey, removeQuarantined } from "../lib/builder-client";
 import { ApiError } from "../lib/errors";
 import { errorResponse, jsonBody, newRouter } from "../lib/router";
@@ -40,11 +41,13 @@ const NodeSchema = z
     joinedAt: z.string(),
     lastHeartbeatAt: z.string(),
     lostAt: z.string().nullable(),
+    /** Ids of the disks whose copy of record is on the node. */
+    disks: z.array(z.string()),
     quarantined: z.array(QuarantinedDisk),
   })
   .openapi("Node");
 
-function nodeView(node: FleetNode): z.infer<typeof NodeSchema> {
+function nodeView(node: FleetNode, held: string[] = []): z.infer<typeof NodeSchema> {
   const { cores, memoryMb, diskTotalBytes, diskFreeBytes, runningJobs, processes } = node;
   return {
     id: node.id,
@@ -56,6 +59,7 @@ function nodeView(node: FleetNode): z.infer<typeof NodeSchema> {
     joinedAt: iso(node.joinedAt),
     lastHeartbeatAt: iso(node.lastHeartbeatAt),
     lostAt: isoOrNull(node.lostAt),
+    disks: held,
     quarantined: node.quarantined,
   };
 }
@@ -105,7 +109,11 @@ operatorNodeRoutes.openapi(
       401: operatorErrors[401],
     },
   }),
-  async (c) => c.json({ data: (await fleetStub(c.env).view()).map(nodeView) }, 200),
+  async (c) => {
+    const placed = await c.get("db").select({ id: disks.id, nodeId: disks.nodeId }).from(disks).where(isNotNull(disks.nodeId));
+    const held = (id: string) => placed.filter((disk) => disk.nodeId === id).map((disk) => disk.id);
+    return c.json({ data: (await fleetStub(c.env).view()).map((node) => nodeView(node, held(node.id))) }, 200);
+  },
 );
 
 for (const command of ["cordon", "uncordon", "drain"] as const) {

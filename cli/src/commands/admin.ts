@@ -52,6 +52,7 @@ nodes from their newest backups now, without the grace period; remove: forget an
               ["HEARTBEAT", (n) => ago(n.lastHeartbeatAt)],
               ["JOBS", (n) => String(n.capacity.runningJobs)],
               ["APPS", (n) => String(n.capacity.processes)],
+              ["DISKS", (n) => String(n.disks.length)],
               ["DISK FREE", (n) => `${gib(n.capacity.diskFreeBytes)} of ${gib(n.capacity.diskTotalBytes)}`],
               ["QUARANTINED", (n) => String(n.quarantined.length)],
               ["PID", (n) => (n.pid === null ? "-" : String(n.pid))],

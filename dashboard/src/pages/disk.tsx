@@ -299,6 +299,12 @@ export function DiskPage({ name }: { name: string }) {
             </dd>
             <dt>In use</dt>
             <dd>{d.inUse ? "yes: attached to a running app (restores are refused)" : "no"}</dd>
+            {d.placement && (
+              <>
+                <dt>What happened</dt>
+                <dd>{d.placement}</dd>
+              </>
+            )}
             <dt>Created</dt>
             <dd>
               <Time iso={d.createdAt} />
