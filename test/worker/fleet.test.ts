@@ -1,9 +1,10 @@
-import { runDurableObjectAlarm } from "cloudflare:test";
-import { env } from "cloudflare:workers";
+import { runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
+import { env, exports } from "cloudflare:workers";
 import { eq } from "drizzle-orm";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { type NodeCapacity, type NodeJoin, nodeKey, signRequest } from "../../builder/src/protocol";
-import { disks, nodes } from "../../worker/db/schema";
+import { deployments, disks, nodes } from "../../worker/db/schema";
+import { deploymentStub } from "../../worker/services/deployments";
 import { fleetStub, forgetFleet } from "../../worker/services/fleet";
 import { placeDisk, placeStateless } from "../../worker/services/placement";
 import { call, db, type ErrorJson, json, newAccount } from "./helpers";
@@ -169,6 +170,31 @@ describe("a lost node", () => {
     for (let i = 0; i < 10; i++) expect((await placeStateless(env)).id).toBe(b.nodeId);
     expect((await heartbeat(a.nodeId, a.key, { capacity: capacity(), disks: [], quarantined: [] })).status).toBe(200);
     expect((await db().select().from(nodes).where(eq(nodes.id, a.nodeId)))[0]!.state).toBe("ready");
+  });
+
+  it("a build it held starts again from its source on another node (a build is safe to repeat)", async () => {
+    const nodeA = await join("node-a");
+    const nodeB = await join("node-b");
+    forgetFleet();
+    const { adminKey: key } = await newAccount("business");
+    await call("/v1/apps", { method: "POST", key, body: { name: `rebuild-${crypto.randomUUID().slice(0, 8)}`, runtime: "static" } });
+    const [app] = (await json<{ data: { name: string }[] }>(await call("/v1/apps", { key }))).data;
+    const created = await json<{ data: { deployment: { id: string }; uploadUrl: string } }>(
+      await call(`/v1/apps/${app!.name}/deployments`, { method: "POST", key, body: { sizeBytes: 5 } }),
+    );
+    const id = created.data.deployment.id;
+    await exports.default.fetch(new Request(created.data.uploadUrl, { method: "PUT", body: "12345" }));
+    expect((await call(`/v1/apps/${app!.name}/deployments/${id}/start`, { method: "POST", key })).status).toBe(202);
+    // These nodes are addresses nothing answers at: the build was sent to one of them, which never replied.
+    const first = await runInDurableObject(deploymentStub(env, id), (_i, state) => state.storage.kv.get<string>("node"));
+    expect([nodeA.nodeId, nodeB.nodeId]).toContain(first);
+    const other = first === nodeA.nodeId ? nodeB.nodeId : nodeA.nodeId;
+    expect((await call(`/v1/operator/nodes/${first}/lost`, { method: "POST", headers: operator })).status).toBe(200);
+    forgetFleet();
+    await runDurableObjectAlarm(deploymentStub(env, id));
+    expect(await runInDurableObject(deploymentStub(env, id), (_i, state) => state.storage.kv.get<string>("node"))).toBe(other);
+    const row = await db().select().from(deployments).where(eq(deployments.id, id)).get();
+    expect(row).toMatchObject({ status: "queued", startedAt: null });
   });
 
   it("fences a returning node's copies of disks whose record moved or was deleted (it sets them aside)", async () => {
