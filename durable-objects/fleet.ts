@@ -65,10 +65,10 @@ const MOVE_TICK_MS = 1_000;
  * The fleet's one object (DESIGN §10): every change of membership goes
  * through it (join, heartbeat, operator commands, loss), it writes the
  * `nodes` rows in D1 that are listed and placed on, and it holds the
- * heartbeat deadlines as one alarm (the earliest), not a polling loop. It
- * keeps the fleet in memory, so the hot paths read it without D1: a cron
- * run's placement costs no statement (worker/services/fleet.ts caches this
- * object's `view()` per isolate).
+ * heartbeat deadlines as one alarm (the earliest), not a polling loop. Its
+ * `view()` reads the `nodes` rows (one statement); the hot paths cache it
+ * per isolate for 2 s (worker/services/fleet.ts), so a cron run's placement
+ * adds no statement to the run itself.
  *
  * A node silent past NODE_LOST_AFTER_SECONDS is `lost`: its apps without a
  * disk start again elsewhere at once (their AppRuntime objects are told), and

@@ -15,8 +15,8 @@ export function fleetStub(env: Env) {
 }
 
 /**
- * The nodes as the Fleet object knew them at most 2 s ago, read without D1
- * (one RPC per isolate per 2 s), with the work this isolate placed since
+ * The nodes as the Fleet object knew them at most 2 s ago (one RPC, and the
+ * object's one D1 read, per isolate per 2 s), with the work this isolate placed since
  * counted as load. While no node has joined, the lone builder at BUILDER_URL
  * (if configured) is the whole fleet.
  */

@@ -20,8 +20,9 @@ import { fleet, nodeRef, notePlaced } from "./fleet";
  * - Stateless work (builds, runs and processes of apps without a disk) goes
  *   to the least loaded ready node: jobs and processes per core at its last
  *   heartbeat, plus what this isolate placed since. It reads the Fleet
- *   object's view (cached per isolate), never D1, so a scheduled cron run
- *   costs no statement more than it did with one builder.
+ *   object's view, cached 2 s per isolate (at most one D1 read per isolate
+ *   per 2 s, shared by every run placed meanwhile), so a scheduled run costs
+ *   no statement of its own more than it did with one builder.
  */
 
 /** Share of a node's disk kept for the node itself (job scratch, logs, releases), as the node keeps by default. */
