@@ -5217,6 +5217,11 @@ export interface components {
             /** @enum {string} */
             status: "available" | "restoring";
             updatedAt: string;
+            /**
+             * @description Bytes the disk's files take (allocated blocks, so a sparse file counts what it holds), measured when the disk is read or listed; null when the node holding it did not answer in time, while it is restoring, and in responses to changes
+             * @example 52428800
+             */
+            usedBytes: number | null;
         };
         EnvVar: {
             /** @example DATABASE_URL */

@@ -2,6 +2,7 @@ import { parseArgs } from "node:util";
 import type { ApiClient } from "./api.js";
 import type { ResolvedConfig } from "./config.js";
 import { Output, UsageError } from "./output.js";
+import { nearestProject } from "./project.js";
 import { didYouMean } from "./suggest.js";
 
 /** A flag taking a value, shown in help as `--<name> <value>`. */
@@ -138,10 +139,21 @@ function argOption(arg: Arg<string>, optional: boolean): StringOption {
   const option: StringOption = {
     type: "string",
     value: arg.name,
-    description: `${arg.description}${optional ? "" : " (required)"}; also accepted as the first argument`,
+    description: `${arg.description}${arg === APP_ARG ? " (default: the app named by the nearest svc.json)" : optional ? "" : " (required)"}; also accepted as the first argument`,
   };
   if (arg.flag?.short) option.short = arg.flag.short;
   return option;
+}
+
+/** The app named by the nearest svc.json, said once on stderr; a usage error when there is none. */
+function projectApp(out: Output, usageError: (message: string, hint?: string) => UsageError): string {
+  const project = nearestProject(process.cwd());
+  if (project?.name === undefined) {
+    const hint = project ? `${project.file} names no app: add "name" to it, or pass --app <app>` : "pass --app <app>, or run it in a project folder whose svc.json names the app";
+    throw usageError("missing --app <app>", hint);
+  }
+  out.note(`Using app ${project.name} from ${project.file} (--app overrides)`);
+  return project.name;
 }
 
 /**
@@ -252,7 +264,7 @@ export function defineCommand<const O extends Options, const P extends string = 
     }
     const named: Record<string, string> = {};
     let next = 0;
-    for (const arg of positional) {
+    for (const [index, arg] of positional.entries()) {
       const flagged = arg.flag ? values[arg.name] : undefined;
       if (typeof flagged === "string") {
         if (flagged === "") throw fail(`--${arg.name} must not be empty`);
@@ -261,7 +273,12 @@ export function defineCommand<const O extends Options, const P extends string = 
       }
       const candidate = positionals[next];
       const fits = candidate !== undefined && (!spec.rest || !arg.flag?.pattern || arg.flag.pattern.test(candidate));
-      if (fits) {
+      // Inside a project the app may be left out: then the words left belong to the later arguments.
+      const later = positional.slice(index + 1).filter((a) => !isOptional(a) && typeof values[a.name] !== "string").length;
+      const needed = later + (spec.rest && !spec.rest.optional ? 1 : 0);
+      if (arg === APP_ARG && (!fits || positionals.length - next <= needed)) {
+        named.app = projectApp(out, usageError);
+      } else if (fits) {
         named[arg.name] = candidate;
         next++;
       } else if (!isOptional(arg)) {

@@ -103,10 +103,38 @@ Run \`svc help ${group.name} <command>\` or \`svc ${group.name} <command> --help
  * spelling, or, for a verb typed without its noun (`svc create`), the nouns
  * that have it.
  */
+/** Words other tools use for ours (`svc cron pause` is `svc cron disable`): offered when no spelling is close. */
+const SYNONYMS: Readonly<Record<string, readonly string[]>> = {
+  pause: ["disable"],
+  suspend: ["disable", "stop"],
+  resume: ["enable", "restart"],
+  unpause: ["enable"],
+  start: ["restart", "run"],
+  trigger: ["run"],
+  exec: ["run"],
+  show: ["info"],
+  get: ["info"],
+  describe: ["info"],
+  status: ["info"],
+  ls: ["list"],
+  rm: ["delete"],
+  remove: ["delete"],
+  destroy: ["delete"],
+  new: ["create"],
+  add: ["create", "set"],
+  edit: ["update"],
+  modify: ["update"],
+  history: ["runs", "list"],
+  kill: ["cancel"],
+  abort: ["cancel"],
+};
+
 function unknownCommand(word: string, known: readonly string[], prefix: string, synopsis: string, helpPath: string): UsageError {
   const path = prefix === "" ? "svc" : `svc ${prefix}`;
   const typed = prefix === "" ? word : `${prefix} ${word}`;
   let hint = didYouMean(word, known, (w) => `\`${path} ${w}\``);
+  const synonym = Object.hasOwn(SYNONYMS, word) ? SYNONYMS[word]!.find((w) => known.includes(w)) : undefined;
+  if (!hint && synonym) hint = `did you mean \`${path} ${synonym}\`?`;
   if (!hint && prefix === "") {
     const nouns = COMMANDS.filter(isGroup).filter((g) => g.commands.some((c) => c.name === word));
     const forms = nouns.map((g) => `\`svc ${g.name} ${word}\``);

@@ -50,6 +50,8 @@ export type PackedSource = {
   fileCount: number;
   /** Content bytes before compression. */
   totalBytes: number;
+  /** The regular files packed, with their sizes. */
+  files: { path: string; size: number }[];
   ignored: string[];
   remove(): Promise<void>;
 };
@@ -228,6 +230,7 @@ export async function packSource(root: string, options: { maxBytes?: number } = 
     sizeBytes: counter.bytes,
     fileCount: files.length,
     totalBytes: files.reduce((sum, e) => sum + e.size, 0),
+    files: files.map((e) => ({ path: e.path, size: e.size })),
     ignored: listing.ignored,
     remove,
   };

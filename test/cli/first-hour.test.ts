@@ -120,7 +120,7 @@ describe("the first hour against wrangler dev", () => {
     expect(lines[1]).toMatch(
       /^ {2}install failed: exit code 1: "npm error `npm ci` can only install packages when your package\.json and package-lock\.json or npm-shrinkwrap\.json are in sync\. .*" \(EUSAGE\); the lockfile is out of sync with package\.json: run npm install and commit package-lock\.json$/,
     );
-    expect(lines.at(-1)).toMatch(/^ {2}Hint: the quote above is the package manager's own reason; `svc apps logs --app \S+ --deployment dep_\w+` shows all it printed$/);
+    expect(lines.at(-1)).toMatch(/^ {2}Hint: the quote above is the package manager's own reason; `svc logs --app \S+ --deployment dep_\w+` shows all it printed$/);
     // The whole output is still in the build log.
     const log = expectExit(await svc(["apps", "logs", "--app", name], env), 0, "apps logs");
     expect(log.stdout).toMatch(/ err npm error Missing: left-pad@1\.3\.0 from lock file$/m);

@@ -24,20 +24,20 @@ export async function tempHome(): Promise<{ dir: string; env: Record<string, str
  * variables in its environment, so SVC_* settings of the developer's shell
  * cannot leak in. stdin is a pipe (not a terminal), closed after `input`.
  */
-export function svc(args: readonly string[], env: Record<string, string>, input = ""): Promise<SvcResult> {
+export function svc(args: readonly string[], env: Record<string, string>, input = "", cwd = ROOT): Promise<SvcResult> {
   // The sources bundled once for the run (test/support/shared-stack.ts).
-  return runCli(inject("svcEntry"), args, env, input);
+  return runCli(inject("svcEntry"), args, env, input, cwd);
 }
 
 /** Runs cli/bin/svc.js itself (the file users run, compiling through tsx), for the tests of the binary. */
 export function svcBinary(args: readonly string[], env: Record<string, string>, input = ""): Promise<SvcResult> {
-  return runCli(join(ROOT, "cli", "bin", "svc.js"), args, env, input);
+  return runCli(join(ROOT, "cli", "bin", "svc.js"), args, env, input, ROOT);
 }
 
-function runCli(entry: string, args: readonly string[], env: Record<string, string>, input: string): Promise<SvcResult> {
+function runCli(entry: string, args: readonly string[], env: Record<string, string>, input: string, cwd: string): Promise<SvcResult> {
   return new Promise((resolve, reject) => {
     const child = spawn(process.execPath, [entry, ...args], {
-      cwd: ROOT,
+      cwd,
       env: { PATH: process.env.PATH ?? "", ...env },
       stdio: ["pipe", "pipe", "pipe"],
     });

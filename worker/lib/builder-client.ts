@@ -39,7 +39,7 @@ export function signingKey(config: Config, nodeId: string): Promise<string> {
   return nodeId === LONE_BUILDER_ID ? Promise.resolve(config.BUILDER_SECRET) : nodeKey(config.BUILDER_SECRET, nodeId);
 }
 
-async function builderFetch(config: Config, node: NodeRef, method: string, path: string, body?: unknown): Promise<Response> {
+async function builderFetch(config: Config, node: NodeRef, method: string, path: string, body?: unknown, signal?: AbortSignal): Promise<Response> {
   const text = body === undefined ? "" : JSON.stringify(body);
   const headers = await signRequest({ secret: await signingKey(config, node.id), method, path, body: text });
   try {
@@ -47,6 +47,7 @@ async function builderFetch(config: Config, node: NodeRef, method: string, path:
       method,
       headers: body === undefined ? headers : { ...headers, "Content-Type": "application/json" },
       body: body === undefined ? undefined : text,
+      ...(signal ? { signal } : {}),
     });
   } catch (err) {
     throw new ApiError("BUILDER_UNAVAILABLE", `node ${node.id} could not be reached: ${err instanceof Error ? err.message : err}`);
@@ -128,9 +129,9 @@ export async function jobLog(config: Config, node: NodeRef, id: string): Promise
   return { ok: true, value: await res.text() };
 }
 
-/** The disk's size and current usage on the builder. */
-export async function diskUsage(config: Config, node: NodeRef, id: string): Promise<BuilderResult<DiskInfo>> {
-  const res = await builderFetch(config, node, "GET", `/v1/disks/${encodeURIComponent(id)}`);
+/** The disk's size and current usage on the builder; `signal` bounds the wait (a display can do without). */
+export async function diskUsage(config: Config, node: NodeRef, id: string, signal?: AbortSignal): Promise<BuilderResult<DiskInfo>> {
+  const res = await builderFetch(config, node, "GET", `/v1/disks/${encodeURIComponent(id)}`, undefined, signal);
   if (!res.ok) return failure(res);
   return { ok: true, value: DiskInfo.parse(await res.json()) };
 }

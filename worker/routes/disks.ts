@@ -33,6 +33,15 @@ const DiskSchema = z
         "What happened to the disk when the machine holding it was lost or emptied: where it was restored, from which backup, and what was lost; null when nothing did",
       example: "node local-2 was lost at 2026-11-24T03:12:09Z; restored on node local-1 from the backup of 2026-11-24T03:00:00Z; writes after it are lost",
     }),
+    usedBytes: z
+      .number()
+      .int()
+      .nullable()
+      .openapi({
+        description:
+          "Bytes the disk's files take (allocated blocks, so a sparse file counts what it holds), measured when the disk is read or listed; null when the node holding it did not answer in time, while it is restoring, and in responses to changes",
+        example: 52428800,
+      }),
     createdAt: z.string(),
     updatedAt: z.string(),
   })
@@ -120,7 +129,7 @@ diskRoutes.openapi(
       ...authErrors,
     },
   }),
-  async (c) => c.json({ data: await listDisks(c.get("db"), c.get("principal").accountId) }, 200),
+  async (c) => c.json({ data: await listDisks(c.get("db"), c.env, c.get("principal").accountId) }, 200),
 );
 
 diskRoutes.openapi(
@@ -133,7 +142,7 @@ diskRoutes.openapi(
     request: { params: DiskParam },
     responses: { 200: diskResponse("The disk"), ...authErrors, ...notFound },
   }),
-  async (c) => c.json({ data: await diskView(c.get("db"), c.get("principal").accountId, c.req.valid("param").disk) }, 200),
+  async (c) => c.json({ data: await diskView(c.get("db"), c.env, c.get("principal").accountId, c.req.valid("param").disk) }, 200),
 );
 
 diskRoutes.openapi(

@@ -2,7 +2,7 @@ import { and, desc, eq, sql } from "drizzle-orm";
 import { type Db, isUniqueViolation } from "../db/client";
 import { type AppRow, apps, backups, type DiskRow, disks, type Plan } from "../db/schema";
 import { configOf, type Env } from "../env";
-import { destroyDisk, LONE_BUILDER_ID, provisionDisk } from "../lib/builder-client";
+import { destroyDisk, diskUsage, LONE_BUILDER_ID, provisionDisk } from "../lib/builder-client";
 import { ApiError } from "../lib/errors";
 import { isId, newId } from "../lib/ids";
 import { planLimitError, planOf } from "../lib/plans";
@@ -31,6 +31,8 @@ export type DiskView = {
   snapshotSkipped: string | null;
   /** What happened to the disk when its node was lost or drained (DiskRow.placementNote). */
   placement: string | null;
+  /** Bytes the disk's files take on its node (allocated blocks); null when not measured (see {@link measured}). */
+  usedBytes: number | null;
   createdAt: string;
   updatedAt: string;
 };
@@ -65,6 +67,7 @@ function viewOf(entry: DiskWithApp): DiskView {
     nextSnapshotAt: isoOrNull(disk.nextSnapshotAt === null ? null : Math.max(disk.nextSnapshotAt, disk.createdAt)),
     snapshotSkipped: disk.snapshotSkipped,
     placement: disk.placementNote,
+    usedBytes: null,
     createdAt: iso(disk.createdAt),
     updatedAt: iso(disk.updatedAt),
   };
@@ -86,13 +89,39 @@ export async function resolveDisk(db: Db, accountId: string, ref: string): Promi
   return row;
 }
 
-export async function diskView(db: Db, accountId: string, ref: string): Promise<DiskView> {
-  return viewOf(await resolveDisk(db, accountId, ref));
+/** How long a listing waits for nodes to say how full their disks are before it answers without. */
+const USAGE_WAIT_MS = 1500;
+
+/**
+ * Views with `usedBytes` asked of the nodes holding the disks, all at once and
+ * for at most {@link USAGE_WAIT_MS}: a node that is slow, lost or mid-restore
+ * leaves its disks' usage null rather than holding up the answer (a restoring
+ * disk's files are being replaced, so it is not asked at all).
+ */
+async function measured(env: Env, entries: DiskWithApp[]): Promise<DiskView[]> {
+  const signal = AbortSignal.timeout(USAGE_WAIT_MS);
+  return Promise.all(
+    entries.map(async (entry) => {
+      const view = viewOf(entry);
+      if (entry.disk.status !== "available") return view;
+      try {
+        const usage = await diskUsage(configOf(env), await diskNode(env, entry.disk), entry.disk.id, signal);
+        return usage.ok ? { ...view, usedBytes: usage.value.usedBytes } : view;
+      } catch {
+        return view; // unreachable or too slow: shown as not measured
+      }
+    }),
+  );
 }
 
-export async function listDisks(db: Db, accountId: string): Promise<DiskView[]> {
+export async function diskView(db: Db, env: Env, accountId: string, ref: string): Promise<DiskView> {
+  const [view] = await measured(env, [await resolveDisk(db, accountId, ref)]);
+  return view!;
+}
+
+export async function listDisks(db: Db, env: Env, accountId: string): Promise<DiskView[]> {
   const rows = await selectWithApp(db).where(eq(disks.accountId, accountId)).orderBy(desc(disks.createdAt), desc(disks.id));
-  return rows.map(viewOf);
+  return measured(env, rows);
 }
 
 /**
@@ -200,7 +229,7 @@ export async function updateDiskSnapshots(db: Db, accountId: string, ref: string
     changes.snapshotSkipped = null;
   }
   await db.update(disks).set(changes).where(eq(disks.id, disk.id));
-  return diskView(db, accountId, disk.id);
+  return viewOf(await resolveDisk(db, accountId, disk.id));
 }
 
 /**
@@ -232,14 +261,14 @@ export async function attachDisk(db: Db, accountId: string, ref: string, app: Ap
       `app ${app.name} already has disk ${other?.name ?? "another disk"}${other ? ` at ${other.mountPath}` : ""}; an app has one disk: detach it first`,
     );
   }
-  return diskView(db, accountId, disk.id);
+  return viewOf(await resolveDisk(db, accountId, disk.id));
 }
 
 /** Detaches the disk; also says which app had it (its cron jobs must learn of it). */
 export async function detachDisk(db: Db, accountId: string, ref: string): Promise<{ disk: DiskView; formerAppId: string | null }> {
   const { disk } = await resolveDisk(db, accountId, ref);
   await db.update(disks).set({ appId: null, updatedAt: Date.now() }).where(eq(disks.id, disk.id));
-  return { disk: await diskView(db, accountId, disk.id), formerAppId: disk.appId };
+  return { disk: viewOf(await resolveDisk(db, accountId, disk.id)), formerAppId: disk.appId };
 }
 
 /**

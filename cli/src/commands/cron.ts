@@ -210,13 +210,22 @@ The command gets the app's env vars and its disk.`,
     schedule: { type: "string", value: "expr", description: 'five-field cron expression, quoted, e.g. "0 3 * * *"', required: true, quoteHint: SCHEDULE_QUOTE_HINT },
     command: { type: "string", value: "cmd", description: "shell command to run", required: true },
     ...TUNING,
+    disabled: { type: "boolean", description: "create it paused: it runs nothing until `svc cron enable`" },
   },
   examples: [
     'svc cron create --app my-app --name nightly-report --schedule "0 3 * * *" --command "npm run report"',
+    'svc cron create --name cleanup --schedule "0 * * * *" --command "./cleanup.sh" --disabled   # app from svc.json',
     'svc cron create --app api --name sync --schedule "*/15 9-17 * * 1-5" --command "./sync.sh" --timezone Europe/Berlin --timeout 10m',
   ],
   async run({ args, opts, out, api, fail }) {
-    const body = { appId: args.app, name: opts.name, schedule: opts.schedule, command: opts.command, ...tuning(opts, fail) };
+    const body = {
+      appId: args.app,
+      name: opts.name,
+      schedule: opts.schedule,
+      command: opts.command,
+      ...tuning(opts, fail),
+      ...(opts.disabled ? { enabled: false } : {}),
+    };
     const client = await api();
     const job = await client.data<CronJob>("POST", "/v1/crons", body, {
       what: `create cron job ${opts.name} in app ${args.app}`,
@@ -296,6 +305,28 @@ const update = defineCommand({
     out.result(job, out.json ? undefined : `Updated cron job ${job.name}\n${await describeWithApp(client, job)}`);
   },
 });
+
+/** `svc cron enable` and `svc cron disable`: what `svc cron update --enable/--disable` does, under the names people try first. */
+function toggle(enabled: boolean) {
+  const verb = enabled ? "enable" : "disable";
+  return defineCommand({
+    name: verb,
+    summary: enabled ? "Resume a paused cron job" : "Pause a cron job: it runs nothing until `svc cron enable` (a run in progress goes on)",
+    args: [ID_ARG],
+    options: {},
+    examples: [`svc cron ${verb} nightly-report`],
+    async run({ args, out, api }) {
+      const client = await api();
+      const id = await cronId(client, args.id);
+      const job = await client.data<CronDetail>("PATCH", path`/v1/crons/${id}`, { enabled }, aboutCron(`${verb} cron job ${args.id}`, args.id));
+      const next = job.nextRuns[0];
+      const human = enabled
+        ? `Enabled cron job ${job.name}${next ? `; next run ${when(next)}` : ""}`
+        : `Disabled cron job ${job.name}: no scheduled runs until \`svc cron enable ${args.id}\``;
+      out.result(job, human);
+    },
+  });
+}
 
 /** Follows a run to its end, printing the log (not with --json); a failed run is an error (exit 1). */
 async function waitForRun(client: ApiClient, out: Output, target: RunTarget): Promise<void> {
@@ -445,5 +476,5 @@ const remove = defineCommand({
 export const cron: Group = {
   name: "cron",
   summary: "Manage cron jobs, their runs and logs",
-  commands: [create, list, info, update, run, runs, logs, cancel, remove],
+  commands: [create, list, info, update, toggle(true), toggle(false), run, runs, logs, cancel, remove],
 };

@@ -10,7 +10,8 @@ import { type ApiClient, type Call, path, RequestFailed } from "../api.js";
 import { colouredLines, colourWanted } from "../colour.js";
 import { APP_ARG, defineCommand, type Group } from "../command.js";
 import { ago, CliError, fields, type Output, table, when } from "../output.js";
-import { MAX_UPLOAD_BYTES, packSource } from "../pack.js";
+import { MAX_UPLOAD_BYTES, type PackedSource, packSource } from "../pack.js";
+import { exposedFiles, type ServedAt, servedFrom } from "../exposure.js";
 import { formatBytes, Progress } from "../progress.js";
 import type { App } from "./apps.js";
 import { folderFiles } from "./init.js";
@@ -100,7 +101,7 @@ function planHint(error: string): string {
  * then what packing left out (a lockfile or requirements file that
  * `.gitignore` keeps from being uploaded).
  */
-async function preflight(source: string, config: SvcJson | null, ignored: readonly string[], runtime: Runtime): Promise<void> {
+async function preflight(source: string, config: SvcJson | null, ignored: readonly string[], runtime: Runtime): Promise<ServedAt> {
   const cannot = (detail: string, hint: string) => new CliError(`cannot deploy ${source}`, [detail], hint);
   if (runtime === "static") return preflightSite(source, config, ignored);
   const planned = await planRelease(folderFiles(source), config, runtime);
@@ -109,6 +110,7 @@ async function preflight(source: string, config: SvcJson | null, ignored: readon
   if (install !== null && leftOut(install.lockfile, ignored)) {
     throw cannot(`${install.lockfile} is left out by .gitignore, so the build would install without it`, `remove it from .gitignore and commit it`);
   }
+  return () => null; // an app that runs serves what its code serves
 }
 
 /**
@@ -117,7 +119,7 @@ async function preflight(source: string, config: SvcJson | null, ignored: readon
  * out: a lockfile or an output folder that `.gitignore` keeps from being
  * uploaded, and an output folder that does not exist when nothing builds it.
  */
-async function preflightSite(source: string, config: SvcJson | null, ignored: readonly string[]): Promise<void> {
+async function preflightSite(source: string, config: SvcJson | null, ignored: readonly string[]): Promise<ServedAt> {
   const cannot = (detail: string, hint: string) => new CliError(`cannot deploy ${source}`, [detail], hint);
   const mismatch = runtimeMismatch(config, "static");
   if (mismatch !== null) throw cannot(mismatch, planHint(mismatch));
@@ -135,6 +137,25 @@ async function preflightSite(source: string, config: SvcJson | null, ignored: re
       throw cannot(`outputDir "${outputDir}" does not exist and nothing builds it`, 'set "outputDir" to the folder holding the site, or "buildCommand" to what writes it');
     }
   }
+  // What is served as uploaded: the output folder when nothing builds it; else what frameworks copy verbatim.
+  if (buildCommand === null) return servedFrom([outputDir === PROJECT_ROOT ? "" : `${outputDir.replace(/\/+$/, "")}/`]);
+  return servedFrom(["public/", "static/"]);
+}
+
+/** Warns, before the upload, of secrets and archives the deploy would carry and (for archives) publish. */
+function warnExposed(out: Output, files: PackedSource["files"], served: ServedAt, app: string): void {
+  const exposed = exposedFiles(files, served);
+  if (exposed.length === 0) return;
+  for (const file of exposed.slice(0, 10)) {
+    const where = file.servedAt === null ? "is uploaded with the source (the build can read it)" : `would be public at ${file.servedAt}`;
+    const what = file.kind === "secret" ? "looks like secrets" : "is an archive";
+    out.note(`Warning: ${file.path} (${formatBytes(file.size)}) ${what} and ${where}`);
+  }
+  if (exposed.length > 10) out.note(`Warning: and ${exposed.length - 10} more like them`);
+  const secrets = exposed.some((file) => file.kind === "secret");
+  out.note(
+    `  Leave them out with .gitignore (svc deploy packs what git would commit)${secrets ? `; give secrets to the app with \`svc env set KEY=VALUE --app ${app}\`` : ""}.`,
+  );
 }
 
 /** Streams the archive to the presigned URL with exactly its size as Content-Length. */
@@ -250,10 +271,10 @@ function failureHint(error: string, app: string, id: string): string {
   if (/no start command|needs a start command/.test(error)) return "add a start script to package.json, startCommand to svc.json or a Procfile (`svc init --force` writes svc.json)";
   if (/BUILDER_PIP_/.test(error)) return "the builder has no python package index: its operator sets BUILDER_PIP_INDEX_URL or BUILDER_PIP_FIND_LINKS (see docs/apps.md)";
   if (/links? leading outside/.test(error)) return "links in a release must stay inside the app's folder: make them relative, or remove them in the build command";
-  if (/^install failed/.test(error)) return `the quote above is the package manager's own reason; \`svc apps logs --app ${app} --deployment ${id}\` shows all it printed`;
+  if (/^install failed/.test(error)) return `the quote above is the package manager's own reason; \`svc logs --app ${app} --deployment ${id}\` shows all it printed`;
   if (/outputDir/.test(error)) return "set outputDir in svc.json to the folder the build writes";
   if (/svc\.json/.test(error)) return "fix svc.json (`svc init --force` writes a fresh one)";
-  return `\`svc apps logs --app ${app} --deployment ${id}\` shows the whole build log`;
+  return `\`svc logs --app ${app} --deployment ${id}\` shows the whole build log`;
 }
 
 /** Ends a followed deployment: the URL when it is ready, the error (exit 1) when not. */
@@ -309,7 +330,7 @@ returns at once.`,
       // What the folder says it is (svc.json, else a static site detected) is checked before any request;
       // the app's own runtime, once the API has answered, decides.
       const offline: Runtime | null = config?.runtime ?? ((await detectProject(folderFiles(source))) ? "static" : null);
-      if (offline !== null) await preflight(source, config, packed.ignored, offline);
+      let served: ServedAt = offline === null ? () => null : await preflight(source, config, packed.ignored, offline);
       const skipped = packed.ignored.length > 0 ? `; left out by .gitignore: ${packed.ignored.length} path${packed.ignored.length === 1 ? "" : "s"}` : "";
       out.step(`Packed ${packed.fileCount} file${packed.fileCount === 1 ? "" : "s"} (${formatBytes(packed.totalBytes)}) into ${formatBytes(packed.sizeBytes)}${skipped}`);
       const target = await client.data<App>("GET", path`/v1/apps/${app}`, undefined, call);
@@ -321,7 +342,8 @@ returns at once.`,
           `create an app with one of those: svc apps create --name <name> --runtime node (or ${RUNTIMES.filter((r) => r !== "node").join(", ")})`,
         );
       }
-      if (runtime !== offline) await preflight(source, config, packed.ignored, runtime);
+      if (runtime !== offline) served = await preflight(source, config, packed.ignored, runtime);
+      warnExposed(out, packed.files, served, app);
       const created = await client.data<Created>(
         "POST",
         path`/v1/apps/${app}/deployments`,
@@ -339,7 +361,7 @@ returns at once.`,
     if (opts["no-follow"]) {
       out.result(
         deployment,
-        `Deployment ${deployment.id} ${deployment.status}${waiting}\nFollow it: svc apps logs --app ${app} --deployment ${deployment.id} --follow`,
+        `Deployment ${deployment.id} ${deployment.status}${waiting}\nFollow it: svc logs --app ${app} --deployment ${deployment.id} --follow`,
       );
       return;
     }
@@ -347,7 +369,7 @@ returns at once.`,
     if (waiting) out.step(`Deployment ${deployment.id} is queued${waiting}`);
     const id = deployment.id;
     const onInterrupt = () => {
-      process.stderr.write(`\nStopped following; the build goes on. Follow it again: svc apps logs --app ${app} --deployment ${id} --follow\n`);
+      process.stderr.write(`\nStopped following; the build goes on. Follow it again: svc logs --app ${app} --deployment ${id} --follow\n`);
       process.exit(130);
     };
     process.once("SIGINT", onInterrupt);
@@ -363,7 +385,7 @@ returns at once.`,
   },
 });
 
-const DEPLOYMENT_ARGS = [APP_ARG, { name: "deployment", description: "deployment id (dep_…), from svc deployments list" }] as const;
+const DEPLOYMENT_ARGS = [APP_ARG, { name: "deployment", description: "deployment id (dep_…), from svc deployments list", flag: {} }] as const;
 
 const list = defineCommand({
   name: "list",

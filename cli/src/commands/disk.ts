@@ -3,6 +3,7 @@ import { type Call, path } from "../api.js";
 import { APP_ARG, defineCommand, type Group, YES_OPTION } from "../command.js";
 import { ago, fields, table, when } from "../output.js";
 import { hoursOrOff, positiveInteger } from "../parse.js";
+import { formatBytes } from "../progress.js";
 import { confirmOrRefuse } from "../prompt.js";
 
 /** A persistent disk as the API returns it. */
@@ -33,11 +34,19 @@ function snapshots(disk: Disk): string {
   return disk.snapshotIntervalHours === 0 ? "off" : `${snapshotEvery(disk.snapshotIntervalHours)}, keeping ${disk.snapshotKeep}`;
 }
 
+/** `12.0 MiB (1%)` of the disk's size; "-" when the node holding it did not say (see Disk.usedBytes). */
+function used(disk: Pick<Disk, "usedBytes" | "sizeGb">): string {
+  if (disk.usedBytes === null) return "-";
+  const percent = (disk.usedBytes / (disk.sizeGb * 1024 ** 3)) * 100;
+  return `${formatBytes(disk.usedBytes)} (${percent > 0 && percent < 1 ? "<1" : Math.round(percent)}%)`;
+}
+
 function describe(disk: Disk): string {
   const rows: [string, string][] = [
     ["id", disk.id],
     ["name", disk.name],
     ["size", `${disk.sizeGb} GB`],
+    ...(disk.usedBytes === null ? [] : ([["used", used(disk)]] as [string, string][])),
     ["mount path", disk.mountPath],
     ["app", disk.appName ? `${disk.appName} (${disk.appId})` : "not attached"],
     ["in use", disk.inUse ? "yes (attached to a running app)" : "no"],
@@ -120,6 +129,7 @@ const list = defineCommand({
             ["NAME", (d) => d.name],
             ["ID", (d) => d.id],
             ["SIZE", (d) => `${d.sizeGb} GB`],
+            ["USED", used],
             ["MOUNT PATH", (d) => d.mountPath],
             ["APP", (d) => d.appName ?? "-"],
             ["IN USE", (d) => (d.inUse ? "yes" : "no")],

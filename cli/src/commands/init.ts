@@ -5,6 +5,7 @@ import {
   describeNotStatic,
   FRAMEWORK_NAMES,
   findLockfile,
+  hasDependencies,
   PROJECT_ROOT,
   type ProjectFiles,
   readPackageJson,
@@ -147,7 +148,14 @@ async function previousConfig(file: string): Promise<PreviousConfig> {
 
 /** What `svc init` found, for the "Detected:" line. */
 export type InitPlan =
-  | { config: StaticSvcJson; detected: DetectedProject | null; packageManager: string | null; lockfile: string | null }
+  | {
+      config: StaticSvcJson;
+      detected: DetectedProject | null;
+      packageManager: string | null;
+      lockfile: string | null;
+      /** The build installs dependencies and there is no lockfile yet: svc deploy refuses the folder until one is written. */
+      lockfileMissing: boolean;
+    }
   | { config: ServerSvcJson; release: ReleasePlan; why: string | null };
 
 /** Flags that only a static site has, and flags that only an app that runs has. */
@@ -238,7 +246,8 @@ async function planStatic(dir: string, files: ProjectFiles, choices: InitChoices
     outputDir,
     spa,
   };
-  return { config, detected, packageManager: lockfile?.packageManager ?? null, lockfile: lockfile?.file ?? null };
+  const lockfileMissing = lockfile === null && buildCommand !== undefined && pkgJson !== null && hasDependencies(pkgJson);
+  return { config, detected, packageManager: lockfile?.packageManager ?? null, lockfile: lockfile?.file ?? null, lockfileMissing };
 }
 
 async function planServer(
@@ -331,19 +340,20 @@ async function lookUpApp(ctx: BaseContext, name: string, runtime: Runtime): Prom
   }
 }
 
-/** The line after "Wrote svc.json": what to run next, given what the account has. */
-function nextStep(name: string, runtime: Runtime, lookup: AppLookup): string {
+/** The line after "Wrote svc.json": what to run next, given what the account has (and `install`, a step the folder needs first). */
+function nextStep(name: string, runtime: Runtime, lookup: AppLookup, install: string | null): string {
   const create = `svc apps create --name ${name} --runtime ${runtime}`;
+  const deploy = install ? `${install}, then svc deploy` : "svc deploy";
   if (lookup.kind === "exists") {
     return lookup.app.runtime === runtime
-      ? `App ${name} exists (${runtime}). Next: svc deploy`
+      ? `App ${name} exists (${runtime}). Next: ${deploy}`
       : `App ${name} exists but its runtime is ${lookup.app.runtime}, not ${runtime}: choose another --name (svc init --force --name <name>)`;
   }
   if (lookup.kind === "missing" && lookup.unused.length > 0) {
     const names = lookup.unused.slice(0, 3).map((a) => a.name);
-    return `No app named ${name} yet. Next: ${create}, then svc deploy; or deploy to ${names.length === 1 ? `your ${runtime} app` : `one of your ${runtime} apps`} ${names.join(", ")}: svc init --force --name ${names[0]}`;
+    return `No app named ${name} yet. Next: ${create}, then ${deploy}; or deploy to ${names.length === 1 ? `your ${runtime} app` : `one of your ${runtime} apps`} ${names.join(", ")}: svc init --force --name ${names[0]}`;
   }
-  return `Next: ${create}, then svc deploy`;
+  return `Next: ${create}, then ${deploy}`;
 }
 
 const HEALTH_CHECK_PATH = /^\/[\x21-\x7e]*$/;
@@ -429,6 +439,14 @@ unless --yes.`,
     const plan = await planInit(dir, choices, existing ? await previousConfig(file) : {});
     const { config } = plan;
     out.step(detectedLine(plan));
+    const install = "lockfileMissing" in plan && plan.lockfileMissing ? "npm install" : null;
+    if (install) {
+      out.note(
+        `Warning: package.json lists dependencies but ${dir} has no lockfile (package-lock.json, yarn.lock or pnpm-lock.yaml). ` +
+          "The build installs exactly what a lockfile pins, so svc deploy refuses the folder until it has one: " +
+          "run npm install here (or yarn / pnpm install) and commit the lockfile it writes.",
+      );
+    }
 
     let lookup: AppLookup = out.json ? { kind: "unknown" } : await lookUpApp(ctx, config.name, config.runtime);
     const offered = lookup.kind === "missing" && lookup.unused.length === 1 ? lookup.unused[0] : undefined;
@@ -445,6 +463,6 @@ unless --yes.`,
       if (!(await confirm(`Write ${file}?`))) throw new CliError("svc.json not written", ["the question was not answered with y"]);
     }
     await writeFile(file, text);
-    out.result(config, `Wrote ${file}:\n${text.trimEnd()}\n${nextStep(config.name, config.runtime, lookup)}`);
+    out.result(config, `Wrote ${file}:\n${text.trimEnd()}\n${nextStep(config.name, config.runtime, lookup, install)}`);
   },
 });

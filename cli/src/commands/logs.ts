@@ -2,8 +2,8 @@ import { setTimeout as sleep } from "node:timers/promises";
 import type { Schemas } from "../../../openapi/types.js";
 import { path } from "../api.js";
 import { colouredLines, colourWanted } from "../colour.js";
-import { APP_ARG, defineCommand } from "../command.js";
-import { CliError } from "../output.js";
+import { APP_ARG, type BaseContext, defineCommand } from "../command.js";
+import { CliError, type Output } from "../output.js";
 import { positiveInteger } from "../parse.js";
 import { aboutDeployments, type Deployment, followBuild } from "./deploy.js";
 
@@ -18,65 +18,87 @@ export function formatRequest(r: RequestLog): string {
   return `${r.time} ${r.method} ${r.path} ${r.status} ${r.bytes} ${r.durationMs}ms`;
 }
 
-/** `svc apps logs <app>`: a deployment's build log (the latest by default). */
+/** Prints a deployment's build log (the newest by default); with `follow`, streams it until the build ends. */
+async function showBuildLog({ app, deployment, follow, out, api, env }: { app: string; deployment: string | undefined; follow: boolean } & Pick<BaseContext, "api" | "env"> & { out: Output }) {
+  const client = await api();
+  const call = aboutDeployments(`show the build log of app ${app}`, app);
+  let id = deployment;
+  if (id === undefined) {
+    const list = await client.data<Deployment[]>("GET", path`/v1/apps/${app}/deployments`, undefined, call);
+    if (list.length === 0) throw new CliError(`app ${app} has no deployments yet`, [], `deploy it: svc deploy --app ${app}`);
+    id = list[0]!.id;
+  }
+  if (follow && !out.json) {
+    const plain = (text: string) => void process.stdout.write(text);
+    const finished = await followBuild(client, app, id, colourWanted(process.stdout, env) ? colouredLines(plain) : plain);
+    // Like svc deploy: a build that did not make it is exit 1, so scripts can wait on this command.
+    if (finished.status !== "ready") throw new CliError(`deployment ${finished.id} ${finished.status}`, finished.error ? [finished.error] : []);
+    out.note(`Deployment ${finished.id} is ready`);
+    return;
+  }
+  const res = await client.stream(path`/v1/apps/${app}/deployments/${id}/logs`, call);
+  const log = await res.text();
+  if (out.json) out.result({ deploymentId: id, log });
+  else if (log === "") out.note(`The build log of deployment ${id} is empty (the build has not started yet?)`);
+  else process.stdout.write(log.endsWith("\n") ? log : `${log}\n`);
+}
+
+const DEPLOYMENT_OPTION = { type: "string", value: "id", description: "the deployment whose build log to show (dep_…; default: the newest)" } as const;
+
+/** `svc apps logs <app>`: the spec's name for the build log, the same as `svc logs --build`. */
 export const buildLogs = defineCommand({
   name: "logs",
-  summary: "Show the build log of an app's deployment (default: the latest)",
+  summary: "Show the build log of an app's deployment (the same as svc logs --build)",
   description: "Log lines read `<time> <out|err|svc> <text>`. --follow streams a build in progress until it ends\n(exit 1 if the deployment failed or was cancelled).",
   args: [APP_ARG],
   options: {
-    deployment: { type: "string", value: "id", description: "the deployment (dep_…; default: the newest)" },
+    deployment: DEPLOYMENT_OPTION,
     follow: { type: "boolean", short: "f", description: "keep streaming while the build runs" },
   },
   examples: ["svc apps logs --app my-site", "svc apps logs --app my-site --deployment dep_0aB1cD2eF3gH4iJ5kL6mN7oP --follow"],
   async run({ args, opts, out, api, env }) {
-    const client = await api();
-    const call = aboutDeployments(`show the build log of app ${args.app}`, args.app);
-    let id = opts.deployment;
-    if (id === undefined) {
-      const list = await client.data<Deployment[]>("GET", path`/v1/apps/${args.app}/deployments`, undefined, call);
-      if (list.length === 0) throw new CliError(`app ${args.app} has no deployments yet`, [], `deploy it: svc deploy --app ${args.app}`);
-      id = list[0]!.id;
-    }
-    if (opts.follow && !out.json) {
-      const plain = (text: string) => void process.stdout.write(text);
-      const deployment = await followBuild(client, args.app, id, colourWanted(process.stdout, env) ? colouredLines(plain) : plain);
-      // Like svc deploy: a build that did not make it is exit 1, so scripts can wait on this command.
-      if (deployment.status !== "ready") throw new CliError(`deployment ${deployment.id} ${deployment.status}`, deployment.error ? [deployment.error] : []);
-      out.note(`Deployment ${deployment.id} is ready`);
-      return;
-    }
-    const res = await client.stream(path`/v1/apps/${args.app}/deployments/${id}/logs`, call);
-    const log = await res.text();
-    if (out.json) out.result({ deploymentId: id, log });
-    else if (log === "") out.note(`The build log of deployment ${id} is empty (the build has not started yet?)`);
-    else process.stdout.write(log.endsWith("\n") ? log : `${log}\n`);
+    await showBuildLog({ app: args.app, deployment: opts.deployment, follow: opts.follow, out, api, env });
   },
 });
 
-/** `svc logs <app>`: the web server's request log; `--runtime`, the app's own output. */
+/** `svc logs <app>`: every log of an app in one place: requests (the default), a build's, the processes' output. */
 export const logs = defineCommand({
   name: "logs",
-  summary: "Show an app's web server log (requests and their status codes), or with --runtime its processes' output",
+  summary: "Show an app's logs: requests (default), a build (--build, --deployment) or its processes' output (--runtime)",
   description:
-    "Lines read `<time> <method> <path> <status> <bytes> <duration>`, oldest first. --follow asks every second for new ones until Ctrl-C.\n" +
-    "--runtime shows what an app that runs (node, python, custom) printed, across restarts and deploys, as `<time> <out|err|svc> <text>`;\n" +
-    "`svc` lines say what the platform did (started, ready, exited, OOMKilled, restarting). With --follow it streams until Ctrl-C.",
+    "Three logs, one command:\n" +
+    "  requests (default)   `<time> <method> <path> <status> <bytes> <duration>`, oldest first; --follow asks every second for new ones.\n" +
+    "  --build              the newest deployment's build log, or the one --deployment names, as `<time> <out|err|svc> <text>`;\n" +
+    "                       --follow streams a build in progress and exits 1 if it fails.\n" +
+    "  --runtime            what an app that runs (node, python, custom) printed, across restarts and deploys; `svc` lines say\n" +
+    "                       what the platform did (started, ready, exited, OOMKilled, restarting). --follow streams until Ctrl-C.",
   args: [APP_ARG],
   options: {
-    runtime: { type: "boolean", description: "the app's runtime log (stdout and stderr of its processes) instead of requests" },
-    follow: { type: "boolean", short: "f", description: "keep printing new lines until Ctrl-C" },
+    build: { type: "boolean", description: "the build log of the newest deployment (or of --deployment)" },
+    deployment: { ...DEPLOYMENT_OPTION, description: "the deployment whose build log to show (dep_…; implies --build)" },
+    runtime: { type: "boolean", description: "the app's runtime log (stdout and stderr of its processes)" },
+    follow: { type: "boolean", short: "f", description: "keep printing new lines (a build's until it ends, the others until Ctrl-C)" },
     limit: { type: "string", value: "N", description: "how many recent requests to show first (default 100, at most 1000)" },
   },
   examples: [
     "svc logs --app my-site",
     "svc logs --app my-site --follow",
+    "svc logs --app my-site --build --follow",
+    "svc logs --app my-site --deployment dep_0aB1cD2eF3gH4iJ5kL6mN7oP",
     "svc logs --app my-api --runtime --follow",
     "svc logs --app my-site --json --limit 1000 | jq '.[] | select(.status >= 400)'",
   ],
-  async run({ args, opts, out, api, fail }) {
+  async run({ args, opts, out, api, env, fail }) {
+    const build = opts.build || opts.deployment !== undefined;
+    if (build && opts.runtime) throw fail("--runtime and --build (or --deployment) are different logs: choose one");
+    if (opts.limit !== undefined && (build || opts.runtime)) {
+      throw fail(`--limit counts requests: the ${build ? "build log is shown whole" : "runtime log (--runtime) shows its last 64 KiB"}`);
+    }
+    if (build) {
+      await showBuildLog({ app: args.app, deployment: opts.deployment, follow: opts.follow, out, api, env });
+      return;
+    }
     if (opts.runtime) {
-      if (opts.limit !== undefined) throw fail("--limit counts requests: the runtime log (--runtime) shows its last 64 KiB");
       const call = aboutDeployments(`show the runtime log of app ${args.app}`, args.app);
       const res = await (await api()).stream(`${path`/v1/apps/${args.app}/runtime-logs`}${opts.follow ? "?follow=true" : ""}`, call);
       if (!res.body) return;
