@@ -7,6 +7,7 @@ import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { superviseBuilder } from "./builder-process";
 import { cronsOf, scheduleTriggers } from "./local-crons.js";
+import { quietDisconnects } from "./wrangler-output.js";
 
 /**
  * Starts the whole system locally: D1 migrations, the builder, `wrangler dev`,
@@ -139,8 +140,26 @@ function run(cmd: string, args: string[], env: NodeJS.ProcessEnv): Promise<strin
   });
 }
 
-/** Output of a child: inherited, or appended to a log file. */
-function startProcess(cmd: string, args: string[], env: NodeJS.ProcessEnv, output: "inherit" | string): ChildProcess {
+/**
+ * Output of a child: inherited, or appended to a log file; `filter` (inherited
+ * output only) makes it pass through a line filter on its way to stderr.
+ */
+function startProcess(
+  cmd: string,
+  args: string[],
+  env: NodeJS.ProcessEnv,
+  output: "inherit" | string,
+  filter?: (write: (text: string) => void) => (chunk: string) => void,
+): ChildProcess {
+  if (output === "inherit" && filter) {
+    // A pipe is not a terminal: keep the colours the terminal would have had.
+    const colour = process.stderr.isTTY ? { FORCE_COLOR: "1" } : {};
+    const child = spawn(cmd, args, { cwd: ROOT, env: { ...env, ...colour }, stdio: ["ignore", "pipe", "pipe"], detached: true });
+    const feed = filter((text) => void process.stderr.write(text));
+    child.stdout?.setEncoding("utf8").on("data", feed);
+    child.stderr?.setEncoding("utf8").on("data", feed);
+    return child;
+  }
   const sink = output === "inherit" ? "inherit" : openSync(output, "a");
   // Own process group, so stopping it also ends the grandchildren (workerd under wrangler).
   return spawn(cmd, args, { cwd: ROOT, env, stdio: ["ignore", sink, sink], detached: true });
@@ -240,6 +259,7 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
       ],
       env,
       opts.output === "files" ? join(opts.stateDir, "wrangler.log") : "inherit",
+      quietDisconnects,
     );
   };
   let wrangler: ChildProcess | undefined;
