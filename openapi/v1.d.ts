@@ -2205,6 +2205,7 @@ export interface paths {
                 query?: never;
                 header?: never;
                 path: {
+                    /** @description The cron job's id (cron_…) or its name (unique in the account) */
                     id: string;
                 };
                 cookie?: never;
@@ -2277,6 +2278,7 @@ export interface paths {
                 query?: never;
                 header?: never;
                 path: {
+                    /** @description The cron job's id (cron_…) or its name (unique in the account) */
                     id: string;
                 };
                 cookie?: never;
@@ -2356,6 +2358,7 @@ export interface paths {
                 query?: never;
                 header?: never;
                 path: {
+                    /** @description The cron job's id (cron_…) or its name (unique in the account) */
                     id: string;
                 };
                 cookie?: never;
@@ -2444,6 +2447,7 @@ export interface paths {
                 query?: never;
                 header?: never;
                 path: {
+                    /** @description The cron job's id (cron_…) or its name (unique in the account) */
                     id: string;
                 };
                 cookie?: never;
@@ -2545,6 +2549,7 @@ export interface paths {
                 query?: never;
                 header?: never;
                 path: {
+                    /** @description The cron job's id (cron_…) or its name (unique in the account) */
                     id: string;
                 };
                 cookie?: never;
@@ -2635,6 +2640,7 @@ export interface paths {
                 query?: never;
                 header?: never;
                 path: {
+                    /** @description The cron job's id (cron_…) or its name (unique in the account) */
                     id: string;
                     jobName: string;
                 };
@@ -2719,6 +2725,7 @@ export interface paths {
                 query?: never;
                 header?: never;
                 path: {
+                    /** @description The cron job's id (cron_…) or its name (unique in the account) */
                     id: string;
                     jobName: string;
                 };

@@ -9,6 +9,27 @@ async function armedAlarm(cronId: string): Promise<number | null> {
 }
 
 describe("/v1/crons", () => {
+  it("takes a job's name wherever it takes its id, within the account only", async () => {
+    const { adminKey: key } = await newAccount();
+    const app = await newApp(key);
+    const created = (await json<{ data: Cron }>(
+      await call("/v1/crons", { method: "POST", key, body: { appId: app.id, name: "nightly", schedule: "0 3 * * *", command: "echo hi", enabled: false } }),
+    )).data;
+    expect(created.enabled).toBe(false);
+    const byName = (await json<{ data: Cron }>(await call("/v1/crons/nightly", { key }))).data;
+    expect(byName.id).toBe(created.id);
+    const patched = await call("/v1/crons/nightly", { method: "PATCH", key, body: { enabled: true } });
+    expect((await json<{ data: Cron }>(patched)).data).toMatchObject({ id: created.id, enabled: true });
+    expect((await call("/v1/crons/nightly/runs", { key })).status).toBe(200);
+    // Another account's job of the same name is not this one's.
+    const other = await newAccount();
+    const missing = await call("/v1/crons/nightly", { key: other.adminKey });
+    expect(missing.status).toBe(404);
+    expect((await json<{ error: { code: string } }>(missing)).error.code).toBe("CRON_NOT_FOUND");
+    expect((await call("/v1/crons/nightly", { method: "DELETE", key })).status).toBe(200);
+    expect((await call(`/v1/crons/${created.id}`, { key })).status).toBe(404);
+  });
+
   it("creates (201 {data}), lists, shows detail with nextRun/nextRuns, patches, and deletes", async () => {
     const { adminKey: key } = await newAccount();
     const app = await newApp(key);

@@ -121,7 +121,9 @@ const PreviewSchema = z
   })
   .openapi("CronSchedulePreview");
 
-const IdParam = z.object({ id: z.string().regex(/^cron_[0-9A-Za-z]{24}$/, "must be a cron job id (cron_…)") });
+const IdParam = z.object({
+  id: Ref.openapi({ description: "The cron job's id (cron_…) or its name (unique in the account)", example: "nightly-report" }),
+});
 const RunParam = IdParam.extend({ jobName: z.string().min(1).max(128) });
 const security = [{ bearerAuth: [] }];
 const json = <T extends z.ZodType>(description: string, schema: T) => ({

@@ -4,7 +4,7 @@ import { accounts, type ConcurrencyPolicy, type CronRow, type CronRunStatus, cro
 import type { Env } from "../env";
 import { nextRuns } from "../lib/cron";
 import { ApiError } from "../lib/errors";
-import { newId } from "../lib/ids";
+import { isId, newId } from "../lib/ids";
 import { planLimitError, planOf } from "../lib/plans";
 import { iso, isoOrNull } from "../lib/time";
 import { deletePrefix } from "../storage/objects";
@@ -126,13 +126,14 @@ export function logKey(cronId: string, jobName: string): string {
   return `cron-logs/${cronId}/${jobName}.log`;
 }
 
-export async function resolveCron(db: Db, accountId: string, id: string): Promise<CronRow> {
+/** Finds a cron job of the account by id or name (names are unique in the account); 404 otherwise. */
+export async function resolveCron(db: Db, accountId: string, ref: string): Promise<CronRow> {
   const row = await db
     .select()
     .from(crons)
-    .where(and(eq(crons.id, id), eq(crons.accountId, accountId)))
+    .where(and(isId("cron", ref) ? eq(crons.id, ref) : eq(crons.name, ref), eq(crons.accountId, accountId)))
     .get();
-  if (!row) throw new ApiError("CRON_NOT_FOUND", `cron job ${id} not found`);
+  if (!row) throw new ApiError("CRON_NOT_FOUND", `cron job ${ref} not found`);
   return row;
 }
 
