@@ -173,7 +173,10 @@ export class CronJob extends DurableObject<Env> {
 
   /** A newer copy of the app's target (older pushes, arriving late, are ignored). */
   async setTarget(target: CronTarget): Promise<void> {
+    const wasStopped = this.target()?.stopped === true;
     this.storeTarget(target);
+    // An app stopping or starting again is what arms or disarms its jobs' alarms.
+    if ((this.target()?.stopped === true) !== wasStopped && this.job()) await this.reschedule();
   }
 
   private storeTarget(target: CronTarget): void {
@@ -389,8 +392,10 @@ export class CronJob extends DurableObject<Env> {
   private async reschedule(): Promise<number | null> {
     const now = Date.now();
     const job = this.job();
-    // Armed while disabled too (DESIGN §4): the alarm skips the run and arms the next, so enabling needs nothing more.
-    const next = job ? (nextRuns(job.schedule, job.timezone, now, 1)[0] ?? null) : null;
+    // A disabled job, or one of a stopped app, is not armed at all: 10,000 paused jobs wake nobody.
+    // Enabling it (configure) or starting the app (setTarget) arms the next run again.
+    const active = job?.enabled === true && this.target()?.stopped !== true;
+    const next = job && active ? (nextRuns(job.schedule, job.timezone, now, 1)[0] ?? null) : null;
     if (next === null) this.kv.delete("scheduledFor");
     else this.kv.put("scheduledFor", next);
     const running = this.runningRows();

@@ -101,6 +101,30 @@ describe("/v1/crons", () => {
     expect(resumed.nextRun).not.toBeNull();
   });
 
+  it("a disabled job, or one of a stopped app, keeps no alarm: paused jobs wake nobody at their scheduled times", async () => {
+    const { adminKey: key } = await newAccount();
+    const app = await newApp(key);
+    const every = await newCron(key, { appId: app.id, name: "every-minute", schedule: "* * * * *", command: "true" });
+    expect(await armedAlarm(every.id)).not.toBeNull();
+    await call(`/v1/crons/${every.id}`, { method: "PATCH", key, body: { enabled: false } });
+    expect(await armedAlarm(every.id)).toBeNull();
+    const created = (await json<{ data: Cron }>(
+      await call("/v1/crons", { method: "POST", key, body: { appId: app.id, name: "born-paused", schedule: "* * * * *", command: "true", enabled: false } }),
+    )).data;
+    expect(await armedAlarm(created.id)).toBeNull();
+
+    // Enabled again: armed for its next minute. The app stopped: disarmed; started: armed again.
+    await call(`/v1/crons/${every.id}`, { method: "PATCH", key, body: { enabled: true } });
+    const next = await armedAlarm(every.id);
+    expect(next).not.toBeNull();
+    expect(next! - Date.now()).toBeLessThanOrEqual(60_000);
+    expect((await call(`/v1/apps/${app.id}/stop`, { method: "POST", key })).status).toBe(200);
+    expect(await armedAlarm(every.id)).toBeNull();
+    expect((await call(`/v1/apps/${app.id}/restart`, { method: "POST", key })).status).toBe(200);
+    expect(await armedAlarm(every.id)).not.toBeNull();
+    expect(await armedAlarm(created.id)).toBeNull();
+  });
+
   it("deleting the app deletes its cron jobs", async () => {
     const { adminKey: key } = await newAccount();
     const app = await newApp(key);
