@@ -1,26 +1,26 @@
 import { type ChildProcess, execFileSync, spawn } from "node:child_process";
 import { existsSync } from "node:fs";
-import { cp, mkdir, mkdtemp, readFile, rm, stat, symlink } from "node:fs/promises";
+import { mkdir, mkdtemp, readdir, readFile, rm, stat, symlink } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { freePort, ROOT } from "../../scripts/local-stack.js";
 import { processCommandLines } from "../cli/svc.js";
-import { FIXTURES, siteRequest } from "./sites.js";
+import { siteRequest } from "./sites.js";
 
 /**
  * The README's "Using it" block, run as written, the way a newcomer meets it:
  * a fresh copy of the repository (what git would commit from this checkout),
  * `npm start` in it, and then the block from the copy's own README, line by
- * line in bash, from the copy's root, with `my-project` a Vite + React site.
+ * line in bash, from the copy's root. The block scaffolds its site itself with
+ * `npm create vite@latest` from the npm registry and installs it, in a fresh
+ * home folder, exactly as a newcomer's machine would.
  *
- * Two stand-ins keep the test fast and offline-safe, and say so: the copy's
- * `node_modules` is a link to this checkout's (instead of `npm install`), and
- * `my-project` is the Vite + React fixture with its committed lockfile (what
- * `npm create vite` and `npm install` would leave), whose build installs its
- * dependencies from the npm registry like any deploy. `npm start` gets a free
- * PORT (its documented setting), and `npm link` installs into a private prefix,
- * so nothing outside the temporary folder is touched.
+ * One stand-in keeps the test fast and says so: the copy's `node_modules` is a
+ * link to this checkout's (instead of the repository's own `npm install`).
+ * `npm start` gets a free PORT (its documented setting), HOME is a temporary
+ * folder, and `npm link` installs into a private prefix, so nothing outside the
+ * temporary folder is touched.
  */
 
 /** The first ```sh block after the "## Using it" heading. */
@@ -71,7 +71,6 @@ describe("the README's Using it block, as written, against npm start", () => {
     const files = execFileSync("git", ["ls-files", "-z", "--cached", "--others", "--exclude-standard"], { cwd: ROOT });
     execFileSync("sh", ["-c", `tar --null -T - -cf - | tar -xf - -C '${clone}'`], { cwd: ROOT, input: files });
     await symlink(join(ROOT, "node_modules"), join(clone, "node_modules"));
-    await cp(join(FIXTURES, "vite-react"), join(clone, "my-project"), { recursive: true, filter: (p) => !/\/(node_modules|dist)$/.test(p) });
 
     port = await freePort();
     const began = Date.now();
@@ -148,17 +147,29 @@ describe("the README's Using it block, as written, against npm start", () => {
 
       expect(r.stdout).toContain("Logged in.");
       expect(r.stdout).toContain("App my-site exists (static). Next: svc deploy");
+      expect(r.stderr, "a fresh scaffold after npm install has its lockfile").not.toContain("no lockfile");
       expect(r.stdout).toContain(`Deployed: http://my-site.localhost:${port}`);
+      // The app comes from svc.json, said on stderr; the build log is there by `svc logs --build`.
+      expect(r.stderr).toMatch(/^Using app my-site from svc\.json \(--app overrides\)$/m);
+      expect(r.stdout).toMatch(/ svc output dist: \d+ files/);
+      expect(r.stdout).toMatch(/^Created cron job nightly$/m);
       expect(r.stdout).toMatch(/ out hello from cron$/m);
       expect(r.stdout).toMatch(/^Run manual-\w+-\d+ succeeded/m);
-      expect(r.stdout).toMatch(/^Downloaded backup bak_\w+ to uploads\.tar\.gz \(.*SHA-256 verified\)$/m);
-      expect(r.stdout).toContain("Restored disk uploads from uploads.tar.gz; app my-site restarts with the restored data");
-      expect(existsSync(join(clone, "my-project", "svc.json"))).toBe(true);
-      expect((await stat(join(clone, "my-project", "uploads.tar.gz"))).size).toBeGreaterThan(0);
+      expect(r.stdout).toMatch(/^Enabled cron job nightly; next run /m);
+      expect(r.stdout).toMatch(/^uploads +disk_\w+ +1 GB +[\d.]+ (?:B|KiB|MiB) \(/m);
+      expect(r.stdout).toMatch(/^Downloaded backup bak_\w+ to .*uploads\.tar\.gz \(.*SHA-256 verified\)$/m);
+      expect(r.stdout).toMatch(/^Restored disk uploads from .*uploads\.tar\.gz; app my-site restarts with the restored data$/m);
+      expect(existsSync(join(home, "my-project", "svc.json"))).toBe(true);
+      expect(existsSync(join(home, "my-project", "package-lock.json"))).toBe(true);
+      // The backup is kept out of the project, so the next deploy does not publish it.
+      expect((await stat(join(home, "uploads.tar.gz"))).size).toBeGreaterThan(0);
+      expect((await readdir(join(home, "my-project"))).filter((name) => /\.(?:tar|gz|tgz|zip)$/.test(name))).toEqual([]);
 
       const page = await siteRequest({ apiUrl: `http://127.0.0.1:${port}` }, "my-site", "/");
       expect(page.status).toBe(200);
       expect(page.body).toContain('<div id="root">');
+      const downloaded = await siteRequest({ apiUrl: `http://127.0.0.1:${port}` }, "my-site", "/uploads.tar.gz");
+      expect(downloaded.body, "the single-page app's index.html, not an archive").toContain('<div id="root">');
     },
     420_000,
   );
