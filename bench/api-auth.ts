@@ -1,3 +1,4 @@
+import { createHash } from "node:crypto";
 import { join } from "node:path";
 import { loadavg } from "node:os";
 import { getPlatformProxy } from "wrangler";
@@ -48,14 +49,17 @@ async function d1PerRequest(persistDir: string, path: string, key: string): Prom
   }
 }
 
-const stack = await benchStack();
+const stack = await benchStack({ workerVars: { BENCH_FLOOR_ROUTES: "on" } });
 try {
   const auth = { headers: { Authorization: `Bearer ${stack.adminKey}` } };
   const opts = { durationMs: DURATION_MS, concurrency: CONCURRENCY };
+  const hash = createHash("sha256").update(stack.adminKey).digest("hex");
   const cases = [
     { name: "GET /healthz (no auth)", path: "/healthz", init: {} },
     { name: "GET /v1/whoami (Bearer key)", path: "/v1/whoami", init: auth },
     { name: "GET /v1/api-keys (Bearer key)", path: "/v1/api-keys", init: auth },
+    // The floor of synchronous revocation: the key's indexed read alone (app.ts, BENCH_FLOOR_ROUTES).
+    { name: "GET /__bench/key-read (floor)", path: `/__bench/key-read?hash=${hash}`, init: {} },
   ];
   const d1 = {
     whoami: await d1PerRequest(stack.persistDir, "/v1/whoami", stack.adminKey),
@@ -67,7 +71,7 @@ try {
   const loads: string[] = [];
   for (let round = 0; round < ROUNDS; round++) {
     loads.push(loadavg().map((value) => value.toFixed(2)).join(" "));
-    const order = round % 2 === 0 ? [0, 1, 2] : [2, 1, 0];
+    const order = round % 2 === 0 ? [0, 1, 2, 3] : [3, 2, 1, 0];
     for (const i of order) results[i]!.push(await load(`${stack.apiUrl}${cases[i]!.path}`, cases[i]!.init, opts));
   }
   const summary = (runs: LoadResult[]) => ({
@@ -76,13 +80,17 @@ try {
     p99: runs.reduce((s, r) => s + r.p99, 0) / runs.length,
     errors: runs.reduce((s, r) => s + r.errors, 0),
   });
-  const [health, whoami, keys] = results.map(summary) as [ReturnType<typeof summary>, ReturnType<typeof summary>, ReturnType<typeof summary>];
+  type Summary = ReturnType<typeof summary>;
+  const [health, whoami, keys, floor] = results.map(summary) as [Summary, Summary, Summary, Summary];
   console.log(`bench/api-auth: ${ROUNDS} rounds x ${DURATION_MS / 1000} s, concurrency ${CONCURRENCY}, loopback, wrangler dev`);
   console.log(`  load average per round: ${loads.join(" | ")}`);
-  for (const [i, s] of [health, whoami, keys].entries()) {
+  for (const [i, s] of [health, whoami, keys, floor].entries()) {
     console.log(`  ${cases[i]!.name.padEnd(30)} ${fmt(s.rps, 0).padStart(6)} req/s  p50 ${fmt(s.p50)} ms  p99 ${fmt(s.p99)} ms  errors ${s.errors}`);
   }
   console.log(`  ratio whoami/health: throughput ${fmt(whoami.rps / health.rps, 2)}x, p99 ${fmt(whoami.p99 / health.p99, 2)}x`);
+  console.log(
+    `  ratio whoami/key-read floor: throughput ${fmt(whoami.rps / floor.rps, 2)}x (target >= 0.90), p99 ${fmt(whoami.p99 / floor.p99, 2)}x`,
+  );
   console.log(`  ratio api-keys/health: throughput ${fmt(keys.rps / health.rps, 2)}x, p99 ${fmt(keys.p99 / health.p99, 2)}x`);
   console.log(
     `  D1 statements per request (counted over ${COUNTED_REQUESTS} requests): whoami ${fmt(d1.whoami.reads, 2)} reads + ${fmt(d1.whoami.writes, 2)} writes, ` +

@@ -52,7 +52,7 @@ export async function load(
 
 /** A throwaway local system (own state, free ports) for one benchmark run; `persistDir` holds its D1/R2/DO state, `stateDir` its logs. */
 export async function benchStack(
-  extra: Pick<LocalStackOptions, "builderEnv" | "workerLogs"> = {},
+  extra: Pick<LocalStackOptions, "builderEnv" | "workerLogs" | "workerVars"> = {},
 ): Promise<LocalStack & { persistDir: string; stateDir: string }> {
   const dir = await mkdtemp(join(tmpdir(), "svc-bench-"));
   const persistDir = join(dir, "state");

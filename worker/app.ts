@@ -3,6 +3,7 @@ import { bodyLimit } from "hono/body-limit";
 import { HTTPException } from "hono/http-exception";
 import { requestId } from "hono/request-id";
 import { CALLBACK_OVERHEAD_BYTES, MAX_MANIFEST_BYTES } from "../builder/src/protocol";
+import { keyByHash } from "./auth/authenticate";
 import { requireKey } from "./auth/middleware";
 import type { AppEnv } from "./context";
 import { isDashboardRequest, serveDashboard } from "./dashboard";
@@ -93,6 +94,13 @@ export function createApp() {
   app.use("/v1/*", (c, next) => (PUBLIC_PATHS.has(c.req.path) || `${c.req.path}/`.startsWith(OPERATOR_PREFIX) ? next() : requireKey(c, next)));
 
   app.get("/healthz", (c) => c.json({ ok: true }));
+  // The floor bench/api-auth.ts holds authentication to: the same indexed read of a key by its hash and
+  // nothing else. Served only where BENCH_FLOOR_ROUTES is "on" (the bench's own stack); 404 anywhere else.
+  app.get("/__bench/key-read", async (c) => {
+    if (c.env.BENCH_FLOOR_ROUTES !== "on") return c.notFound();
+    const row = await keyByHash(c.get("db"), c.req.query("hash") ?? "");
+    return c.json({ found: row !== undefined }, 200);
+  });
 
   app.route("/v1/accounts", accountRoutes);
   app.route("/v1/api-keys", apiKeyRoutes);

@@ -49,6 +49,8 @@ export interface Env {
   ENV_ENCRYPTION_KEY?: string;
   R2_ACCESS_KEY_ID?: string;
   R2_SECRET_ACCESS_KEY?: string;
+  /** "on" only in bench/api-auth.ts's stack: serves the floor it measures authentication against (app.ts). */
+  BENCH_FLOOR_ROUTES?: string;
 }
 
 const positiveInt = z.coerce.number().int().positive();

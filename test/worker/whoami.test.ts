@@ -54,5 +54,15 @@ describe("GET /v1/whoami", () => {
     const [lookup] = first.counts.statements;
     const plan = await env.DB.prepare(`EXPLAIN QUERY PLAN ${lookup}`).bind("0".repeat(64)).all<{ detail: string }>();
     expect(plan.results.map((row) => row.detail).join("; ")).toMatch(/SEARCH api_keys USING INDEX api_keys_hash_idx \(hash=\?\)/);
+
+    // bench/api-auth.ts's floor makes that very statement and no other, and exists only where the bench turns it on.
+    const hash = [...new Uint8Array(await crypto.subtle.digest("SHA-256", new TextEncoder().encode(key)))].map((b) => b.toString(16).padStart(2, "0")).join("");
+    const { db, counts } = countingD1(env.DB);
+    const floorPath = `${BASE}/__bench/key-read?hash=${hash}`;
+    const floor = await createApp().fetch(new Request(floorPath), { ...env, DB: db, BENCH_FLOOR_ROUTES: "on" }, createExecutionContext());
+    expect(await floor.json()).toEqual({ found: true });
+    expect(counts.statements).toEqual([lookup]);
+    const off = await createApp().fetch(new Request(floorPath), env, createExecutionContext());
+    expect(off.headers.get("Content-Type")).not.toContain("application/json");
   });
 });

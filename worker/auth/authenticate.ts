@@ -24,19 +24,7 @@ export async function authenticate(db: Db, header: string | undefined, now: numb
   if (!match) return { ok: false, message: "malformed Authorization header; expected `Bearer <API key>`" };
   const secret = match[1]!;
   if (!isWellFormedSecret(secret)) return { ok: false, message: "invalid API key" };
-  const row = await db
-    .select({
-      id: apiKeys.id,
-      name: apiKeys.name,
-      accountId: apiKeys.accountId,
-      scopes: apiKeys.scopes,
-      expiresAt: apiKeys.expiresAt,
-      deletedAt: apiKeys.deletedAt,
-      lastUsedAt: apiKeys.lastUsedAt,
-    })
-    .from(apiKeys)
-    .where(eq(apiKeys.hash, await hashSecret(secret)))
-    .get();
+  const row = await keyByHash(db, await hashSecret(secret));
   if (!row) return { ok: false, message: "invalid API key" };
   // Only the holder of the exact secret learns what became of it.
   if (row.deletedAt !== null) return { ok: false, message: "this API key was deleted; sign in with another key" };
@@ -48,6 +36,23 @@ export async function authenticate(db: Db, header: string | undefined, now: numb
     principal: { keyId: row.id, keyName: row.name, accountId: row.accountId, scopes: row.scopes },
     lastUsedAt: row.lastUsedAt,
   };
+}
+
+/** The one read authentication makes: the key with this hash, by its unique index, with all a route needs about the caller. */
+export function keyByHash(db: Db, hash: string) {
+  return db
+    .select({
+      id: apiKeys.id,
+      name: apiKeys.name,
+      accountId: apiKeys.accountId,
+      scopes: apiKeys.scopes,
+      expiresAt: apiKeys.expiresAt,
+      deletedAt: apiKeys.deletedAt,
+      lastUsedAt: apiKeys.lastUsedAt,
+    })
+    .from(apiKeys)
+    .where(eq(apiKeys.hash, hash))
+    .get();
 }
 
 export function needsTouch(lastUsedAt: number | null, now: number): boolean {
