@@ -93,7 +93,12 @@ describe("describeInstallFailure", () => {
       "npm error Clean install a project",
     ];
     const said = describeInstallFailure(["added 3 packages", ...npm], "package-lock.json", "npm");
+    // npm's sentence names no package; its list does (install-error.unit.test.ts has more).
     expect(said).toBe(
+      'npm ci found package-lock.json out of sync with package.json: "Missing: left-pad@1.3.0 from lock file"; run npm install and commit package-lock.json',
+    );
+    // Without the list (npm versions that print none), the sentence itself is quoted.
+    expect(describeInstallFailure(npm.slice(0, 3), "package-lock.json", "npm")).toBe(
       `"${npm[2]}" (EUSAGE); the lockfile is out of sync with package.json: run npm install and commit package-lock.json`,
     );
     const long = describeInstallFailure([`npm error ${"x".repeat(400)}`], "package-lock.json", "npm");

@@ -118,7 +118,7 @@ describe("the first hour against wrangler dev", () => {
     const lines = r.stderr.trimEnd().split("\n");
     expect(lines[0]).toMatch(/^Error: deployment dep_\w{24} failed$/);
     expect(lines[1]).toMatch(
-      /^ {2}install failed: exit code 1: "npm error `npm ci` can only install packages when your package\.json and package-lock\.json or npm-shrinkwrap\.json are in sync\. .*" \(EUSAGE\); the lockfile is out of sync with package\.json: run npm install and commit package-lock\.json$/,
+      /^ {2}install failed: exit code 1: npm ci found package-lock\.json out of sync with package\.json: "Missing: left-pad@1\.3\.0 from lock file"; run npm install and commit package-lock\.json$/,
     );
     expect(lines.at(-1)).toMatch(/^ {2}Hint: the quote above is the package manager's own reason; `svc logs --app \S+ --deployment dep_\w+` shows all it printed$/);
     // The whole output is still in the build log.

@@ -7,16 +7,17 @@
  * overrides, svc.json, detection) → lockfile → install → build → then for a
  * site: output folder → manifest → generated container files → upload; for a
  * release: the whole tree packed and uploaded in parts. Install and build run
- * in the sandbox under the job's memory limit, the same way for both;
- * everything else runs in the builder and reads the job's files only through
- * `static/files.ts`.
+ * in the sandbox under the job's memory limit, the same way for both, and a
+ * failure of either quotes the tool's own first error (install-error.ts,
+ * build-error.ts); everything else runs in the builder and reads the job's
+ * files only through `static/files.ts`.
  */
 import { chown, lstat, mkdir, realpath, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { FsImages, IMAGE_DATA_DIR } from "../fs-image.js";
 import { COMMON_OUTPUT_DIRS, PROJECT_ROOT, type ProjectFiles, planSite, readPackageJson } from "../detect.js";
 import type { JobOutcome } from "../job-manager.js";
-import type { BuildResult, BuildSpec, NodeCredentials } from "../protocol.js";
+import { type BuildResult, type BuildSpec, GENERATED_WEB_SERVER_CONFIG_PATH, type NodeCredentials } from "../protocol.js";
 import type { SandboxHost } from "../sandbox-host.js";
 import {
   DEFAULT_PATH,
@@ -34,8 +35,9 @@ import { buildManifest } from "../static/manifest.js";
 import { parseSvcJson, runtimeMismatch, type SvcJson } from "../static/project-config.js";
 import { CONTAINER_FILES, generateServerFiles } from "../static/server-config.js";
 import { uploadMissingBlobs } from "../static/upload.js";
-import { type NodeInstallStep, type PipSources, nodeInstallStep, registryEnv } from "./install.js";
-import { installFailureFromLog } from "./install-error.js";
+import { buildFailureFromLog } from "./build-error.js";
+import { NPM_INSTALL_KEEPING_LOCKFILE, type NodeInstallStep, type PipSources, nodeInstallStep, registryEnv } from "./install.js";
+import { absentOptionalNote, absentOptionalPackages, installFailureFromLog } from "./install-error.js";
 import { type ReleaseBuildPlan, planReleaseBuild, publishRelease, releasePath } from "./release.js";
 import { failure, finish, interrupted } from "./run.js";
 
@@ -153,8 +155,11 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
     const plan: BuildPlan = planned.value;
     const registry = registryEnv(input.npmRegistry);
 
-    // Step runner: the sandbox, reaching only the package registry.
-    const step = async (what: string, command: string, env: Record<string, string>): Promise<SandboxOutcome | null> => {
+    // Step runner: the sandbox, reaching only the package registry. A command's failure leaves `error` as
+    // the sandbox says it ("exit code 1"): the caller reads the step's output from `output` on to say why.
+    const step = async (what: string, command: string, env: Record<string, string>): Promise<{ failed: SandboxOutcome | null; output: number }> => {
+      await log.settled();
+      const output = log.bytes;
       const started = Date.now();
       const outcome = await sandboxed(command, env, {
         network: "registry",
@@ -164,15 +169,16 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
       peakMemoryBytes = Math.max(peakMemoryBytes, outcome.peakMemoryBytes);
       if (outcome.reason === null) {
         log.note(`${what} finished in ${((Date.now() - started) / 1000).toFixed(1)} s`);
-        return null;
+        return { failed: null, output };
       }
       if (outcome.reason === "timeout") outcome.error = `timed out after ${spec.timeoutSeconds} s (during ${what})`;
       if (outcome.reason === "OOMKilled") {
         outcome.error = `${outcome.error} during ${what}; raise the app's memory limit or slim the build`;
       }
-      if (outcome.reason === "exit_code") outcome.error = `${what} failed: ${outcome.error}`;
-      return { ...outcome, peakMemoryBytes };
+      if (outcome.reason === "exit_code") await log.settled();
+      return { failed: { ...outcome, peakMemoryBytes }, output };
     };
+    const logFile = join(input.jobDir, JOB_LOG_FILE);
 
     // A `yarn` or `pnpm` command running it through npx, for install and build alike, when the builder lacks it.
     let toolsPath = searchPath;
@@ -191,16 +197,20 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
       log.note(`$ ${command}`);
       // Without NODE_ENV: NODE_ENV=production makes every package manager skip devDependencies, where build tools live.
       const { NODE_ENV: _omitted, ...appEnv } = spec.env;
-      await log.settled();
-      const installOutput = log.bytes;
-      const failed = await step("install", command, { CI: "true", ...appEnv, ...registry, ...plan.install.env, PATH: toolsPath });
+      const installEnv = { CI: "true", ...appEnv, ...registry, ...plan.install.env, PATH: toolsPath };
+      let { failed, output } = await step("install", command, installEnv);
+      // The cause is one line among many: quote it in the summary, with what to do (install-error.ts).
+      let cause = failed?.reason === "exit_code" ? await installFailureFromLog(logFile, output, lockfile, packageManager).catch(() => null) : null;
+      // npm ci refusing a lockfile npm install wrote, for optional platform packages the registry lacked: install it the other way.
+      const absent = cause?.refusal && packageManager === "npm" ? await absentOptionalPackages(root, cause.refusal).catch(() => null) : null;
+      if (absent) {
+        log.note(absentOptionalNote(absent, NPM_INSTALL_KEEPING_LOCKFILE));
+        log.note(`$ ${NPM_INSTALL_KEEPING_LOCKFILE}`);
+        ({ failed, output } = await step("install", NPM_INSTALL_KEEPING_LOCKFILE, installEnv));
+        cause = failed?.reason === "exit_code" ? await installFailureFromLog(logFile, output, lockfile, packageManager).catch(() => null) : null;
+      }
       if (failed) {
-        if (failed.reason === "exit_code") {
-          // The cause is one line among many: quote it in the summary, with what to do (install-error.ts).
-          await log.settled();
-          const why = await installFailureFromLog(join(input.jobDir, JOB_LOG_FILE), installOutput, lockfile, packageManager).catch(() => null);
-          if (why !== null) failed.error = `${failed.error}: ${why}`;
-        }
+        if (failed.reason === "exit_code") failed.error = `install failed: ${failed.error}${cause?.why ? `: ${cause.why}` : ""}`;
         return finish(log, failed);
       }
     }
@@ -211,8 +221,15 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
       // Like `npm run`: the project's installed CLIs (vite, astro, …) are on the PATH; for a release, as its processes will see them.
       const path = plan.kind === "release" ? releasePath(toolsPath) : `${SANDBOX_WORK_DIR}/node_modules/.bin:${toolsPath}`;
       const env = { NODE_ENV: "production", CI: "true", ...spec.env, ...registry, ...plan.install?.env, PATH: path };
-      const failed = await step("the build", plan.buildCommand, env);
-      if (failed) return finish(log, failed);
+      const { failed, output } = await step("the build", plan.buildCommand, env);
+      if (failed) {
+        if (failed.reason === "exit_code") {
+          // The build tool's first error, with its file and line (build-error.ts), rather than only the exit code.
+          const cause = await buildFailureFromLog(logFile, output).catch(() => null);
+          failed.error = cause === null ? `the build failed: ${failed.error}` : `the build failed: ${cause} (${failed.error})`;
+        }
+        return finish(log, failed);
+      }
     }
 
     if (plan.kind === "release") {
@@ -246,11 +263,15 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
     if (!has("/index.html")) log.note(`warning: ${plan.outputDir} has no index.html, so / will answer 404`);
 
     let artifacts: BuildResult["artifacts"] = null;
+    // Only for running the site elsewhere (the edge serves the uploaded files): the deployment's downloadable artifacts.
     if (plan.ownContainerFile) {
-      log.note(`the project has its own ${plan.ownContainerFile}: no container files generated`);
+      log.note(`the project has its own ${plan.ownContainerFile}, so no Dockerfile for self-hosting is generated (the platform serves the site without one)`);
     } else {
       artifacts = generateServerFiles({ outputDir: plan.outputDir, spa: plan.spa, has404: has("/404.html"), port: plan.port });
-      log.note(`generated a Dockerfile and an nginx configuration serving ${plan.outputDir} (no Dockerfile in the project)`);
+      log.note(
+        `for self-hosting only: generated a Dockerfile and ${GENERATED_WEB_SERVER_CONFIG_PATH} (nginx serving ${plan.outputDir} with the platform's routing), ` +
+          "at /v1/apps/<app>/deployments/<id>/artifacts/Dockerfile; the platform serves the site without them",
+      );
     }
 
     const upload = await uploadMissingBlobs({

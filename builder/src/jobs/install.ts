@@ -48,6 +48,15 @@ export const INSTALL_COMMANDS: Record<PackageManager, string> = {
   pnpm: "pnpm install --frozen-lockfile",
 };
 
+/**
+ * What installs from a package-lock.json that `npm ci` refuses only because it
+ * lacks entries for optional platform packages (install-error.ts): it resolves
+ * from the lockfile as `npm ci` does, so every pinned version stays, adds what
+ * the lockfile lacks when the registry has it and skips it when not (it is
+ * optional), and writes neither package.json nor the lockfile.
+ */
+export const NPM_INSTALL_KEEPING_LOCKFILE = "npm install --no-audit --no-fund --no-save";
+
 /** Where a python app's virtualenv lives: the process runner puts its bin/ first on the PATH. */
 export const VENV_DIR = `${SANDBOX_WORK_DIR}/.venv`;
 
