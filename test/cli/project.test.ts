@@ -146,6 +146,23 @@ describe("the CLI in a project folder, against wrangler dev", () => {
     expect((await run(withLock, ["init", "--name", site])).stderr).not.toContain("Warning");
   });
 
+  it("3. a failed build quotes the build tool's first error with its file and line, and says what to do", async () => {
+    const dir = await fixtures.folder("type-error");
+    // What tsc prints for a type error (the builder's own tests run the real tsc and vite): here without an install.
+    await write(dir, {
+      "package.json": JSON.stringify({ scripts: { build: "node build.js" } }),
+      "build.js":
+        "console.log('> tsc -b && vite build');\nconsole.log(\"src/App.tsx(3,7): error TS2322: Type 'number' is not assignable to type 'string'.\");\nprocess.exit(2);\n",
+      "svc.json": JSON.stringify({ name: site, runtime: "static", buildCommand: "node build.js", outputDir: "dist" }),
+    });
+    const r = await run(dir, ["deploy"], 1);
+    const lines = r.stderr.trimEnd().split("\n");
+    expect(lines).toContain("  the build failed: src/App.tsx:3:7: error TS2322: Type 'number' is not assignable to type 'string'. (exit code 2)");
+    expect(lines.at(-1)).toMatch(
+      new RegExp(`^ {2}Hint: the quote above is the build tool's first error: fix it, try \`npm run build\` locally, and deploy again; \`svc logs --app ${site} --deployment dep_\\w+\` shows all it printed$`),
+    );
+  }, DEPLOY_MS);
+
   it("7. svc deploy warns before it publishes an archive or ships a secret, and not for templates or unserved files", async () => {
     const dir = await fixtures.folder("with-archive");
     await write(dir, {

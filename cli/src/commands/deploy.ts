@@ -272,6 +272,9 @@ function failureHint(error: string, app: string, id: string): string {
   if (/BUILDER_PIP_/.test(error)) return "the builder has no python package index: its operator sets BUILDER_PIP_INDEX_URL or BUILDER_PIP_FIND_LINKS (see docs/apps.md)";
   if (/links? leading outside/.test(error)) return "links in a release must stay inside the app's folder: make them relative, or remove them in the build command";
   if (/^install failed/.test(error)) return `the quote above is the package manager's own reason; \`svc logs --app ${app} --deployment ${id}\` shows all it printed`;
+  if (/^the build failed: .+ \(exit code \d+/.test(error)) {
+    return `the quote above is the build tool's first error: fix it, try \`npm run build\` locally, and deploy again; \`svc logs --app ${app} --deployment ${id}\` shows all it printed`;
+  }
   if (/outputDir/.test(error)) return "set outputDir in svc.json to the folder the build writes";
   if (/svc\.json/.test(error)) return "fix svc.json (`svc init --force` writes a fresh one)";
   return `\`svc logs --app ${app} --deployment ${id}\` shows the whole build log`;
