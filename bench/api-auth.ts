@@ -23,6 +23,7 @@ const ROUNDS = Number(process.env.ROUNDS ?? 3);
 const DURATION_MS = Number(process.env.DURATION_MS ?? 4000);
 const CONCURRENCY = Number(process.env.CONCURRENCY ?? 16);
 const COUNTED_REQUESTS = 50;
+const KEYS = Number(process.env.KEYS ?? 64);
 
 /** The Worker's app factory, loaded untyped: its types are the Workers runtime's, not this Node program's. */
 type AppModule = { createApp(): { fetch(request: Request, env: object, ctx: object): Response | Promise<Response> } };
@@ -51,28 +52,40 @@ async function d1PerRequest(persistDir: string, path: string, key: string): Prom
 
 const stack = await benchStack({ workerVars: { BENCH_FLOOR_ROUTES: "on" } });
 try {
-  const auth = { headers: { Authorization: `Bearer ${stack.adminKey}` } };
-  const opts = { durationMs: DURATION_MS, concurrency: CONCURRENCY };
-  const hash = createHash("sha256").update(stack.adminKey).digest("hex");
-  const cases = [
-    { name: "GET /healthz (no auth)", path: "/healthz", init: {} },
-    { name: "GET /v1/whoami (Bearer key)", path: "/v1/whoami", init: auth },
-    { name: "GET /v1/api-keys (Bearer key)", path: "/v1/api-keys", init: auth },
-    // The floor of synchronous revocation: the key's indexed read alone (app.ts, BENCH_FLOOR_ROUTES).
-    { name: "GET /__bench/key-read (floor)", path: `/__bench/key-read?hash=${hash}`, init: {} },
-  ];
   const d1 = {
     whoami: await d1PerRequest(stack.persistDir, "/v1/whoami", stack.adminKey),
     keys: await d1PerRequest(stack.persistDir, "/v1/api-keys", stack.adminKey),
   };
+  // Requests are spread over KEYS keys, so the per-key rate limit (100 per 10 s) answers none of them with 429.
+  const secrets: string[] = [];
+  for (let i = 0; i < KEYS; i++) {
+    const res = await fetch(`${stack.apiUrl}/v1/api-keys`, {
+      method: "POST",
+      headers: { Authorization: `Bearer ${stack.adminKey}`, "Content-Type": "application/json" },
+      body: JSON.stringify({ name: `bench-${i}`, scopes: ["admin"] }),
+    });
+    if (res.status !== 201) throw new Error(`creating bench key ${i}: ${res.status} ${await res.text()}`);
+    secrets.push(((await res.json()) as { key: string }).key);
+  }
+  const hashes = secrets.map((key) => createHash("sha256").update(key).digest("hex"));
+  const auth = (n: number) => ({ headers: { Authorization: `Bearer ${secrets[n % KEYS]}` } });
+  const opts = { durationMs: DURATION_MS, concurrency: CONCURRENCY };
+  const cases: { name: string; path: string | ((n: number) => string); init: RequestInit | ((n: number) => RequestInit) }[] = [
+    { name: "GET /healthz (no auth)", path: "/healthz", init: {} },
+    { name: "GET /v1/whoami (Bearer key)", path: "/v1/whoami", init: auth },
+    { name: "GET /v1/api-keys (Bearer key)", path: "/v1/api-keys", init: auth },
+    // The floor of synchronous revocation: the same keys' indexed reads alone (app.ts, BENCH_FLOOR_ROUTES).
+    { name: "GET /__bench/key-read (floor)", path: (n) => `/__bench/key-read?hash=${hashes[n % KEYS]}`, init: {} },
+  ];
+  const urlOf = (path: string | ((n: number) => string)) => (typeof path === "function" ? (n: number) => `${stack.apiUrl}${path(n)}` : `${stack.apiUrl}${path}`);
   // Warm-up: JIT, D1 page cache, connection pool.
-  for (const c of cases) await load(`${stack.apiUrl}${c.path}`, c.init, { ...opts, durationMs: 1000 });
+  for (const c of cases) await load(urlOf(c.path), c.init, { ...opts, durationMs: 1000 });
   const results = cases.map(() => [] as LoadResult[]);
   const loads: string[] = [];
   for (let round = 0; round < ROUNDS; round++) {
     loads.push(loadavg().map((value) => value.toFixed(2)).join(" "));
     const order = round % 2 === 0 ? [0, 1, 2, 3] : [3, 2, 1, 0];
-    for (const i of order) results[i]!.push(await load(`${stack.apiUrl}${cases[i]!.path}`, cases[i]!.init, opts));
+    for (const i of order) results[i]!.push(await load(urlOf(cases[i]!.path), cases[i]!.init, opts));
   }
   const summary = (runs: LoadResult[]) => ({
     rps: runs.reduce((s, r) => s + r.rps, 0) / runs.length,

@@ -13,15 +13,17 @@ export function percentile(sorted: number[], p: number): number {
 /**
  * Closed-loop load from this process: `concurrency` workers each send the next
  * request as soon as the previous answer is read, for `durationMs`. Latencies
- * in milliseconds; non-2xx/3xx answers count as errors.
+ * in milliseconds; non-2xx/3xx answers count as errors. `url` and `init` may
+ * vary with the request's number (e.g. spreading requests over several keys).
  */
 export async function load(
-  url: string,
-  init: RequestInit,
+  url: string | ((n: number) => string),
+  init: RequestInit | ((n: number) => RequestInit),
   opts: { durationMs: number; concurrency: number; expectStatus?: number },
 ): Promise<LoadResult> {
   const latencies: number[] = [];
   let errors = 0;
+  let sent = 0;
   const deadline = performance.now() + opts.durationMs;
   const started = performance.now();
   await Promise.all(
@@ -29,7 +31,8 @@ export async function load(
       while (performance.now() < deadline) {
         const t0 = performance.now();
         try {
-          const res = await fetch(url, init);
+          const n = sent++;
+          const res = await fetch(typeof url === "function" ? url(n) : url, typeof init === "function" ? init(n) : init);
           await res.arrayBuffer();
           if (res.status !== (opts.expectStatus ?? 200)) errors++;
         } catch {
