@@ -46,7 +46,7 @@ function Page({ path, me }: { path: string; me: Me }) {
     ["/disks", () => <DisksPage />],
     ["/disks/:name", (p) => <DiskPage name={p.name!} />],
     ["/crons", () => <CronsPage />],
-    ["/crons/:id", (p) => <CronPage id={p.id!} />],
+    ["/crons/:ref", (p) => <CronPage idOrName={p.ref!} />],
     ["/keys", () => <KeysPage me={me} />],
   ];
   for (const [pattern, page] of routes) {

@@ -113,10 +113,10 @@ export function Action({ label, run, confirm, danger, disabled, title }: ActionP
     <span class="action">
       {asking ? (
         <span class="confirm">
-          <span>{confirm}</span>{" "}
+          <span>{confirm}</span>
           <button type="button" ref={yes} class={danger ? "danger" : "primary"} onClick={go}>
             {label}
-          </button>{" "}
+          </button>
           <button type="button" onClick={() => setAsking(false)}>
             Cancel
           </button>
@@ -136,6 +136,16 @@ export function Action({ label, run, confirm, danger, disabled, title }: ActionP
     </span>
   );
 }
+
+/**
+ * Names up to this long (and every id) stay whole on one line in a table.
+ * Longer ones (a DNS label reaches 52 characters) may break at a hyphen, so
+ * two of them in one row do not push the table past a laptop's screen.
+ */
+const WHOLE_NAME_CHARS = 32;
+
+/** The class of a name in a table: kept on one line, or (when very long) allowed to break at its hyphens. */
+export const nameClass = (name: string) => (name.length <= WHOLE_NAME_CHARS ? "name" : "name long");
 
 /** A time as "3 minutes ago", the full time on hover. */
 export function Time({ iso, empty = "-" }: { iso: string | null | undefined; empty?: string }) {
@@ -188,11 +198,26 @@ export function ProgressBar({ label, value, max }: { label: string; value: numbe
   );
 }
 
+/**
+ * A table of rows. On a narrow screen each row becomes a card (styles.css; a
+ * cell's `data-label` names it there); wider, a table whose rows cannot fit
+ * (very long names) scrolls inside its own box instead of widening the page.
+ */
+export function Table({ children, class: className, live }: { children: ComponentChildren; class?: string; live?: boolean }) {
+  return (
+    <div class="table-box">
+      <table class={className} aria-live={live ? "polite" : undefined}>
+        {children}
+      </table>
+    </div>
+  );
+}
+
 export function Empty({ children }: { children: ComponentChildren }) {
   return <p class="empty">{children}</p>;
 }
 
-/** Something loading, or its error. */
-export function Pending({ error }: { error: ApiError | null }) {
-  return error ? <ErrorNote error={error} /> : <p class="muted">Loading…</p>;
+/** Something loading, or its error (with `children` after it: where to go instead). */
+export function Pending({ error, children }: { error: ApiError | null; children?: ComponentChildren }) {
+  return error ? <ErrorNote error={error}>{children}</ErrorNote> : <p class="muted">Loading…</p>;
 }

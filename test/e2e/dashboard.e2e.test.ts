@@ -554,8 +554,10 @@ describe("the dashboard in headless Chromium", () => {
     // Restore the backup itself from its row, taking the other way out of DISK_IN_USE: detach, restore, attach again.
     await onDisk(`echo changed-again > "$SVC_DISK_PATH/data.txt"`);
     await backupRow.getByRole("button", { name: "Restore", exact: true }).click();
-    const rowInUse = backupRow.getByRole("alert");
-    await expect(rowInUse.textContent()).resolves.toContain("DISK_IN_USE");
+    // Explained above the backups table, full width, not squeezed into the row's cell.
+    const rowInUse = page.getByRole("alert", { name: "Restore refused: the disk is in use" });
+    await expect(rowInUse.textContent()).resolves.toMatch(/^Restoring backup bak_\S+ was refused\. DISK_IN_USE/);
+    expect(await rowInUse.locator("xpath=ancestor::td").count()).toBe(0);
     await rowInUse.getByRole("button", { name: "Detach disk" }).click();
     await page.locator("dl.facts").getByText(/^no$/).waitFor();
     await backupRow.getByRole("button", { name: "Restore", exact: true }).click();

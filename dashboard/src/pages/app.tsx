@@ -1,7 +1,7 @@
 import { useEffect, useState } from "preact/hooks";
 import { type ApiError, api, asApiError, ok, type Schemas } from "../api";
 import { Link, navigate } from "../router";
-import { Action, Badge, Empty, ErrorNote, Pending, Time, useAction, useLoad, usePoll } from "../ui";
+import { Action, Badge, Bytes, Empty, ErrorNote, Pending, Table, Time, useAction, useLoad, usePoll } from "../ui";
 import { Deployments } from "./deployments";
 
 type App = Schemas["App"];
@@ -37,7 +37,7 @@ function Overview({ app, onChange }: { app: App; onChange: (app: App) => void })
         <dt>Memory</dt>
         <dd>{app.memoryMb} MB (builds and cron runs above it are OOMKilled)</dd>
         <dt>Serving</dt>
-        <dd>{app.activeDeploymentId ? <code>{app.activeDeploymentId}</code> : "nothing deployed yet"}</dd>
+        <dd>{app.activeDeploymentId ? <code class="name">{app.activeDeploymentId}</code> : "nothing deployed yet"}</dd>
         {app.process !== undefined && (
           <>
             <dt>Process</dt>
@@ -161,15 +161,17 @@ function EnvVars({ app }: { app: App }) {
   return (
     <>
       <p class="hint">Values are encrypted at rest and injected into builds and cron runs. Names are shown; values only on request.</p>
-      <button type="button" aria-pressed={reveal} onClick={() => setReveal(!reveal)}>
-        {reveal ? "Hide values" : "Reveal values"}
-      </button>
+      <div class="toolbar">
+        <button type="button" aria-pressed={reveal} onClick={() => setReveal(!reveal)}>
+          {reveal ? "Hide values" : "Reveal values"}
+        </button>
+      </div>
       {!vars.data ? (
         <Pending error={vars.error} />
       ) : vars.data.length === 0 ? (
         <Empty>No env vars set.</Empty>
       ) : (
-        <table>
+        <Table>
           <thead>
             <tr>
               <th scope="col">Name</th>
@@ -182,31 +184,33 @@ function EnvVars({ app }: { app: App }) {
             {vars.data.map((v) => (
               <tr key={v.name}>
                 <td>
-                  <code>{v.name}</code>
+                  <code class="name">{v.name}</code>
                 </td>
                 {reveal && (
-                  <td>
+                  <td data-label="Value">
                     <code class="value">{v.value}</code>
                   </td>
                 )}
-                <td>
+                <td data-label="Updated">
                   <Time iso={v.updatedAt} />
                 </td>
                 <td>
-                  <Action
-                    label="Unset"
-                    danger
-                    confirm={`Unset ${v.name}?`}
-                    run={async () => {
-                      await ok(api.DELETE("/v1/apps/{app}/env/{name}", { params: { path: { app: app.name, name: v.name } } }));
-                      await vars.reload();
-                    }}
-                  />
+                  <div class="actions">
+                    <Action
+                      label="Unset"
+                      danger
+                      confirm={`Unset ${v.name}?`}
+                      run={async () => {
+                        await ok(api.DELETE("/v1/apps/{app}/env/{name}", { params: { path: { app: app.name, name: v.name } } }));
+                        await vars.reload();
+                      }}
+                    />
+                  </div>
                 </td>
               </tr>
             ))}
           </tbody>
-        </table>
+        </Table>
       )}
       <form onSubmit={submit} class="card" aria-label="Set an env var">
         <h2>Set a variable</h2>
@@ -263,7 +267,7 @@ function RequestLogTab({ app }: { app: App }) {
       ) : rows.length === 0 ? (
         <Empty>No requests to {app.url} logged yet.</Empty>
       ) : (
-        <table class="requests" aria-live="polite">
+        <Table class="requests" live>
           <thead>
             <tr>
               <th scope="col">Time</th>
@@ -280,19 +284,21 @@ function RequestLogTab({ app }: { app: App }) {
                 <td>
                   <Time iso={r.time} />
                 </td>
-                <td>{r.method}</td>
-                <td>
+                <td class="method">{r.method}</td>
+                <td class="path">
                   <code>{r.path}</code>
                 </td>
-                <td>
+                <td class="status-cell">
                   <span class={`status ${statusClass(r.status)}`}>{r.status}</span>
                 </td>
-                <td>{r.bytes}</td>
+                <td>
+                  <Bytes value={r.bytes} />
+                </td>
                 <td>{r.durationMs} ms</td>
               </tr>
             ))}
           </tbody>
-        </table>
+        </Table>
       )}
     </>
   );
@@ -310,7 +316,7 @@ export function AppPage({ name, tab }: { name: string; tab: string }) {
         <Link href="/apps">Apps</Link> /
       </p>
       <h1>
-        {name} {app && <Badge status={app.status} />}
+        <span class="name">{name}</span> {app && <Badge status={app.status} />}
       </h1>
       <nav class="tabs" aria-label="App sections">
         {tabsOf(app).map(([id, label]) => (

@@ -1,7 +1,7 @@
 import { useState } from "preact/hooks";
 import { api, ok, type Schemas } from "../api";
 import { Link, navigate } from "../router";
-import { Badge, Empty, ErrorNote, Pending, Time, useAction, useLoad } from "../ui";
+import { Badge, Empty, ErrorNote, nameClass, Pending, Table, Time, useAction, useLoad } from "../ui";
 
 /** What an app can be created with (the API refuses the rest). */
 type Runtime = NonNullable<Schemas["CreateApp"]["runtime"]>;
@@ -62,7 +62,7 @@ export function AppsPage() {
       ) : apps.data.length === 0 ? (
         <Empty>No apps yet. Create one below.</Empty>
       ) : (
-        <table>
+        <Table>
           <thead>
             <tr>
               <th scope="col">Name</th>
@@ -77,25 +77,27 @@ export function AppsPage() {
             {apps.data.map((a) => (
               <tr key={a.id}>
                 <td>
-                  <Link href={`/apps/${encodeURIComponent(a.name)}`}>{a.name}</Link>
+                  <Link href={`/apps/${encodeURIComponent(a.name)}`} class={nameClass(a.name)}>
+                    {a.name}
+                  </Link>
                 </td>
-                <td>
+                <td data-label="Status">
                   <Badge status={a.status} />
                 </td>
-                <td>{a.runtime}</td>
-                <td>{a.memoryMb} MB</td>
-                <td>
+                <td data-label="Runtime">{a.runtime}</td>
+                <td data-label="Memory">{a.memoryMb} MB</td>
+                <td data-label="URL">
                   <a href={a.url} target="_blank" rel="noopener noreferrer">
                     {a.url}
                   </a>
                 </td>
-                <td>
+                <td data-label="Created">
                   <Time iso={a.createdAt} />
                 </td>
               </tr>
             ))}
           </tbody>
-        </table>
+        </Table>
       )}
       <CreateApp />
     </section>

@@ -2,12 +2,14 @@ import { useEffect, useState } from "preact/hooks";
 import { api, ok, type Schemas } from "../api";
 import { elapsed, formatDuration, inZone } from "../format";
 import { Link, navigate } from "../router";
-import { Action, Badge, Empty, ErrorNote, LogView, Pending, Time, useAction, useLoad, usePoll } from "../ui";
+import { Action, Badge, Empty, ErrorNote, LogView, Pending, Table, Time, useAction, useLoad, usePoll } from "../ui";
 import { POLICIES, type Policy, TimeZoneField } from "./crons";
 import { ScheduleField } from "./schedule-field";
 
 type CronDetail = Schemas["CronDetail"];
 type CronRun = Schemas["CronRun"];
+
+/** The API's cron job ids (`cron_` and 24 letters or digits); job names are DNS labels, so the two never meet. */
 
 function EditCron({ cron, onSaved }: { cron: CronDetail; onSaved: (cron: CronDetail) => void }) {
   const [schedule, setSchedule] = useState(cron.schedule);
@@ -85,8 +87,16 @@ function outcome(run: CronRun): string {
   return run.error ?? (run.exitCode === null ? "" : `exit code ${run.exitCode}`);
 }
 
+/**
+ * A cron job's page at `/crons/<id>` or `/crons/<name>`: the API takes either
+ * (names are unique in the account); the dashboard's own links use ids.
+ */
+export function CronPage({ idOrName }: { idOrName: string }) {
+  return <CronJob id={idOrName} />;
+}
+
 /** One cron job: its schedule and next runs, edit, enable/disable, run now, its runs (live), their logs, cancel, delete. */
-export function CronPage({ id }: { id: string }) {
+function CronJob({ id }: { id: string }) {
   const cron = useLoad(async () => (await ok(api.GET("/v1/crons/{id}", { params: { path: { id } } }))).data, [id]);
   const runs = useLoad(async () => (await ok(api.GET("/v1/crons/{id}/runs", { params: { path: { id } } }))).data, [id]);
   const apps = useLoad(async () => (await ok(api.GET("/v1/apps"))).data, []);
@@ -107,7 +117,7 @@ export function CronPage({ id }: { id: string }) {
         <Link href="/crons">Cron jobs</Link> /
       </p>
       <h1>
-        {c?.name ?? id} {c && <Badge status={c.enabled ? "enabled" : "disabled"} />}
+        <span class="name">{c?.name ?? id}</span> {c && <Badge status={c.enabled ? "enabled" : "disabled"} />}
       </h1>
       {!c ? (
         <Pending error={cron.error} />
@@ -116,7 +126,9 @@ export function CronPage({ id }: { id: string }) {
           <dl class="facts">
             <dt>App</dt>
             <dd>
-              <Link href={`/apps/${encodeURIComponent(appName)}`}>{appName}</Link>
+              <Link href={`/apps/${encodeURIComponent(appName)}`} class="name">
+                {appName}
+              </Link>
             </dd>
             <dt>Schedule</dt>
             <dd>
@@ -181,7 +193,7 @@ export function CronPage({ id }: { id: string }) {
           ) : runs.data.length === 0 ? (
             <Empty>No runs yet.</Empty>
           ) : (
-            <table aria-live="polite">
+            <Table live>
               <thead>
                 <tr>
                   <th scope="col">Run</th>
@@ -197,36 +209,38 @@ export function CronPage({ id }: { id: string }) {
                 {runs.data.map((r) => (
                   <tr key={r.jobName} class={r.jobName === shown ? "current" : undefined}>
                     <td>
-                      <code>{r.jobName}</code>
+                      <code class="name">{r.jobName}</code>
                     </td>
-                    <td>
+                    <td data-label="Status">
                       <Badge status={stateOf(r)} />
                     </td>
-                    <td>{r.trigger}</td>
-                    <td>
+                    <td data-label="Trigger">{r.trigger}</td>
+                    <td data-label="Started">
                       <Time iso={r.startedAt} />
                     </td>
-                    <td>{formatDuration(elapsed(r.startedAt, r.finishedAt))}</td>
-                    <td>{outcome(r)}</td>
-                    <td class="actions">
-                      <button type="button" onClick={() => setShown(r.jobName)} aria-pressed={r.jobName === shown}>
-                        Log
-                      </button>
-                      {r.status === "running" && (
-                        <Action
-                          label="Cancel"
-                          danger
-                          run={async () => {
-                            await ok(api.POST("/v1/crons/{id}/runs/{jobName}/cancel", { params: { path: { id, jobName: r.jobName } } }));
-                            await runs.reload();
-                          }}
-                        />
-                      )}
+                    <td data-label="Duration">{formatDuration(elapsed(r.startedAt, r.finishedAt))}</td>
+                    <td data-label="Outcome">{outcome(r)}</td>
+                    <td>
+                      <div class="actions">
+                        <button type="button" onClick={() => setShown(r.jobName)} aria-pressed={r.jobName === shown}>
+                          Log
+                        </button>
+                        {r.status === "running" && (
+                          <Action
+                            label="Cancel"
+                            danger
+                            run={async () => {
+                              await ok(api.POST("/v1/crons/{id}/runs/{jobName}/cancel", { params: { path: { id, jobName: r.jobName } } }));
+                              await runs.reload();
+                            }}
+                          />
+                        )}
+                      </div>
                     </td>
                   </tr>
                 ))}
               </tbody>
-            </table>
+            </Table>
           )}
           {shownRun && <RunLog cronId={id} run={shownRun} />}
           <EditCron key={c.updatedAt} cron={c} onSaved={saved} />

@@ -1,7 +1,7 @@
 import { useState } from "preact/hooks";
 import { api, ok, type Schemas } from "../api";
 import { Link, navigate } from "../router";
-import { Badge, Empty, ErrorNote, Pending, useAction, useLoad } from "../ui";
+import { Badge, Empty, ErrorNote, nameClass, Pending, Table, useAction, useLoad } from "../ui";
 import { ScheduleField, TIME_ZONES } from "./schedule-field";
 
 type Cron = Schemas["Cron"];
@@ -106,7 +106,7 @@ export function CronsPage() {
       ) : crons.data.length === 0 ? (
         <Empty>No cron jobs yet. Create one below.</Empty>
       ) : (
-        <table>
+        <Table>
           <thead>
             <tr>
               <th scope="col">Name</th>
@@ -120,24 +120,28 @@ export function CronsPage() {
             {crons.data.map((c) => (
               <tr key={c.id}>
                 <td>
-                  <Link href={`/crons/${c.id}`}>{c.name}</Link>
+                  <Link href={`/crons/${c.id}`} class={nameClass(c.name)}>
+                    {c.name}
+                  </Link>
                 </td>
-                <td>
-                  <Link href={`/apps/${encodeURIComponent(appName(c.appId))}`}>{appName(c.appId)}</Link>
+                <td data-label="App">
+                  <Link href={`/apps/${encodeURIComponent(appName(c.appId))}`} class={nameClass(appName(c.appId))}>
+                    {appName(c.appId)}
+                  </Link>
                 </td>
-                <td>
-                  <code>{c.schedule}</code> <span class="muted">{c.timezone}</span>
+                <td data-label="Schedule">
+                  <code class="name">{c.schedule}</code> <span class="muted name">{c.timezone}</span>
                 </td>
-                <td>
+                <td data-label="Enabled">
                   <Badge status={c.enabled ? "enabled" : "disabled"} />
                 </td>
-                <td>
+                <td data-label="Command">
                   <code>{c.command}</code>
                 </td>
               </tr>
             ))}
           </tbody>
-        </table>
+        </Table>
       )}
       <CreateCron apps={apps.data ?? []} />
     </section>

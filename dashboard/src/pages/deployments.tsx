@@ -3,7 +3,7 @@ import { type ApiError, api, asApiError, ok, type Schemas } from "../api";
 import { formatBytes, formatDuration } from "../format";
 import { MAX_UPLOAD_BYTES, megabytes, type Packed, packSource, type SourceFile, selectSource } from "../pack";
 import { putObject } from "../upload";
-import { Action, Badge, Bytes, Empty, ErrorNote, LogView, Pending, ProgressBar, Time, useLoad, usePoll } from "../ui";
+import { Action, Badge, Bytes, Empty, ErrorNote, LogView, Pending, ProgressBar, Table, Time, useLoad, usePoll } from "../ui";
 
 type App = Schemas["App"];
 type Deployment = Schemas["Deployment"];
@@ -277,7 +277,7 @@ export function Deployments({ app, onAppChange }: { app: App; onAppChange: (app:
       ) : list.data.length === 0 ? (
         <Empty>No deployments yet.</Empty>
       ) : (
-        <table>
+        <Table>
           <thead>
             <tr>
               <th scope="col">Deployment</th>
@@ -292,20 +292,20 @@ export function Deployments({ app, onAppChange }: { app: App; onAppChange: (app:
             {list.data.map((d) => (
               <tr key={d.id} class={d.active ? "current" : undefined}>
                 <td>
-                  <code>{d.id}</code>
+                  <code class="name">{d.id}</code>
                   {d.active && <strong class="pill">serving</strong>}
                   {d.framework && <span class="muted"> {d.framework}</span>}
                 </td>
-                <td>
+                <td data-label="Status">
                   <Badge status={d.status} />
                   {d.waiting && <div class="muted">{d.waiting}</div>}
                   {d.error && <div class="error-text">{d.error}</div>}
                 </td>
-                <td>
+                <td data-label="Created">
                   <Time iso={d.createdAt} />
                 </td>
-                <td>{formatDuration(d.buildMs)}</td>
-                <td>
+                <td data-label="Build time">{formatDuration(d.buildMs)}</td>
+                <td data-label="Files">
                   {d.fileCount === null ? (
                     "-"
                   ) : (
@@ -314,35 +314,37 @@ export function Deployments({ app, onAppChange }: { app: App; onAppChange: (app:
                     </>
                   )}
                 </td>
-                <td class="actions">
-                  <button type="button" onClick={() => setShown(d)}>
-                    Log
-                  </button>
-                  {d.status === "ready" && !d.active && (
-                    <Action
-                      label="Roll back"
-                      confirm={`Serve ${d.id} again?`}
-                      run={async () => {
-                        onAppChange((await ok(api.POST("/v1/apps/{app}/deployments/{id}/activate", path(d)))).data);
-                        await list.reload();
-                      }}
-                    />
-                  )}
-                  {(d.status === "queued" || d.status === "building") && (
-                    <Action
-                      label="Cancel"
-                      danger
-                      run={async () => {
-                        await ok(api.POST("/v1/apps/{app}/deployments/{id}/cancel", path(d)));
-                        await list.reload();
-                      }}
-                    />
-                  )}
+                <td>
+                  <div class="actions">
+                    <button type="button" onClick={() => setShown(d)}>
+                      Log
+                    </button>
+                    {d.status === "ready" && !d.active && (
+                      <Action
+                        label="Roll back"
+                        confirm={`Serve ${d.id} again?`}
+                        run={async () => {
+                          onAppChange((await ok(api.POST("/v1/apps/{app}/deployments/{id}/activate", path(d)))).data);
+                          await list.reload();
+                        }}
+                      />
+                    )}
+                    {(d.status === "queued" || d.status === "building") && (
+                      <Action
+                        label="Cancel"
+                        danger
+                        run={async () => {
+                          await ok(api.POST("/v1/apps/{app}/deployments/{id}/cancel", path(d)));
+                          await list.reload();
+                        }}
+                      />
+                    )}
+                  </div>
                 </td>
               </tr>
             ))}
           </tbody>
-        </table>
+        </Table>
       )}
     </>
   );

@@ -1,51 +1,55 @@
-import { useState } from "preact/hooks";
+import { useEffect, useState } from "preact/hooks";
 import { ApiError, api, asApiError, ok, type Schemas } from "../api";
 import { formatBytes } from "../format";
 import { Link } from "../router";
 import { putObject, putParts } from "../upload";
-import { Action, Badge, Bytes, Empty, ErrorNote, Pending, ProgressBar, Time, useAction, useLoad, usePoll } from "../ui";
-import { Attachment } from "./disks";
+import { Action, Badge, Bytes, Empty, ErrorNote, Pending, ProgressBar, Table, Time, useAction, useLoad, usePoll } from "../ui";
+import { Attachment, DiskUsage, NOT_MEASURED } from "./disks";
 
 type Disk = Schemas["Disk"];
 type Backup = Schemas["Backup"];
 type RestoreJob = Schemas["RestoreJob"];
 
+/** A refused restore: DISK_IN_USE, from the API or from the disk's own `inUse`. */
+const inUseError = (disk: Disk) => new ApiError("DISK_IN_USE", `disk ${disk.name} is attached to app ${disk.appName ?? disk.appId}, which is running`, 409);
+
 /**
- * DISK_IN_USE, explained: what the refusal protects and the two ways out, each
- * one click away (the CLI's hint, as buttons).
+ * DISK_IN_USE, explained as a block of its own: what the refusal protects and
+ * the two ways out, each one click away (the CLI's hint, as buttons).
  */
-function InUse({ disk, error, onDiskChange }: { disk: Disk; error: ApiError | null; onDiskChange: () => void }) {
+function InUse({ disk, error, what, onDiskChange }: { disk: Disk; error: ApiError; what?: string; onDiskChange: () => void }) {
   const app = disk.appName ?? disk.appId ?? "its app";
   return (
-    <div class="notice" role="alert">
+    <div class="notice in-use" role="alert" aria-label="Restore refused: the disk is in use">
       <p>
-        <code>DISK_IN_USE</code> {error?.message ?? `disk ${disk.name} is attached to app ${app}, which is running`}
+        {what && <strong>{what} was refused. </strong>}
+        <code>DISK_IN_USE</code> {error.message}
       </p>
       <p>A restore replaces the disk's data, so it is refused while a running app uses the disk. Either:</p>
       <ul>
         <li>
-          stop <strong>{app}</strong>; the restore starts it again when it finishes{" "}
-          {disk.appName && (
-            <Action
-              label={`Stop ${disk.appName}`}
-              run={async () => {
-                await ok(api.POST("/v1/apps/{app}/stop", { params: { path: { app: disk.appName! } } }));
-                onDiskChange();
-              }}
-            />
-          )}
+          stop <strong class="name">{app}</strong>; the restore starts it again when it finishes,
         </li>
-        <li>
-          or detach the disk, restore, then attach it again{" "}
+        <li>or detach the disk, restore, then attach it again.</li>
+      </ul>
+      <div class="actions">
+        {disk.appName && (
           <Action
-            label="Detach disk"
+            label={`Stop ${disk.appName}`}
             run={async () => {
-              await ok(api.POST("/v1/disks/{disk}/detach", { params: { path: { disk: disk.name } } }));
+              await ok(api.POST("/v1/apps/{app}/stop", { params: { path: { app: disk.appName! } } }));
               onDiskChange();
             }}
           />
-        </li>
-      </ul>
+        )}
+        <Action
+          label="Detach disk"
+          run={async () => {
+            await ok(api.POST("/v1/disks/{disk}/detach", { params: { path: { disk: disk.name } } }));
+            onDiskChange();
+          }}
+        />
+      </div>
     </div>
   );
 }
@@ -56,8 +60,17 @@ type RestoreStep =
   | { kind: "uploading"; sent: number; total: number }
   | { kind: "restoring"; job: RestoreJob | null; jobId: string };
 
+type RestoreProps = {
+  disk: Disk;
+  from: Backup | null;
+  onDiskChange: () => void;
+  onFinished: () => void;
+  /** Where a DISK_IN_USE refusal goes (null when a new attempt starts); without it, it is explained here. */
+  onRefused?: (error: ApiError | null) => void;
+};
+
 /** Restoring: upload an archive straight to its presigned URL (progress shown), or restore a ready backup; then the job's status. */
-function Restore({ disk, from, onDiskChange, onFinished }: { disk: Disk; from: Backup | null; onDiskChange: () => void; onFinished: () => void }) {
+function Restore({ disk, from, onDiskChange, onFinished, onRefused }: RestoreProps) {
   const [file, setFile] = useState<File | null>(null);
   const [step, setStep] = useState<RestoreStep>({ kind: "idle" });
   const [error, setError] = useState<ApiError | null>(null);
@@ -107,15 +120,24 @@ function Restore({ disk, from, onDiskChange, onFinished }: { disk: Disk; from: B
       const { data } = await ok(api.POST("/v1/disks/{diskId}/backups/restore", { params: { path: diskPath }, body }));
       setStep({ kind: "restoring", jobId: data.jobId, job: null });
     } catch (err) {
-      setError(asApiError(err));
+      const failure = asApiError(err);
+      if (failure.code === "DISK_IN_USE" && onRefused) {
+        // The page's copy of the disk was out of date: read it again, so the notice and the facts agree.
+        onRefused(failure);
+        onDiskChange();
+      } else {
+        setError(failure);
+      }
       setStep({ kind: "idle" });
     }
   };
 
   const ask = () => {
     setError(null);
-    if (disk.inUse) setError(new ApiError("DISK_IN_USE", `disk ${disk.name} is attached to app ${disk.appName ?? disk.appId}, which is running`, 409));
-    else setStep({ kind: "confirm" });
+    onRefused?.(null);
+    if (!disk.inUse) setStep({ kind: "confirm" });
+    else if (onRefused) onRefused(inUseError(disk));
+    else setError(inUseError(disk));
   };
   const busy = step.kind === "uploading" || step.kind === "restoring";
 
@@ -129,10 +151,12 @@ function Restore({ disk, from, onDiskChange, onFinished }: { disk: Disk; from: B
       )}
       {step.kind === "confirm" ? (
         <p class="confirm">
-          Replace all data on <strong>{disk.name}</strong> with {source}? This cannot be undone.{" "}
+          <span>
+            Replace all data on <strong>{disk.name}</strong> with {source}? This cannot be undone.
+          </span>
           <button type="button" class="danger" onClick={() => void start()}>
             Restore
-          </button>{" "}
+          </button>
           <button type="button" onClick={() => setStep({ kind: "idle" })}>
             Cancel
           </button>
@@ -177,6 +201,12 @@ async function download(disk: Disk, backup: Backup): Promise<void> {
 
 function Backups({ disk, onDiskChange }: { disk: Disk; onDiskChange: () => void }) {
   const backups = useLoad(async () => (await ok(api.GET("/v1/disks/{diskId}/backups", { params: { path: { diskId: disk.id } } }))).data, [disk.id]);
+  // A backup's restore refused with DISK_IN_USE: explained above the table, full width, not in the row's cell,
+  // until the disk is no longer in use (one of its ways out was taken).
+  const [refused, setRefused] = useState<{ backup: Backup; error: ApiError } | null>(null);
+  useEffect(() => {
+    if (!disk.inUse) setRefused(null);
+  }, [disk.inUse]);
   const creating = backups.data?.some((b) => b.status === "creating") ?? false;
   usePoll(backups.reload, 2000, creating);
   const [description, setDescription] = useState("");
@@ -203,12 +233,13 @@ function Backups({ disk, onDiskChange }: { disk: Disk; onDiskChange: () => void 
         <ErrorNote error={error} />
       </form>
       <h2>Backups</h2>
+      {refused && <InUse disk={disk} error={refused.error} what={`Restoring backup ${refused.backup.id}`} onDiskChange={onDiskChange} />}
       {!backups.data ? (
         <Pending error={backups.error} />
       ) : backups.data.length === 0 ? (
         <Empty>No backups of {disk.name} yet.</Empty>
       ) : (
-        <table aria-live="polite">
+        <Table live>
           <thead>
             <tr>
               <th scope="col">Backup</th>
@@ -224,47 +255,55 @@ function Backups({ disk, onDiskChange }: { disk: Disk; onDiskChange: () => void 
             {backups.data.map((b) => (
               <tr key={b.id}>
                 <td>
-                  <code>{b.id}</code>
+                  <code class="name">{b.id}</code>
                   {b.description && <div class="muted">{b.description}</div>}
                 </td>
-                <td>
+                <td data-label="Status">
                   <Badge status={b.status} />
                   {b.phase === "queued" && <div class="muted">queued: {b.waiting ?? "waiting for a slot"}</div>}
                   {b.failureReason && <div class="error-text">{b.failureReason}</div>}
                 </td>
-                <td>{b.status === "ready" ? <Bytes value={b.sizeBytes} /> : "-"}</td>
-                <td>
+                <td data-label="Size">{b.status === "ready" ? <Bytes value={b.sizeBytes} /> : "-"}</td>
+                <td data-label="Created">
                   <Time iso={b.createdAt} />
                 </td>
-                <td>
+                <td data-label="Completed">
                   <Time iso={b.completedAt} />
                 </td>
-                <td>
+                <td data-label="Expires">
                   <Time iso={b.expiresAt} />
                 </td>
-                <td class="actions">
-                  {b.status === "ready" && (
-                    <>
-                      <Action label="Download" run={() => download(disk, b)} title={`${formatBytes(b.sizeBytes)} .tar.gz; the link is valid for 1 hour`} />
-                      <Restore disk={disk} from={b} onDiskChange={onDiskChange} onFinished={onDiskChange} />
-                    </>
-                  )}
-                  {b.status !== "creating" && (
-                    <Action
-                      label="Delete"
-                      danger
-                      confirm={`Delete backup ${b.id}?`}
-                      run={async () => {
-                        await ok(api.DELETE("/v1/disks/{diskId}/backups/{backupId}", { params: { path: { diskId: disk.id, backupId: b.id } } }));
-                        await backups.reload();
-                      }}
-                    />
-                  )}
+                <td>
+                  <div class="actions">
+                    {b.status === "ready" && (
+                      <>
+                        <Action label="Download" run={() => download(disk, b)} title={`${formatBytes(b.sizeBytes)} .tar.gz; the link is valid for 1 hour`} />
+                        <Restore
+                          disk={disk}
+                          from={b}
+                          onDiskChange={onDiskChange}
+                          onFinished={onDiskChange}
+                          onRefused={(error) => setRefused(error && { backup: b, error })}
+                        />
+                      </>
+                    )}
+                    {b.status !== "creating" && (
+                      <Action
+                        label="Delete"
+                        danger
+                        confirm={`Delete backup ${b.id}?`}
+                        run={async () => {
+                          await ok(api.DELETE("/v1/disks/{diskId}/backups/{backupId}", { params: { path: { diskId: disk.id, backupId: b.id } } }));
+                          await backups.reload();
+                        }}
+                      />
+                    )}
+                  </div>
                 </td>
               </tr>
             ))}
           </tbody>
-        </table>
+        </Table>
       )}
     </>
   );
@@ -281,14 +320,17 @@ export function DiskPage({ name }: { name: string }) {
       <p class="crumbs">
         <Link href="/disks">Disks</Link> /
       </p>
-      <h1>{name}</h1>
+      <h1 class="name">{name}</h1>
       {!d ? (
         <Pending error={disk.error} />
       ) : (
         <>
           <dl class="facts">
-            <dt>Size</dt>
-            <dd>{d.sizeGb} GB</dd>
+            <dt>Used</dt>
+            <dd>
+              <DiskUsage disk={d} />
+              {d.usedBytes === null && <p class="hint">{NOT_MEASURED}</p>}
+            </dd>
             <dt>Mount path</dt>
             <dd>
               <code>{d.mountPath}</code>

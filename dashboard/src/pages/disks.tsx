@@ -1,10 +1,43 @@
 import { useState } from "preact/hooks";
 import { api, ok, type Schemas } from "../api";
+import { formatBytes } from "../format";
 import { Link } from "../router";
-import { Action, Empty, ErrorNote, Pending, Time, useAction, useLoad } from "../ui";
+import { Action, Empty, ErrorNote, nameClass, Pending, Table, Time, useAction, useLoad } from "../ui";
 
 type Disk = Schemas["Disk"];
 type App = Schemas["App"];
+
+const GIB = 1024 ** 3;
+
+/** Why a disk's used space can be unknown (`usedBytes: null`), in the API's words. */
+export const NOT_MEASURED = "not measured: the node holding the disk did not answer in time, or the disk is restoring";
+
+/**
+ * "12.0 MiB of 1 GB (1%)" with a small gauge, as `svc disk list` shows it
+ * (a disk's size is in GB of 2^30 bytes); a dash when the node did not say.
+ */
+export function DiskUsage({ disk }: { disk: Pick<Disk, "usedBytes" | "sizeGb"> }) {
+  const size = disk.sizeGb * GIB;
+  if (disk.usedBytes === null) {
+    return (
+      <span class="usage" title={NOT_MEASURED}>
+        <span>
+          <span class="muted">—</span> of {disk.sizeGb} GB
+        </span>
+      </span>
+    );
+  }
+  const percent = (disk.usedBytes / size) * 100;
+  const shown = percent > 0 && percent < 1 ? "<1" : String(Math.round(percent));
+  return (
+    <span class="usage">
+      <span title={`${disk.usedBytes.toLocaleString("en-US")} bytes`}>
+        {formatBytes(disk.usedBytes)} of {disk.sizeGb} GB ({shown}%)
+      </span>
+      <meter min={0} max={size} value={disk.usedBytes} low={size * 0.75} high={size * 0.9} optimum={0} aria-label="Used space" />
+    </span>
+  );
+}
 
 /** Attach to an app chosen from the list, or detach; the API's refusal (DISK_ATTACHED) shows beside it. */
 export function Attachment({ disk, apps, onChange }: { disk: Disk; apps: App[]; onChange: (disk: Disk) => void }) {
@@ -13,7 +46,9 @@ export function Attachment({ disk, apps, onChange }: { disk: Disk; apps: App[]; 
   if (disk.appName) {
     return (
       <span class="inline-form">
-        <Link href={`/apps/${encodeURIComponent(disk.appName)}`}>{disk.appName}</Link>{" "}
+        <Link href={`/apps/${encodeURIComponent(disk.appName)}`} class={nameClass(disk.appName)}>
+          {disk.appName}
+        </Link>
         <Action
           label="Detach"
           confirm={`Detach ${disk.name} from ${disk.appName}?`}
@@ -34,7 +69,7 @@ export function Attachment({ disk, apps, onChange }: { disk: Disk; apps: App[]; 
             </option>
           ))}
         </select>
-      </label>{" "}
+      </label>
       <Action
         label="Attach"
         disabled={app === ""}
@@ -92,11 +127,11 @@ export function DisksPage() {
       ) : disks.data.length === 0 ? (
         <Empty>No disks yet. Create one below.</Empty>
       ) : (
-        <table>
+        <Table>
           <thead>
             <tr>
               <th scope="col">Name</th>
-              <th scope="col">Size</th>
+              <th scope="col">Used</th>
               <th scope="col">Mount path</th>
               <th scope="col">App</th>
               <th scope="col">In use</th>
@@ -108,36 +143,42 @@ export function DisksPage() {
             {disks.data.map((d) => (
               <tr key={d.id}>
                 <td>
-                  <Link href={`/disks/${encodeURIComponent(d.name)}`}>{d.name}</Link>
+                  <Link href={`/disks/${encodeURIComponent(d.name)}`} class={nameClass(d.name)}>
+                    {d.name}
+                  </Link>
                 </td>
-                <td>{d.sizeGb} GB</td>
-                <td>
+                <td data-label="Used">
+                  <DiskUsage disk={d} />
+                </td>
+                <td data-label="Mount path">
                   <code>{d.mountPath}</code>
                 </td>
-                <td>
+                <td data-label="App">
                   <Attachment disk={d} apps={apps.data ?? []} onChange={() => void disks.reload()} />
                 </td>
-                <td>{d.inUse ? "yes" : "no"}</td>
-                <td>
+                <td data-label="In use">{d.inUse ? "yes" : "no"}</td>
+                <td data-label="Created">
                   <Time iso={d.createdAt} />
                 </td>
                 <td>
-                  <Action
-                    label="Delete"
-                    danger
-                    disabled={d.appId !== null}
-                    title={d.appId !== null ? "Detach the disk first" : undefined}
-                    confirm={`Delete ${d.name} and all its data? Its backups are deleted too. This cannot be undone.`}
-                    run={async () => {
-                      await ok(api.DELETE("/v1/disks/{disk}", { params: { path: { disk: d.name } } }));
-                      await disks.reload();
-                    }}
-                  />
+                  <div class="actions">
+                    <Action
+                      label="Delete"
+                      danger
+                      disabled={d.appId !== null}
+                      title={d.appId !== null ? "Detach the disk first" : undefined}
+                      confirm={`Delete ${d.name} and all its data? Its backups are deleted too. This cannot be undone.`}
+                      run={async () => {
+                        await ok(api.DELETE("/v1/disks/{disk}", { params: { path: { disk: d.name } } }));
+                        await disks.reload();
+                      }}
+                    />
+                  </div>
                 </td>
               </tr>
             ))}
           </tbody>
-        </table>
+        </Table>
       )}
       <CreateDisk onCreated={() => void disks.reload()} />
     </section>

@@ -1,7 +1,8 @@
+import { Fragment } from "preact";
 import { useState } from "preact/hooks";
 import { api, ok, type Schemas } from "../api";
 import type { Me } from "../app";
-import { Action, Empty, ErrorNote, Pending, Time, useAction, useLoad } from "../ui";
+import { Action, Empty, ErrorNote, nameClass, Pending, Table, Time, useAction, useLoad } from "../ui";
 
 type Scope = Schemas["ApiKey"]["scopes"][number];
 const SCOPES: { scope: Scope; grants: string }[] = [
@@ -23,6 +24,20 @@ const GRACE = [
   ["86400", "old secret ends in 24 h"],
 ] as const;
 
+/** A key's name (free text) that wraps between its words, never at a hyphen inside one. */
+function Words({ text }: { text: string }) {
+  return (
+    <>
+      {text.split(" ").map((word, i) => (
+        <Fragment key={i}>
+          {i > 0 && " "}
+          <span class={nameClass(word)}>{word}</span>
+        </Fragment>
+      ))}
+    </>
+  );
+}
+
 /** A secret the API returns once: shown with a copy button and a warning, forgotten when dismissed. */
 function Secret({ title, secret, onDone }: { title: string; secret: string; onDone: () => void }) {
   const [copied, setCopied] = useState<"no" | "yes" | "failed">("no");
@@ -42,13 +57,15 @@ function Secret({ title, secret, onDone }: { title: string; secret: string; onDo
       </p>
       <output class="secret-value" aria-label="Secret key">
         {secret}
-      </output>{" "}
-      <button type="button" onClick={copy}>
-        {copied === "yes" ? "Copied" : "Copy"}
-      </button>{" "}
-      <button type="button" class="primary" onClick={onDone}>
-        I have saved it
-      </button>
+      </output>
+      <div class="actions">
+        <button type="button" onClick={copy}>
+          {copied === "yes" ? "Copied" : "Copy"}
+        </button>
+        <button type="button" class="primary" onClick={onDone}>
+          I have saved it
+        </button>
+      </div>
       {copied === "failed" && <p class="hint">The browser refused the clipboard: select the key and copy it by hand.</p>}
     </section>
   );
@@ -112,7 +129,7 @@ function RollKey({ apiKey, onRolled }: { apiKey: Schemas["ApiKey"]; onRolled: (k
             {label}
           </option>
         ))}
-      </select>{" "}
+      </select>
       <Action
         label="Roll"
         confirm={`Issue a new secret for ${apiKey.name}?`}
@@ -155,7 +172,7 @@ export function KeysPage({ me }: { me: Me }) {
       ) : keys.data.length === 0 ? (
         <Empty>No keys.</Empty>
       ) : (
-        <table>
+        <Table>
           <thead>
             <tr>
               <th scope="col">Name</th>
@@ -171,25 +188,25 @@ export function KeysPage({ me }: { me: Me }) {
             {keys.data.map((k) => (
               <tr key={k.id}>
                 <td>
-                  {k.name}
+                  <Words text={k.name} />
                   {me?.id === k.id && <span class="muted"> (this key)</span>}
                 </td>
-                <td>
-                  <code>{k.start}…</code>
+                <td data-label="Key">
+                  <code class="name">{k.start}…</code>
                 </td>
-                <td>{k.scopes.join(", ")}</td>
-                <td>
+                <td data-label="Scopes">{k.scopes.join(", ")}</td>
+                <td data-label="Created">
                   <Time iso={k.createdAt} />
                 </td>
-                <td>
+                <td data-label="Last used">
                   <Time iso={k.lastUsedAt} empty="never" />
                 </td>
-                <td>
+                <td data-label="Expires">
                   <Time iso={k.expiresAt} empty="never" />
                 </td>
-                <td class="actions">
+                <td>
                   {isAdmin ? (
-                    <>
+                    <div class="actions">
                       <RollKey apiKey={k} onRolled={(rolled) => shown(`New secret for ${rolled.name}`, rolled)} />
                       <Action
                         label="Delete"
@@ -200,7 +217,7 @@ export function KeysPage({ me }: { me: Me }) {
                           await keys.reload();
                         }}
                       />
-                    </>
+                    </div>
                   ) : (
                     me && (
                       <span class="muted" title={adminReason}>
@@ -212,7 +229,7 @@ export function KeysPage({ me }: { me: Me }) {
               </tr>
             ))}
           </tbody>
-        </table>
+        </Table>
       )}
       {isAdmin ? (
         <CreateKey onCreated={(created) => shown(`Created key ${created.name}`, created)} />
