@@ -1,6 +1,7 @@
+import { execFile } from "node:child_process";
 import { readFileSync, readdirSync } from "node:fs";
 import { readFile } from "node:fs/promises";
-import { loadavg } from "node:os";
+import { availableParallelism, loadavg } from "node:os";
 import { join } from "node:path";
 import { benchStack, fmt, percentile } from "./load";
 
@@ -16,7 +17,9 @@ import { benchStack, fmt, percentile } from "./load";
  * Worker's log), not estimated. CPU per run is what the whole machine spent
  * (all cores, /proc/stat) while the minute's runs went, divided by the runs,
  * and the builder's share (its process and its sandboxes): with two cores, N
- * runs cannot all start sooner than N × that / 2.
+ * runs cannot all start sooner than N × that / 2. After each minute, the floor
+ * issue 21 measures against: the same number of bare bubblewrap sandboxes run
+ * `date`, as many at once as there are cores, and the p99 lag as a ratio of it.
  *
  *     npx tsx bench/cron-lag.ts [counts…]      (default 200 1000)
  */
@@ -163,6 +166,23 @@ async function scenario(app: string, count: number, label: string): Promise<Resu
   return { lags: lags.sort((a, b) => a - b), runsPerJob, d1PerRun, loggedRuns: costs.length, notStarted, cpuPerRun };
 }
 
+/** The bare sandbox issue 21 holds dispatch to: no cgroup, network, user or disk; just the namespaces and `date`. */
+const BARE_SANDBOX = ["--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "date"];
+
+/** Milliseconds this machine takes to run `count` bare bubblewrap sandboxes, as many at once as it has cores. */
+async function bareSandboxesMs(count: number): Promise<number> {
+  const started = performance.now();
+  await inParallel(
+    Array.from({ length: count }, (_, i) => i),
+    availableParallelism(),
+    () =>
+      new Promise<void>((resolve, reject) => {
+        execFile("bwrap", BARE_SANDBOX, (err) => (err ? reject(err) : resolve()));
+      }),
+  );
+  return performance.now() - started;
+}
+
 try {
   const app = (await api<{ id: string }>("POST", "/v1/apps", { name: "cron-lag", runtime: "node" })).id;
   console.log(`bench/cron-lag: scheduled second -> command start on the builder (wrangler dev + builder with ${BUILDER_CONCURRENCY} sandboxes at once, loopback)`);
@@ -177,6 +197,11 @@ try {
     console.log(line(`${count} jobs same minute`, result));
     console.log(
       `    ratio to baseline: p50 ${fmt(percentile(result.lags, 50) / percentile(baseline.lags, 50), 2)}x, max ${fmt((result.lags.at(-1) ?? 0) / (baseline.lags.at(-1) ?? 1), 2)}x`,
+    );
+    // The floor, measured right after the minute's runs on the same machine: the target is p99 <= 1.0x of it.
+    const floor = await bareSandboxesMs(count);
+    console.log(
+      `    floor: ${count} bare bwrap sandboxes, ${availableParallelism()} at once: ${fmt(floor, 0)} ms; p99 lag ${fmt(percentile(result.lags, 99) / floor, 2)}x the floor (target <= 1.00)`,
     );
     for (const [reason, jobs] of result.notStarted) console.log(`    ! ${jobs} jobs: ${reason}`);
   }
