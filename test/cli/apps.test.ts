@@ -158,8 +158,8 @@ describe("svc apps, env and disk against wrangler dev", () => {
 
       const list = await svc(["disk", "list"], deploy);
       expect(list.code).toBe(0);
-      expect(list.stdout).toMatch(/^NAME\s+ID\s+SIZE\s+MOUNT PATH\s+APP\s+IN USE\s+SNAPSHOTS\s+CREATED$/m);
-      expect(list.stdout).toMatch(new RegExp(`^${diskName}\\s+disk_\\w+\\s+1 GB\\s+/data\\s+-\\s+no\\s+daily \\(keep 7\\)\\s`, "m"));
+      expect(list.stdout).toMatch(/^NAME\s+ID\s+SIZE\s+USED\s+MOUNT PATH\s+APP\s+IN USE\s+SNAPSHOTS\s+CREATED$/m);
+      expect(list.stdout).toMatch(new RegExp(`^${diskName}\\s+disk_\\w+\\s+1 GB\\s+[\\d.]+ (?:B|KiB|MiB) \\((?:<1|\\d+)%\\)\\s+/data\\s+-\\s+no\\s+daily \\(keep 7\\)\\s`, "m"));
 
       const info = await svc(["disk", "info", diskName, "--json"], deploy);
       expect(info.code).toBe(0);

@@ -108,11 +108,19 @@ describe("cron alarms racing updates, and the watchdog", () => {
       job: s.storage.kv.get<{ schedule: string; enabled: boolean }>("job"),
     }));
     expect(state.job).toMatchObject({ schedule: "0 0 1 1 *", enabled: false });
-    expect(new Date(state.scheduledFor!).toISOString()).toMatch(/-01-01T00:00:00\.000Z$/);
-    // The run that was already dispatched stays; the disabled job starts no other.
+    // Disabled by the PATCH: nothing is scheduled (no alarm for a paused job), whatever the dispatching alarm had.
+    expect(state.scheduledFor).toBeUndefined();
+    const armed = await runInDurableObject(stubOf(cron.id), async (_i, s) => ({ alarm: await s.storage.getAlarm(), pollAt: s.storage.kv.get<number>("pollAt") ?? null }));
+    expect(armed.alarm).toBe(armed.pollAt); // only the poll of the run already dispatched, if it still runs
+    // The run that was already dispatched stays; the disabled job starts no other, even on a stray delivery.
     expect((await runs(key, cron.id)).length).toBe(1);
-    await deliverAlarm(cron.id, state.scheduledFor! - 365 * 86_400_000);
+    await deliverAlarm(cron.id, due - 60_000);
     expect((await runs(key, cron.id)).length).toBe(1);
+    // Enabled again, it follows the PATCHed schedule.
+    await call(`/v1/crons/${cron.id}`, { method: "PATCH", key, body: { enabled: true } });
+    const next = await runInDurableObject(stubOf(cron.id), async (_i, s) => s.storage.kv.get<number>("scheduledFor"));
+    expect(new Date(next!).toISOString()).toMatch(/-01-01T00:00:00\.000Z$/);
+    await call(`/v1/crons/${cron.id}`, { method: "PATCH", key, body: { enabled: false } });
     const detail = (await json<{ data: { nextRun: string | null } }>(await call(`/v1/crons/${cron.id}`, { key }))).data;
     expect(detail.nextRun).toBeNull();
   }, 60_000);
