@@ -159,6 +159,11 @@ export function hasDependencies(pkg: PackageJson): boolean {
   return Object.keys(pkg.dependencies ?? {}).length + Object.keys(pkg.devDependencies ?? {}).length > 0;
 }
 
+/** Whether a site's build installs dependencies first, and so needs a lockfile ({@link MISSING_LOCKFILE} without one). */
+export function siteInstalls(buildCommand: string | null, pkg: PackageJson | null): boolean {
+  return buildCommand !== null && pkg !== null && hasDependencies(pkg);
+}
+
 /**
  * The committed lockfile and so the package manager (null when there is none).
  * With several, the one package.json's `packageManager` field names wins, then
@@ -346,7 +351,7 @@ export async function planSite(
 
   let install: SitePlan["install"] = null;
   let nothingToInstall: string | null = null;
-  if (buildCommand !== null && pkg !== null && hasDependencies(pkg)) {
+  if (siteInstalls(buildCommand, pkg)) {
     if (lockfile === null) return { ok: false, error: MISSING_LOCKFILE };
     install = { packageManager: lockfile.packageManager, lockfile: lockfile.file };
   } else if (buildCommand !== null) {

@@ -98,11 +98,6 @@ Run \`svc help ${group.name} <command>\` or \`svc ${group.name} <command> --help
 `;
 }
 
-/**
- * The usage error for a word that is not a command: the closest commands by
- * spelling, or, for a verb typed without its noun (`svc create`), the nouns
- * that have it.
- */
 /** Words other tools use for ours (`svc cron pause` is `svc cron disable`): offered when no spelling is close. */
 const SYNONYMS: Readonly<Record<string, readonly string[]>> = {
   pause: ["disable"],
@@ -129,6 +124,11 @@ const SYNONYMS: Readonly<Record<string, readonly string[]>> = {
   abort: ["cancel"],
 };
 
+/**
+ * The usage error for a word that is not a command: the closest commands by
+ * spelling, else the command another tool's word stands for (`pause`), or,
+ * for a verb typed without its noun (`svc create`), the nouns that have it.
+ */
 function unknownCommand(word: string, known: readonly string[], prefix: string, synopsis: string, helpPath: string): UsageError {
   const path = prefix === "" ? "svc" : `svc ${prefix}`;
   const typed = prefix === "" ? word : `${prefix} ${word}`;

@@ -211,6 +211,7 @@ describe("svc cron against wrangler dev", () => {
     expect(gone.stderr).toContain(`Hint: no cron job "${id}" in this account: \`svc cron list\` shows the ids and names`);
     const byName = await svc(["cron", "info", job], env);
     expect(byName.code).toBe(1);
-    expect(byName.stderr).toContain(`Error: could not find cron job ${job}`);
+    expect(byName.stderr).toMatch(/^ {2}CRON_NOT_FOUND: /m);
+    expect(byName.stderr).toContain(`Hint: no cron job "${job}" in this account: \`svc cron list\` shows the ids and names`);
   });
 });

@@ -146,10 +146,15 @@ function quote(text: string, max = MAX_QUOTE_CHARS): string {
 export function describeInstallFailure(lines: Iterable<string>, lockfile: string, manager: string): string | null {
   const relevant = errorLines();
   for (const line of lines) if (!relevant.take(line)) break;
-  return describeErrorLines(relevant.lines, lockfile, manager, lockfileRefusal(relevant.lines, relevant.omitted()));
+  return failureOf(relevant, lockfile, manager).why;
 }
 
-/** {@link describeInstallFailure} from the lines {@link errorLines} kept. */
+/** What the lines {@link errorLines} kept say: npm ci's list of differences, and the quoted cause with its fix. */
+function failureOf(relevant: ReturnType<typeof errorLines>, lockfile: string, manager: string): InstallFailure {
+  const refusal = lockfileRefusal(relevant.lines, relevant.omitted());
+  return { why: describeErrorLines(relevant.lines, lockfile, manager, refusal), refusal };
+}
+
 function describeErrorLines(lines: string[], lockfile: string, manager: string, refusal: LockfileRefusal | null): string | null {
   if (refusal !== null && refusal.said.length > 0) {
     // npm's own sentence names no package; its list does.
@@ -195,8 +200,7 @@ export async function installFailureFromLog(logFile: string, offset: number, loc
   // Only error lines matter (npm's `code` line comes before its message, npm ci's differences after it).
   const relevant = errorLines();
   for await (const line of stepOutput(logFile, offset)) if (!relevant.take(line)) break;
-  const refusal = lockfileRefusal(relevant.lines, relevant.omitted());
-  return { why: describeErrorLines(relevant.lines, lockfile, manager, refusal), refusal };
+  return failureOf(relevant, lockfile, manager);
 }
 
 /** A package npm ci found missing that the lockfile names only as an optional dependency of packages it pins. */
@@ -206,6 +210,11 @@ export interface AbsentOptional {
   version: string;
   /** `name@version` of each package whose `optionalDependencies` names it. */
   parents: string[];
+}
+
+/** Whether every difference npm ci listed (all of them read) is a package the lockfile lacks: the only refusal an absent optional package explains. */
+function onlyMissing(refusal: LockfileRefusal): boolean {
+  return refusal.missing.length > 0 && refusal.invalid.length === 0 && refusal.omitted === 0;
 }
 
 /** Largest package-lock.json read: lockfiles of big projects run to megabytes, but not this. */
@@ -223,7 +232,7 @@ type LockEntry = { version?: unknown; optionalDependencies?: unknown; link?: unk
  * running npm install and committing the lockfile is the fix).
  */
 export function findAbsentOptional(lockfileText: string, refusal: LockfileRefusal): AbsentOptional[] | null {
-  if (refusal.missing.length === 0 || refusal.invalid.length > 0 || refusal.omitted > 0) return null;
+  if (!onlyMissing(refusal)) return null;
   let lock: unknown;
   try {
     lock = JSON.parse(lockfileText);
@@ -251,7 +260,7 @@ export function findAbsentOptional(lockfileText: string, refusal: LockfileRefusa
 
 /** {@link findAbsentOptional} on the project's package-lock.json (read without following links out of `root`). */
 export async function absentOptionalPackages(root: string, refusal: LockfileRefusal): Promise<AbsentOptional[] | null> {
-  if (refusal.missing.length === 0 || refusal.invalid.length > 0) return null;
+  if (!onlyMissing(refusal)) return null; // not worth reading the lockfile
   const handle = await openInside(root, "package-lock.json");
   if (handle === null) return null;
   try {

@@ -51,20 +51,6 @@ function aboutRun(what: string, ref: string, jobName: string): Call {
   return aboutCron(what, ref, { RUN_NOT_FOUND: `no run "${jobName}": \`svc cron runs ${ref}\` lists the job's runs` });
 }
 
-/**
- * The job's id for a reference that is an id (`cron_…`) or a job name (unique
- * in the account), so commands accept whichever the user has at hand.
- */
-async function cronId(client: ApiClient, ref: string): Promise<string> {
-  if (ref.startsWith("cron_")) return ref;
-  const jobs = await client.data<CronJob[]>("GET", "/v1/crons", undefined, { what: `find cron job ${ref}` });
-  const job = jobs.find((j) => j.name === ref);
-  if (!job) {
-    throw new CliError(`could not find cron job ${ref}`, [`no cron job has the id or name "${ref}"`], "`svc cron list` shows the ids and names");
-  }
-  return job.id;
-}
-
 /** App names by id, so tables and details can say which app a job runs in. */
 async function appNames(client: ApiClient): Promise<Map<string, string>> {
   const apps = await client.data<Schemas["App"][]>("GET", "/v1/apps", undefined, { what: "list apps" });
@@ -152,7 +138,7 @@ function tuning(
 }
 
 /** Which run of which job a follower watches, with the reference the user typed for hints. */
-type RunTarget = { id: string; ref: string; jobName: string };
+type RunTarget = { ref: string; jobName: string };
 
 /**
  * Prints a run's log as it grows (complete lines only, until the end) and
@@ -160,14 +146,14 @@ type RunTarget = { id: string; ref: string; jobName: string };
  * so the log read after a finished status is the stored, final one.
  */
 async function follow(client: ApiClient, target: RunTarget, print: ((line: string) => void) | undefined): Promise<CronRun> {
-  const { id, ref, jobName } = target;
+  const { ref, jobName } = target;
   let printed = 0;
   for (;;) {
-    const runs = await client.data<CronRun[]>("GET", path`/v1/crons/${id}/runs`, undefined, aboutCron(`list runs of cron job ${ref}`, ref));
+    const runs = await client.data<CronRun[]>("GET", path`/v1/crons/${ref}/runs`, undefined, aboutCron(`list runs of cron job ${ref}`, ref));
     const run = runs.find((r) => r.jobName === jobName);
     const { logs } = await client.data<RunLog>(
       "GET",
-      path`/v1/crons/${id}/runs/${jobName}/logs`,
+      path`/v1/crons/${ref}/runs/${jobName}/logs`,
       undefined,
       aboutRun(`read the log of run ${jobName}`, ref, jobName),
     );
@@ -272,8 +258,7 @@ const info = defineCommand({
   options: {},
   async run({ args, out, api }) {
     const client = await api();
-    const id = await cronId(client, args.id);
-    const job = await client.data<CronDetail>("GET", path`/v1/crons/${id}`, undefined, aboutCron(`show cron job ${args.id}`, args.id));
+    const job = await client.data<CronDetail>("GET", path`/v1/crons/${args.id}`, undefined, aboutCron(`show cron job ${args.id}`, args.id));
     out.result(job, out.json ? undefined : await describeWithApp(client, job));
   },
 });
@@ -300,8 +285,7 @@ const update = defineCommand({
     };
     if (Object.keys(body).length === 0) throw fail("nothing to change: pass at least one of --schedule, --command, --timezone, --concurrency, --timeout, --enable, --disable");
     const client = await api();
-    const id = await cronId(client, args.id);
-    const job = await client.data<CronDetail>("PATCH", path`/v1/crons/${id}`, body, aboutCron(`update cron job ${args.id}`, args.id));
+    const job = await client.data<CronDetail>("PATCH", path`/v1/crons/${args.id}`, body, aboutCron(`update cron job ${args.id}`, args.id));
     out.result(job, out.json ? undefined : `Updated cron job ${job.name}\n${await describeWithApp(client, job)}`);
   },
 });
@@ -317,8 +301,7 @@ function toggle(enabled: boolean) {
     examples: [`svc cron ${verb} nightly-report`],
     async run({ args, out, api }) {
       const client = await api();
-      const id = await cronId(client, args.id);
-      const job = await client.data<CronDetail>("PATCH", path`/v1/crons/${id}`, { enabled }, aboutCron(`${verb} cron job ${args.id}`, args.id));
+      const job = await client.data<CronDetail>("PATCH", path`/v1/crons/${args.id}`, { enabled }, aboutCron(`${verb} cron job ${args.id}`, args.id));
       const next = job.nextRuns[0];
       const human = enabled
         ? `Enabled cron job ${job.name}${next ? `; next run ${when(next)}` : ""}`
@@ -349,10 +332,9 @@ const run = defineCommand({
   examples: ["svc cron run nightly-report --wait"],
   async run({ args, opts, out, api }) {
     const client = await api();
-    const id = await cronId(client, args.id);
     const started = await client.data<RunStarted>(
       "POST",
-      path`/v1/crons/${id}/run`,
+      path`/v1/crons/${args.id}/run`,
       undefined,
       aboutCron(`run cron job ${args.id}`, args.id, {
         APP_STOPPED: `stopped apps run no cron jobs: start the app with \`svc apps restart --app <app>\` (\`svc cron info ${args.id}\` names it)`,
@@ -360,7 +342,7 @@ const run = defineCommand({
         TOO_MANY_JOBS: `the account's queued jobs start as its running ones end: \`svc cron runs ${args.id}\` shows them; cancel some, or wait`,
       }),
     );
-    const target = { id, ref: args.id, jobName: started.jobName };
+    const target = { ref: args.id, jobName: started.jobName };
     const begun =
       started.phase === "queued"
         ? `Queued run ${started.jobName}: the account runs as many jobs as its plan allows at once; it starts when one ends`
@@ -382,8 +364,7 @@ const runs = defineCommand({
   options: {},
   async run({ args, out, api }) {
     const client = await api();
-    const id = await cronId(client, args.id);
-    const list = await client.data<CronRun[]>("GET", path`/v1/crons/${id}/runs`, undefined, aboutCron(`list runs of cron job ${args.id}`, args.id));
+    const list = await client.data<CronRun[]>("GET", path`/v1/crons/${args.id}/runs`, undefined, aboutCron(`list runs of cron job ${args.id}`, args.id));
     const human =
       list.length === 0
         ? `No runs of cron job ${args.id} yet. Start one: svc cron run ${args.id}`
@@ -409,8 +390,7 @@ const logs = defineCommand({
   examples: ["svc cron logs nightly-report nightly-report-1795237200", "svc cron logs nightly-report manual-k2x9qa-1795237342 --follow"],
   async run({ args, opts, out, api }) {
     const client = await api();
-    const id = await cronId(client, args.id);
-    const target = { id, ref: args.id, jobName: args.job_name };
+    const target = { ref: args.id, jobName: args.job_name };
     if (opts.follow) {
       const run = await follow(client, target, out.json ? undefined : (line) => out.text(line));
       if (out.json) await printLog(client, out, target);
@@ -421,10 +401,10 @@ const logs = defineCommand({
   },
 });
 
-async function printLog(client: ApiClient, out: Output, { id, ref, jobName }: RunTarget): Promise<void> {
+async function printLog(client: ApiClient, out: Output, { ref, jobName }: RunTarget): Promise<void> {
   const log = await client.data<RunLog>(
     "GET",
-    path`/v1/crons/${id}/runs/${jobName}/logs`,
+    path`/v1/crons/${ref}/runs/${jobName}/logs`,
     undefined,
     aboutRun(`read the log of run ${jobName}`, ref, jobName),
   );
@@ -440,14 +420,13 @@ const cancel = defineCommand({
   options: {},
   async run({ args, out, api }) {
     const client = await api();
-    const id = await cronId(client, args.id);
     const call = aboutRun(`cancel run ${args.job_name}`, args.id, args.job_name);
-    const before = (await client.data<CronRun[]>("GET", path`/v1/crons/${id}/runs`, undefined, call)).find((r) => r.jobName === args.job_name);
+    const before = (await client.data<CronRun[]>("GET", path`/v1/crons/${args.id}/runs`, undefined, call)).find((r) => r.jobName === args.job_name);
     if (before && before.status !== "running") {
       out.result(before, `Run ${before.jobName} had already finished: ${outcome(before)}`);
       return;
     }
-    const run = await client.data<CronRun>("POST", path`/v1/crons/${id}/runs/${args.job_name}/cancel`, undefined, call);
+    const run = await client.data<CronRun>("POST", path`/v1/crons/${args.id}/runs/${args.job_name}/cancel`, undefined, call);
     out.result(run, run.error === "cancelled" ? `Cancelled run ${run.jobName}` : `Run ${run.jobName} finished before it could be cancelled: ${outcome(run)}`);
   },
 });
@@ -466,8 +445,7 @@ const remove = defineCommand({
       retry: `svc cron delete ${args.id}`,
     });
     const client = await api();
-    const id = await cronId(client, args.id);
-    const deleted = await client.data<Deleted>("DELETE", path`/v1/crons/${id}`, undefined, aboutCron(`delete cron job ${args.id}`, args.id));
+    const deleted = await client.data<Deleted>("DELETE", path`/v1/crons/${args.id}`, undefined, aboutCron(`delete cron job ${args.id}`, args.id));
     out.result(deleted, `Deleted cron job ${args.id}${args.id === deleted.id ? "" : ` (${deleted.id})`}`);
   },
 });

@@ -1,10 +1,10 @@
 import { createReadStream } from "node:fs";
-import { readFile, stat } from "node:fs/promises";
+import { stat } from "node:fs/promises";
 import { join, resolve } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { detectProject, PROJECT_ROOT, planSite } from "../../../builder/src/detect.js";
 import { planRelease } from "../../../builder/src/release-plan.js";
-import { parseSvcJson, RUNTIMES, type Runtime, runtimeMismatch, type SvcJson } from "../../../builder/src/static/project-config.js";
+import { RUNTIMES, type Runtime, runtimeMismatch, type SvcJson } from "../../../builder/src/static/project-config.js";
 import type { ResponseData, Schemas } from "../../../openapi/types.js";
 import { type ApiClient, type Call, path, RequestFailed } from "../api.js";
 import { colouredLines, colourWanted } from "../colour.js";
@@ -13,6 +13,7 @@ import { ago, CliError, fields, type Output, table, when } from "../output.js";
 import { MAX_UPLOAD_BYTES, type PackedSource, packSource } from "../pack.js";
 import { exposedFiles, type ServedAt, servedFrom } from "../exposure.js";
 import { formatBytes, Progress } from "../progress.js";
+import { readSvcJson } from "../project.js";
 import type { App } from "./apps.js";
 import { folderFiles } from "./init.js";
 
@@ -61,21 +62,6 @@ export function describeDeployment(d: Deployment): string {
     ["finished", when(d.finishedAt, "-")],
   ];
   return fields(rows);
-}
-
-/** The folder's svc.json, checked by the builder's own rules (so a mistake fails here, before the upload); null when there is none. */
-async function readProjectConfig(source: string): Promise<SvcJson | null> {
-  const file = join(source, "svc.json");
-  let text: string;
-  try {
-    text = await readFile(file, "utf8");
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === "ENOENT") return null;
-    throw new CliError(`could not read ${file}`, [err instanceof Error ? err.message : String(err)]);
-  }
-  const parsed = parseSvcJson(text);
-  if (!parsed.ok) throw new CliError(`${file} is not valid`, [parsed.error], "fix it, or write a fresh one with `svc init --force`");
-  return parsed.config;
 }
 
 /** Whether `path` (relative to the source) is among what packing left out (folders end in `/`). */
@@ -318,7 +304,7 @@ returns at once.`,
     if (!info?.isDirectory()) {
       throw new CliError(`cannot deploy ${source}`, [info ? "it is not a folder" : "no such folder"], "pass the project folder with --source <path>");
     }
-    const config = await readProjectConfig(source);
+    const config = readSvcJson(source);
     const app = args.app ?? config?.name;
     if (!app) {
       const why = config ? `${join(source, "svc.json")} has no "name"` : `${source} has no svc.json`;

@@ -5,12 +5,13 @@ import {
   describeNotStatic,
   FRAMEWORK_NAMES,
   findLockfile,
-  hasDependencies,
+  MISSING_LOCKFILE,
   PROJECT_ROOT,
   type ProjectFiles,
   readPackageJson,
   detectProject,
   rootOutputProblem,
+  siteInstalls,
 } from "../../../builder/src/detect.js";
 import { DEFAULT_APP_PORT, type ProcessType, type ServerRuntime, siteDir } from "../../../builder/src/protocol.js";
 import { detectRuntime, planRelease, type ReleasePlan } from "../../../builder/src/release-plan.js";
@@ -246,7 +247,7 @@ async function planStatic(dir: string, files: ProjectFiles, choices: InitChoices
     outputDir,
     spa,
   };
-  const lockfileMissing = lockfile === null && buildCommand !== undefined && pkgJson !== null && hasDependencies(pkgJson);
+  const lockfileMissing = lockfile === null && siteInstalls(buildCommand ?? null, pkgJson);
   return { config, detected, packageManager: lockfile?.packageManager ?? null, lockfile: lockfile?.file ?? null, lockfileMissing };
 }
 
@@ -441,11 +442,8 @@ unless --yes.`,
     out.step(detectedLine(plan));
     const install = "lockfileMissing" in plan && plan.lockfileMissing ? "npm install" : null;
     if (install) {
-      out.note(
-        `Warning: package.json lists dependencies but ${dir} has no lockfile (package-lock.json, yarn.lock or pnpm-lock.yaml). ` +
-          "The build installs exactly what a lockfile pins, so svc deploy refuses the folder until it has one: " +
-          "run npm install here (or yarn / pnpm install) and commit the lockfile it writes.",
-      );
+      // The build's own refusal (detect.ts), said now rather than at the first deploy.
+      out.note(`Warning: ${MISSING_LOCKFILE}. svc deploy refuses ${dir} until it has one: run npm install here (or yarn / pnpm install) and commit the lockfile it writes.`);
     }
 
     let lookup: AppLookup = out.json ? { kind: "unknown" } : await lookUpApp(ctx, config.name, config.runtime);

@@ -43,8 +43,6 @@ async function showBuildLog({ app, deployment, follow, out, api, env }: { app: s
   else process.stdout.write(log.endsWith("\n") ? log : `${log}\n`);
 }
 
-const DEPLOYMENT_OPTION = { type: "string", value: "id", description: "the deployment whose build log to show (dep_…; default: the newest)" } as const;
-
 /** `svc apps logs <app>`: the spec's name for the build log, the same as `svc logs --build`. */
 export const buildLogs = defineCommand({
   name: "logs",
@@ -52,7 +50,7 @@ export const buildLogs = defineCommand({
   description: "Log lines read `<time> <out|err|svc> <text>`. --follow streams a build in progress until it ends\n(exit 1 if the deployment failed or was cancelled).",
   args: [APP_ARG],
   options: {
-    deployment: DEPLOYMENT_OPTION,
+    deployment: { type: "string", value: "id", description: "the deployment whose build log to show (dep_…; default: the newest)" },
     follow: { type: "boolean", short: "f", description: "keep streaming while the build runs" },
   },
   examples: ["svc apps logs --app my-site", "svc apps logs --app my-site --deployment dep_0aB1cD2eF3gH4iJ5kL6mN7oP --follow"],
@@ -75,7 +73,7 @@ export const logs = defineCommand({
   args: [APP_ARG],
   options: {
     build: { type: "boolean", description: "the build log of the newest deployment (or of --deployment)" },
-    deployment: { ...DEPLOYMENT_OPTION, description: "the deployment whose build log to show (dep_…; implies --build)" },
+    deployment: { type: "string", value: "id", description: "the deployment whose build log to show (dep_…; implies --build)" },
     runtime: { type: "boolean", description: "the app's runtime log (stdout and stderr of its processes)" },
     follow: { type: "boolean", short: "f", description: "keep printing new lines (a build's until it ends, the others until Ctrl-C)" },
     limit: { type: "string", value: "N", description: "how many recent requests to show first (default 100, at most 1000)" },
