@@ -265,9 +265,16 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
   let wrangler: ChildProcess | undefined;
   let triggers: { stop(): void } | undefined;
   const nodes: LocalNode[] = [];
+  /** Set while this stack stops or restarts `wrangler dev` itself; any other exit is unexpected. */
+  let ownStop = false;
   const stop = async () => {
+    ownStop = true;
     triggers?.stop();
     await Promise.all([wrangler ? stopProcess(wrangler) : undefined, ...nodes.map((node) => node.stop())]);
+  };
+  const say = async (line: string) => {
+    if (opts.output === "inherit") process.stderr.write(line);
+    else await appendFile(join(opts.stateDir, "wrangler.log"), line);
   };
   // The Worker starts first: nodes join it. A stack starting beside this one (tests run two files
   // at once) can take a chosen port first; wrangler then exits during start-up, and starts again
@@ -289,10 +296,29 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
     }
   }
   const apiUrl = `http://127.0.0.1:${port}`;
+  /**
+   * Supervised like the nodes: a `wrangler dev` that exits on its own (it ends on
+   * an internal error, seen under load when its bundler or runtime fails) is
+   * started again on the same port and state, and the stack's log says why.
+   */
+  const supervise = (child: ChildProcess) => {
+    child.once("exit", (code, signal) => {
+      if (ownStop || child !== wrangler) return;
+      void say(`local stack: wrangler dev exited on its own (${signal ?? `code ${code}`}); starting it again on ${apiUrl}\n`);
+      setTimeout(() => {
+        if (ownStop || child !== wrangler) return;
+        wrangler = supervise(startWrangler(port, inspectorPort));
+      }, 500);
+    });
+    return child;
+  };
+  if (wrangler) supervise(wrangler);
   /** Stops `wrangler dev` and starts it again on the same port and state, as a Worker deploy or an outage would. */
   const restartApi = async () => {
+    ownStop = true;
     if (wrangler) await stopProcess(wrangler);
-    wrangler = startWrangler(port, inspectorPort);
+    ownStop = false;
+    wrangler = supervise(startWrangler(port, inspectorPort));
     await waitFor(`${apiUrl}/healthz`, wrangler, "wrangler dev", 90_000);
   };
   try {
@@ -338,9 +364,7 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
         if (res instanceof Response) await res.body?.cancel();
         if (res instanceof Response && res.ok) return;
         const why = res instanceof Response ? `HTTP ${res.status}` : String(res);
-        const line = `local stack: the cron trigger "${cron}" could not be fired (${why})\n`;
-        if (opts.output === "inherit") process.stderr.write(line);
-        else await appendFile(join(opts.stateDir, "wrangler.log"), line);
+        await say(`local stack: the cron trigger "${cron}" could not be fired (${why})\n`);
       },
     });
     const first = nodes[0]!;

@@ -130,7 +130,8 @@ describe("per-tenant limits and a fair queue", () => {
     for (let i = 0; i < 5; i++) await accepted({ tenant: "acct_a", tenantConcurrency: 3, command: "sleep 60" });
     await accepted({ tenant: "acct_c", tenantConcurrency: 3, command: "sleep 60" });
     const queuedA = leftovers.slice(3, 6);
-    const b = await accepted({ tenant: "acct_b", tenantConcurrency: 3, command: "echo b" });
+    // B's job holds its slot: were it to end at once, the slot it frees would rightly go to A's backlog.
+    const b = await accepted({ tenant: "acct_b", tenantConcurrency: 3, command: "sleep 60" });
     expect(b).toMatchObject({ status: "queued", waiting: { reason: "builder_full", tenantRunning: 0, tenantLimit: 3, ahead: 0 } });
 
     const bStarted = await started(b.id, 10_000);

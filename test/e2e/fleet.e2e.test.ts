@@ -51,23 +51,43 @@ describe("a fleet of three nodes", () => {
     const lines = log.split("\n").filter((l) => /fleet|disk\.|node\.|app\.|error|Error|restart|crash|exited/i.test(l));
     console.log(`wrangler.log (fleet, disk, app, node, error and restart lines):\n${lines.slice(-80).join("\n")}`);
   };
-  const call = async <T = Json>(method: string, path: string, body?: unknown, token = stack.adminKey): Promise<{ status: number; data: T }> => {
-    const res = await fetch(`${stack.apiUrl}${path}`, {
-      method,
-      headers: { Authorization: `Bearer ${token}`, ...(body === undefined ? {} : { "Content-Type": "application/json" }) },
-      body: body === undefined ? undefined : JSON.stringify(body),
-    });
-    const text = await res.text();
-    let parsed: { data?: T } = {};
-    try {
-      parsed = text ? (JSON.parse(text) as { data?: T }) : {};
-    } catch {
-      throw new Error(`${method} ${path}: ${res.status} ${text}`);
+  /**
+   * One API call. `wrangler dev` answers 503 with a plain-text "try sending the request again"
+   * when its runtime restarted under the request (it retries only GET and HEAD itself); the
+   * call is sent again, as a client would, and says it was (`resent`).
+   */
+  const call = async <T = Json>(
+    method: string,
+    path: string,
+    body?: unknown,
+    token = stack.adminKey,
+  ): Promise<{ status: number; data: T; resent: boolean }> => {
+    for (let attempt = 0; ; attempt++) {
+      const res = await fetch(`${stack.apiUrl}${path}`, {
+        method,
+        headers: { Authorization: `Bearer ${token}`, ...(body === undefined ? {} : { "Content-Type": "application/json" }) },
+        body: body === undefined ? undefined : JSON.stringify(body),
+      });
+      const text = await res.text();
+      if (res.status === 503 && text.includes("try sending the request again") && attempt < 60) {
+        console.log(`fleet e2e: ${method} ${path} dropped by wrangler dev restarting its runtime; sent again`);
+        await sleep(1000);
+        continue;
+      }
+      let parsed: { data?: T } = {};
+      try {
+        parsed = text ? (JSON.parse(text) as { data?: T }) : {};
+      } catch {
+        throw new Error(`${method} ${path}: ${res.status} ${text}`);
+      }
+      return { status: res.status, data: (parsed.data ?? parsed) as T, resent: attempt > 0 };
     }
-    return { status: res.status, data: (parsed.data ?? parsed) as T };
   };
   const ok = async <T = Json>(method: string, path: string, body?: unknown, token?: string): Promise<T> => {
     const res = await call<T>(method, path, body, token);
+    // A create sent again after a dropped request that had gone through: the named thing exists.
+    const name = (body as { name?: unknown } | undefined)?.name;
+    if (res.resent && res.status === 409 && method === "POST" && typeof name === "string") return ok<T>("GET", `${path}/${name}`, undefined, token);
     if (res.status >= 300) throw new Error(`${method} ${path}: ${res.status} ${JSON.stringify(res.data)}`);
     return res.data;
   };
@@ -90,8 +110,7 @@ describe("a fleet of three nodes", () => {
   const run = async (cronId: string, wait = true, token?: string): Promise<Run & { log: string }> => {
     // A client told to wait (the account's queue is full, or the key's rate) waits and asks again.
     let attempt = await call<Run>("POST", `/v1/crons/${cronId}/run`, {}, token);
-    // So does one whose request `wrangler dev` dropped while restarting its runtime (503, "try sending the request again").
-    for (let tries = 0; (attempt.status === 429 || attempt.status === 503) && tries < 120; tries++) {
+    for (let tries = 0; attempt.status === 429 && tries < 120; tries++) {
       await sleep(500);
       attempt = await call<Run>("POST", `/v1/crons/${cronId}/run`, {}, token);
     }
