@@ -22,7 +22,7 @@ import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { freePort, ROOT } from "../scripts/local-stack";
-import { svc } from "../test/cli/svc";
+import { svcBinary } from "../test/cli/svc";
 import { benchStack, fmt, load, type LoadResult } from "./load";
 
 const ROUNDS = Number(process.env.ROUNDS ?? 3);
@@ -133,18 +133,21 @@ try {
   });
   const { key } = (await keyRes.json()) as { key: string };
   const env = { HOME: join(dir, "home"), XDG_CONFIG_HOME: join(dir, "home", "config"), SVC_API_URL: stack.apiUrl, SVC_API_KEY: key };
-  const created = await svc(["apps", "create", "--name", app, "--runtime", "static"], env);
+  const created = await svcBinary(["apps", "create", "--name", app, "--runtime", "static"], env);
   if (created.code !== 0) throw new Error(`apps create: ${created.stderr}`);
-  const [deployed, started] = await Promise.all([svc(["deploy", "--source", site.source, "--json"], env), startAssetsOnly(dir, site.output)]);
+  const [deployed, started] = await Promise.all([svcBinary(["deploy", "--source", site.source, "--json"], env), startAssetsOnly(dir, site.output)]);
   theirs = started;
   if (deployed.code !== 0) throw new Error(`deploy: ${deployed.stderr}`);
   const ours = (JSON.parse(deployed.stdout) as { url: string }).url;
 
   const servers = { ours, theirs: theirs.url };
   type Case = { name: string; path: string; status: number; init: Record<keyof typeof servers, RequestInit> };
-  const etags = {
-    ours: (await probe(`${ours}${site.assetPath}`, {}, 200, "ours")).headers.get("ETag"),
-    theirs: (await probe(`${theirs.url}${site.assetPath}`, {}, 200, "theirs")).headers.get("ETag"),
+  const assets = { ours: await probe(`${ours}${site.assetPath}`, {}, 200, "ours"), theirs: await probe(`${theirs.url}${site.assetPath}`, {}, 200, "theirs") };
+  const etags = { ours: assets.ours.headers.get("ETag"), theirs: assets.theirs.headers.get("ETag") };
+  /** How the asset went on the wire to Node's fetch (Accept-Encoding: gzip, deflate, br): ours sends its gzip copy, theirs the edge's encoding. */
+  const encodings = {
+    ours: `${assets.ours.headers.get("Content-Encoding") ?? "identity"} ${assets.ours.headers.get("Content-Length") ?? "chunked"} bytes`,
+    theirs: `${assets.theirs.headers.get("Content-Encoding") ?? "identity"} ${assets.theirs.headers.get("Content-Length") ?? "chunked"}${assets.theirs.headers.has("Content-Length") ? " bytes" : ""}`,
   };
   if (!etags.ours || !etags.theirs) throw new Error(`an ETag is missing: ${JSON.stringify(etags)}`);
   const cases: Case[] = [
@@ -202,6 +205,7 @@ try {
   const widths = header.map((h, i) => Math.max(h.length, ...rows.map((row) => row[i]!.length)));
   for (const row of [header, ...rows]) console.log(`  ${row.map((cell, i) => (i === 0 ? cell.padEnd(widths[i]!) : cell.padStart(widths[i]!))).join("  ")}`);
   console.log("  ratio = ours / theirs (throughput: higher is better for ours; p99: lower is better for ours)");
+  console.log(`  the 50 KB asset on the wire: ours ${encodings.ours}, theirs ${encodings.theirs}`);
   const healthRps = mean(health, "rps");
   console.log(`  our process's bare /healthz: ${fmt(healthRps, 0)} req/s, p99 ${fmt(mean(health, "p99"))} ms; each case of ours as a fraction of it:`);
   for (const [i, c] of cases.entries()) console.log(`    ${c.name}: ${fmt(mean(results[i]!.ours, "rps") / healthRps, 2)}x`);

@@ -5,6 +5,7 @@ import { nodeRef } from "../services/fleet";
 import { configOf, type Env } from "../env";
 import { runsProcess } from "../services/app-runtime";
 import { BlobCache } from "./blob-cache";
+import { compressible, gzip, MIN_GZIP_BYTES, prefersGzip } from "./encoding";
 import { HEADERS_LIMITS, type HeaderRule, headersFor } from "./headers";
 import { cacheControl, type Decision, decidePath, type ManifestEntry, matchesEtag, normalisePath } from "./resolve";
 import { type ProcessTarget, proxyToProcess } from "./proxy";
@@ -47,6 +48,8 @@ const manifestCache = new Map<string, Manifest>();
  * so never stale.
  */
 const hotBlobs = new BlobCache({ maxBytes: 16 * 1024 * 1024, maxEntryBytes: 256 * 1024 });
+/** The gzip copies of hot blobs (encoding.ts), made once per isolate; keyed by the raw blob's hash. */
+const gzippedBlobs = new BlobCache({ maxBytes: 8 * 1024 * 1024, maxEntryBytes: 256 * 1024 });
 /** Blobs above the memory cache's limit, up to this size, go through the Cache API (the colo's cache) in front of R2. */
 const MAX_EDGE_CACHED_BYTES = 8 * 1024 * 1024;
 
@@ -111,6 +114,21 @@ async function smallBlob(env: Env, blobs: string, sha256: string): Promise<Uint8
   return bytes;
 }
 
+/** A hot blob's gzip copy, made on first use and kept. */
+async function gzippedBlob(sha256: string, bytes: Uint8Array): Promise<Uint8Array> {
+  const cached = gzippedBlobs.get(sha256);
+  if (cached) return cached;
+  const packed = await gzip(bytes);
+  gzippedBlobs.set(sha256, packed);
+  return packed;
+}
+
+/** The client's own Accept-Encoding: on Cloudflare the header a Worker sees is rewritten, the original is in `cf`. */
+function clientAcceptEncoding(request: Request): string | null {
+  const cf = request.cf as { clientAcceptEncoding?: unknown } | undefined;
+  return typeof cf?.clientAcceptEncoding === "string" ? cf.clientAcceptEncoding : request.headers.get("Accept-Encoding");
+}
+
 /**
  * A mid-size blob's body through the Cache API: the colo's copy when it has
  * one, else R2's, stored in the cache after the response (waitUntil).
@@ -150,25 +168,37 @@ async function respond(
 ): Promise<Response> {
   const { entry } = decision;
   const etag = `"${entry.sha256}"`;
+  const ranged = decision.status === 200 && request.headers.has("Range");
+  const varies = compressible(entry.contentType);
+  // A hot text file goes out as the gzip copy kept beside it when the client's first choice is gzip.
+  const encoded = varies && !ranged && entry.size >= MIN_GZIP_BYTES && hotBlobs.admits(entry.size) && prefersGzip(clientAcceptEncoding(request));
   const headers: Record<string, string> = {
     "Content-Type": entry.contentType,
     "Cache-Control": cacheControl(decision, marked),
     ...extra,
-    ETag: etag,
+    // The gzip copy is another representation of the same file: a weak validator, compared weakly (matchesEtag).
+    ETag: encoded ? `W/${etag}` : etag,
     "Accept-Ranges": "bytes",
   };
+  if (varies) headers.Vary = extra.Vary && !/accept-encoding/i.test(extra.Vary) ? `${extra.Vary}, Accept-Encoding` : (extra.Vary ?? "Accept-Encoding");
   if (decision.status === 200 && matchesEtag(request.headers.get("If-None-Match"), etag)) {
     return new Response(null, { status: 304, headers });
   }
-  if (request.method === "HEAD") {
-    return new Response(null, { status: decision.status, headers: { ...headers, "Content-Length": String(entry.size) } });
-  }
-  const ranged = decision.status === 200 && request.headers.has("Range");
   const whole = { status: decision.status, headers: { ...headers, "Content-Length": String(entry.size) } };
+  const head = request.method === "HEAD";
+  if (head && !encoded) return new Response(null, whole);
   // Ranges keep going to R2, which answers them; whole bodies come from memory or the edge cache when they can.
   if (!ranged && hotBlobs.admits(entry.size)) {
     const bytes = await smallBlob(env, blobs, entry.sha256);
-    return bytes ? new Response(bytes, whole) : page(500, "Site file missing");
+    if (!bytes) return page(500, "Site file missing");
+    if (!encoded) return new Response(bytes, whole);
+    // HEAD included: its Content-Length is the gzip copy's.
+    const packed = await gzippedBlob(entry.sha256, bytes);
+    return new Response(head ? null : packed, {
+      status: decision.status,
+      headers: { ...headers, "Content-Encoding": "gzip", "Content-Length": String(packed.byteLength) },
+      encodeBody: "manual",
+    });
   }
   if (!ranged && entry.size <= MAX_EDGE_CACHED_BYTES) {
     const body = await edgeCachedBlob(request, env, blobs, entry, waitUntil);
