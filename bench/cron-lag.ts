@@ -8,7 +8,7 @@ import { benchStack, fmt, percentile } from "./load";
 /**
  * Scheduling lag: from a run's scheduled second to its command starting on the
  * builder (the builder's timestamp of the command's first output line), in one
- * local system (wrangler dev + builder, every command in its sandbox). Baseline:
+ * local system (the Worker under wrangler's dev server + builder, every command in its sandbox). Baseline:
  * one job alone in its minute. Then 200 and 1,000 jobs all due in the same
  * minute (`M H * * *`, so each fires exactly once). For each: p50/p99/max, the
  * ratio to the baseline, runs counted per job (exactly one each: none missed,
@@ -77,7 +77,7 @@ function processCpuMs(pid: number): number {
   return (fields[11]! + fields[12]! + fields[13]! + fields[14]!) * 10;
 }
 
-/** CPU milliseconds of every process in one process group (`wrangler dev`: its Node proxy and workerd). */
+/** CPU milliseconds of every process in one process group (the Worker: wrangler's dev server in Node and workerd). */
 function groupCpuMs(leader: number): number {
   let total = 0;
   for (const name of readdirSync("/proc")) {
@@ -99,7 +99,7 @@ type Result = {
   d1PerRun: number;
   loggedRuns: number;
   notStarted: Map<string, number>;
-  /** CPU per run while the minute's runs went: the whole machine, the builder with its sandboxes, `wrangler dev` with workerd. */
+  /** CPU per run while the minute's runs went: the whole machine, the builder with its sandboxes, the Worker (wrangler's dev server and workerd). */
   cpuPerRun: { machine: number; builder: number; api: number };
 };
 
@@ -122,14 +122,14 @@ async function scenario(app: string, count: number, label: string): Promise<Resu
   if (Date.now() >= due) throw new Error(`creating ${count} jobs took past their minute`);
   await new Promise((r) => setTimeout(r, due - Date.now()));
   const builderPid = stack.builderPid();
-  const wranglerPid = stack.wranglerPid();
-  const before = { machine: machineCpuMs(), builder: processCpuMs(builderPid), api: groupCpuMs(wranglerPid) };
+  const workerPid = stack.workerPid();
+  const before = { machine: machineCpuMs(), builder: processCpuMs(builderPid), api: groupCpuMs(workerPid) };
   // Every run starts and ends in this window (the runs below say when each started); the polling comes after it.
   await new Promise((r) => setTimeout(r, 5_000 + count * 10));
   const cpuPerRun = {
     machine: (machineCpuMs() - before.machine) / count,
     builder: stack.builderPid() === builderPid ? (processCpuMs(builderPid) - before.builder) / count : Number.NaN,
-    api: (groupCpuMs(wranglerPid) - before.api) / count,
+    api: (groupCpuMs(workerPid) - before.api) / count,
   };
 
   const lags: number[] = [];
@@ -185,12 +185,12 @@ async function bareSandboxesMs(count: number): Promise<number> {
 
 try {
   const app = (await api<{ id: string }>("POST", "/v1/apps", { name: "cron-lag", runtime: "node" })).id;
-  console.log(`bench/cron-lag: scheduled second -> command start on the builder (wrangler dev + builder with ${BUILDER_CONCURRENCY} sandboxes at once, loopback)`);
+  console.log(`bench/cron-lag: scheduled second -> command start on the builder (the Worker + builder with ${BUILDER_CONCURRENCY} sandboxes at once, loopback)`);
   const baseline = await scenario(app, 1, "solo");
   const line = (label: string, r: Result) =>
     `  ${label.padEnd(22)} n=${String(r.lags.length).padStart(4)}  p50 ${fmt(percentile(r.lags, 50), 0).padStart(5)} ms  p99 ${fmt(percentile(r.lags, 99), 0).padStart(5)} ms  max ${fmt(r.lags.at(-1) ?? Number.NaN, 0).padStart(5)} ms  ` +
     `runs per job ${[...r.runsPerJob].map(([runs, jobs]) => `${runs}:${jobs}`).join(",")}  D1 statements per run ${fmt(r.d1PerRun, 2)} (${r.loggedRuns} runs logged)  ` +
-    `CPU per run ${fmt(r.cpuPerRun.machine)} ms (wrangler dev and workerd ${fmt(r.cpuPerRun.api)} ms, builder and sandbox ${fmt(r.cpuPerRun.builder)} ms)  load ${fmt(loadavg()[0]!, 2)}`;
+    `CPU per run ${fmt(r.cpuPerRun.machine)} ms (Worker: dev server and workerd ${fmt(r.cpuPerRun.api)} ms, builder and sandbox ${fmt(r.cpuPerRun.builder)} ms)  load ${fmt(loadavg()[0]!, 2)}`;
   console.log(line("1 job (baseline)", baseline));
   for (const count of counts) {
     const result = await scenario(app, count, `m${count}`);

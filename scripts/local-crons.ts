@@ -6,8 +6,9 @@ import { nextRuns } from "../worker/lib/cron.js";
  * `scheduled()` by itself ("Scheduled Workers are not automatically triggered
  * during local development"), but the platform needs it: the hourly retention
  * sweep and the cron watchdog every 5 minutes. So the local stack starts
- * wrangler dev with `--test-scheduled` and fires each trigger of wrangler.toml
- * at its time through the `/__scheduled?cron=<expr>` route that flag adds,
+ * the Worker with wrangler's `testScheduled` (`wrangler dev --test-scheduled`)
+ * and fires each trigger of wrangler.toml at its time through the
+ * `/__scheduled?cron=<expr>` route it adds,
  * which is how the trigger reaches `scheduled()` in production too
  * (`controller.cron` is the expression). Nothing fires between the real times,
  * so a test stack is not disturbed.

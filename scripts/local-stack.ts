@@ -8,9 +8,10 @@ import { fileURLToPath } from "node:url";
 import { superviseBuilder } from "./builder-process";
 import { cronsOf, scheduleTriggers } from "./local-crons.js";
 import { quietDisconnects } from "./wrangler-output.js";
+import type { WorkerDevOptions } from "./worker-dev.js";
 
 /**
- * Starts the whole system locally: D1 migrations, the builder, `wrangler dev`,
+ * Starts the whole system locally: D1 migrations, the builder, the Worker (wrangler's dev server, scripts/worker-dev.ts),
  * and an account with an admin key. `npm start` and the CLI / end-to-end tests
  * use this same function, so the tests exercise what a newcomer runs.
  */
@@ -36,7 +37,7 @@ export type LocalStackOptions = {
   stateDir: string;
   /**
    * File holding the local secrets (dotenv format); created with fresh values if
-   * absent. wrangler dev reads it as it is (`.dev.vars` at the root by default,
+   * absent. wrangler reads it as it is (`.dev.vars` at the root by default,
    * any other file through --env-file): secrets never go on a command line.
    */
   secretsFile: string;
@@ -78,12 +79,12 @@ export type LocalStack = {
   /** The first node running now (its pid changes when the supervisor starts it again). */
   builderPid(): number;
   nodes: LocalNode[];
-  /** Stops `wrangler dev` and starts it again (same port, same state). */
+  /** Stops the Worker and starts it again (same port, same state). */
   restartApi(): Promise<void>;
   adminKey: string;
   secrets: LocalSecrets;
-  /** The `wrangler dev` process running now, leader of its own process group (workerd runs in it). */
-  wranglerPid(): number;
+  /** The Worker's process running now (scripts/worker-dev.ts), leader of its own process group (workerd runs in it). */
+  workerPid(): number;
   stop(): Promise<void>;
 };
 
@@ -226,70 +227,58 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
   await run(join(BIN, "wrangler"), ["d1", "migrations", "apply", "DB", "--local", "--persist-to", opts.persistDir], env);
 
   const secretsFile = resolve(opts.secretsFile);
-  const envFile = secretsFile === join(ROOT, ".dev.vars") ? [] : ["--env-file", secretsFile];
-  const startWrangler = (port: number, inspectorPort: number) => {
+  // npm start's own .dev.vars is wrangler's default; any other file is named.
+  const envFile = secretsFile === join(ROOT, ".dev.vars") ? undefined : secretsFile;
+  const startWorker = (port: number) => {
     const apiUrl = `http://127.0.0.1:${port}`;
-    // Addresses only: the secrets reach wrangler through their file, never the command line (visible in ps).
-    const vars = {
-      PUBLIC_URL: opts.publicUrl ?? apiUrl,
-      S3_ENDPOINT: `${apiUrl}/storage`,
-      APPS_DOMAIN: `localhost:${port}`,
-      APPS_URL_SCHEME: "http",
-      ...opts.workerVars,
+    // Addresses only: the secrets reach the Worker through their file, never the command line (visible in ps).
+    const options: WorkerDevOptions = {
+      port,
+      persistDir: opts.persistDir,
+      ...(envFile ? { envFile } : {}),
+      vars: {
+        PUBLIC_URL: opts.publicUrl ?? apiUrl,
+        S3_ENDPOINT: `${apiUrl}/storage`,
+        APPS_DOMAIN: `localhost:${port}`,
+        APPS_URL_SCHEME: "http",
+        ...opts.workerVars,
+      },
+      logLevel: opts.workerLogs ? "log" : "warn",
     };
     return startProcess(
-      join(BIN, "wrangler"),
-      [
-        "dev",
-        "--ip",
-        "127.0.0.1",
-        "--port",
-        String(port),
-        "--inspector-port",
-        String(inspectorPort),
-        "--persist-to",
-        opts.persistDir,
-        "--show-interactive-dev-session=false",
-        "--log-level",
-        opts.workerLogs ? "log" : "warn",
-        // Adds /__scheduled, through which the cron triggers below reach scheduled() (local-crons.ts).
-        "--test-scheduled",
-        ...envFile,
-        ...Object.entries(vars).flatMap(([k, v]) => ["--var", `${k}:${v}`]),
-      ],
+      process.execPath,
+      ["--import", "tsx", join(ROOT, "scripts", "worker-dev.ts"), JSON.stringify(options)],
       env,
       opts.output === "files" ? join(opts.stateDir, "wrangler.log") : "inherit",
       quietDisconnects,
     );
   };
-  let wrangler: ChildProcess | undefined;
+  let worker: ChildProcess | undefined;
   let triggers: { stop(): void } | undefined;
   const nodes: LocalNode[] = [];
-  /** Set while this stack stops or restarts `wrangler dev` itself; any other exit is unexpected. */
+  /** Set while this stack stops or restarts the Worker itself; any other exit is unexpected. */
   let ownStop = false;
   const stop = async () => {
     ownStop = true;
     triggers?.stop();
-    await Promise.all([wrangler ? stopProcess(wrangler) : undefined, ...nodes.map((node) => node.stop())]);
+    await Promise.all([worker ? stopProcess(worker) : undefined, ...nodes.map((node) => node.stop())]);
   };
   const say = async (line: string) => {
     if (opts.output === "inherit") process.stderr.write(line);
     else await appendFile(join(opts.stateDir, "wrangler.log"), line);
   };
   // The Worker starts first: nodes join it. A stack starting beside this one (tests run two files
-  // at once) can take a chosen port first; wrangler then exits during start-up, and starts again
+  // at once) can take a chosen port first; the Worker then exits during start-up, and starts again
   // on fresh ones.
   let port = 0;
-  let inspectorPort = 0;
   for (let attempt = 1; ; attempt++) {
     port = opts.port || (await freePort());
-    inspectorPort = await freePort();
-    wrangler = startWrangler(port, inspectorPort);
+    worker = startWorker(port);
     try {
-      await waitFor(`http://127.0.0.1:${port}/healthz`, wrangler, "wrangler dev", 90_000);
+      await waitFor(`http://127.0.0.1:${port}/healthz`, worker, "the Worker", 90_000);
       break;
     } catch (err) {
-      if (wrangler.exitCode === null || attempt === 3) {
+      if (worker.exitCode === null || attempt === 3) {
         await stop();
         throw err;
       }
@@ -297,29 +286,29 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
   }
   const apiUrl = `http://127.0.0.1:${port}`;
   /**
-   * Supervised like the nodes: a `wrangler dev` that exits on its own (it ends on
-   * an internal error, seen under load when its bundler or runtime fails) is
+   * Supervised like the nodes: a Worker process that exits on its own (wrangler's
+   * dev server ends on an internal error, seen under load in the test suites) is
    * started again on the same port and state, and the stack's log says why.
    */
   const supervise = (child: ChildProcess) => {
     child.once("exit", (code, signal) => {
-      if (ownStop || child !== wrangler) return;
-      void say(`local stack: wrangler dev exited on its own (${signal ?? `code ${code}`}); starting it again on ${apiUrl}\n`);
+      if (ownStop || child !== worker) return;
+      void say(`local stack: the Worker's process exited on its own (${signal ?? `code ${code}`}); starting it again on ${apiUrl}\n`);
       setTimeout(() => {
-        if (ownStop || child !== wrangler) return;
-        wrangler = supervise(startWrangler(port, inspectorPort));
+        if (ownStop || child !== worker) return;
+        worker = supervise(startWorker(port));
       }, 500);
     });
     return child;
   };
-  if (wrangler) supervise(wrangler);
-  /** Stops `wrangler dev` and starts it again on the same port and state, as a Worker deploy or an outage would. */
+  if (worker) supervise(worker);
+  /** Stops the Worker and starts it again on the same port and state, as a Worker deploy or an outage would. */
   const restartApi = async () => {
     ownStop = true;
-    if (wrangler) await stopProcess(wrangler);
+    if (worker) await stopProcess(worker);
     ownStop = false;
-    wrangler = supervise(startWrangler(port, inspectorPort));
-    await waitFor(`${apiUrl}/healthz`, wrangler, "wrangler dev", 90_000);
+    worker = supervise(startWorker(port));
+    await waitFor(`${apiUrl}/healthz`, worker, "the Worker", 90_000);
   };
   try {
     // Supervised, as an orchestrator would: a node that dies is started again within seconds, on
@@ -368,7 +357,7 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
       },
     });
     const first = nodes[0]!;
-    return { apiUrl, builderUrl: first.url, builderPid: first.pid, nodes, wranglerPid: () => wrangler?.pid ?? 0, restartApi, adminKey, secrets, stop };
+    return { apiUrl, builderUrl: first.url, builderPid: first.pid, nodes, workerPid: () => worker?.pid ?? 0, restartApi, adminKey, secrets, stop };
   } catch (err) {
     await stop();
     throw err;

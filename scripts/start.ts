@@ -20,7 +20,7 @@ if (!Number.isInteger(nodes) || nodes < 1 || nodes > 16) {
   process.exit(1);
 }
 
-console.log(`Starting the local platform (migrations, wrangler dev, ${nodes === 1 ? "a builder node" : `${nodes} builder nodes`})…`);
+console.log(`Starting the local platform (migrations, the Worker, ${nodes === 1 ? "a builder node" : `${nodes} builder nodes`})…`);
 const stack = await startLocalStack({
   port,
   persistDir: join(ROOT, ".wrangler", "state"),

@@ -126,12 +126,11 @@ describe("the first hour against wrangler dev", () => {
     expect(log.stdout).toMatch(/ err npm error Missing: left-pad@1\.3\.0 from lock file$/m);
   }, DEPLOY_MS);
 
-  it("5. wrangler dev gets the secrets from a file, never on a command line", async () => {
+  it("5. the Worker gets the secrets from a file, never on a command line", async () => {
     const lines = await processCommandLines();
-    const own = (await readFile(`/proc/${stack.wranglerPid()}/cmdline`, "utf8")).split("\0").join(" ");
-    expect(own).toContain("wrangler");
-    expect(own).toContain("--env-file");
-    expect(own).toContain("--test-scheduled");
+    const own = (await readFile(`/proc/${stack.workerPid()}/cmdline`, "utf8")).split("\0").join(" ");
+    expect(own).toContain("scripts/worker-dev.ts");
+    expect(own).toContain('"envFile":"');
     for (const [name, value] of Object.entries(stack.secrets)) {
       expect(lines.filter((line) => line.includes(value)), name).toEqual([]);
     }

@@ -90,7 +90,7 @@ export async function startStack(): Promise<LocalStack & { stateDir: string }> {
     adminKey: apiKey.key,
     builderPid: () => shared.builderPid,
     nodes: shared.nodes.map((node) => ({ ...node, pid: () => node.pid, stop: own("stop a node"), kill: own("kill a node"), revive: own("revive a node") })),
-    wranglerPid: () => shared.wranglerPid,
+    workerPid: () => shared.workerPid,
     restartApi: own("restart its API"),
     stop: async () => {},
   };

@@ -11,7 +11,7 @@ export type SharedStack = {
   builderUrl: string;
   secrets: LocalSecrets;
   stateDir: string;
-  wranglerPid: number;
+  workerPid: number;
   builderPid: number;
   nodes: { name: string; id: string; url: string; dataDir: string; pid: number }[];
 };
@@ -85,7 +85,7 @@ export default async function setup(project: TestProject): Promise<() => Promise
     builderUrl: stack.builderUrl,
     secrets: stack.secrets,
     stateDir,
-    wranglerPid: stack.wranglerPid(),
+    workerPid: stack.workerPid(),
     builderPid: stack.builderPid(),
     nodes: stack.nodes.map(({ name, id, url, dataDir, pid }) => ({ name, id, url, dataDir, pid: pid() })),
   });
