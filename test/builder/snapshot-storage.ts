@@ -23,6 +23,10 @@ export interface FakeStorage {
   badSignatures: number;
   /** Answers HTTP 500 to the next `count` PUTs of this part. */
   failPuts(partNumber: number, count: number): void;
+  /** Answers every PUT this much later, as a distant store would. */
+  putDelayMs: number;
+  /** The most PUTs that were in progress at once. */
+  maxPutsAtOnce: number;
   /** The uploaded parts concatenated in order. */
   archive(): Buffer;
   /** Serves `body` at the returned URL (GET, with Content-Length), after `delayMs`. */
@@ -45,12 +49,15 @@ export async function startFakeStorage(secret: string): Promise<FakeStorage> {
   const failures = new Map<number, number>();
   const nonces = new NonceCache();
   let base = "";
+  let putsNow = 0;
   const storage: FakeStorage = {
     url: "",
     partUrlEndpoint: "",
     parts,
     badSignatures: 0,
     failPuts: (partNumber, count) => failures.set(partNumber, count),
+    putDelayMs: 0,
+    maxPutsAtOnce: 0,
     archive: () => Buffer.concat([...parts.keys()].sort((a, b) => a - b).map((n) => parts.get(n)!)),
     serve(name, body, delayMs = 0) {
       served.set(name, { body, delayMs });
@@ -61,7 +68,17 @@ export async function startFakeStorage(secret: string): Promise<FakeStorage> {
 
   const handle = async (request: IncomingMessage, response: ServerResponse) => {
     const url = new URL(request.url ?? "/", base);
-    const body = await read(request);
+    const put = request.method === "PUT";
+    if (put) storage.maxPutsAtOnce = Math.max(storage.maxPutsAtOnce, ++putsNow);
+    try {
+      const body = await read(request);
+      if (put) await new Promise((resolve) => setTimeout(resolve, storage.putDelayMs));
+      return await answer(request, response, url, body);
+    } finally {
+      if (put) putsNow--;
+    }
+  };
+  const answer = async (request: IncomingMessage, response: ServerResponse, url: URL, body: Buffer) => {
     if (request.method === "POST" && url.pathname === "/internal/backups/bk_1/parts") {
       const verdict = await verifyRequest({
         secret,

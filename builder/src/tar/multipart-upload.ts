@@ -11,9 +11,10 @@
  * Memory stays bounded whatever the directory holds: files stream through in
  * 512 KiB chunks, and the compressed stream is cut into parts spooled to files
  * in a directory of the job's rather than held in memory, since a part may
- * be up to 5 GiB and a failed PUT must be retried with the same bytes. At most
- * two parts exist at once: one uploading while the next is written. Size and
- * SHA-256 of the whole archive are computed as it is produced.
+ * be up to 5 GiB and a failed PUT must be retried with the same bytes. Up to
+ * {@link UPLOADS_AT_ONCE} parts upload at once while the next is written, so
+ * at most one more than that exists at a time. Size and SHA-256 of the whole
+ * archive are computed as it is produced.
  */
 import { createHash } from "node:crypto";
 import { createReadStream } from "node:fs";
@@ -44,6 +45,15 @@ const GZIP_BLOCK_BYTES = 1024 * 1024;
  * threads unless UV_THREADPOOL_SIZE says otherwise), which file reads need too.
  */
 const GZIP_CONCURRENCY = Math.max(1, Math.min(availableParallelism() + 1, (Number(process.env.UV_THREADPOOL_SIZE) || 4) - 1));
+/**
+ * Parts uploading at once. Object storage takes parts in any order; over a
+ * network each PUT waits on its round trips, and several at once keep the
+ * link busy. It also lets an archive whose start compresses fast and whose
+ * end compresses slowly (a disk's big binary files, then its text) upload the
+ * former while the latter is still being compressed, instead of one part
+ * behind the other.
+ */
+const UPLOADS_AT_ONCE = 3;
 /** Every spool write and read costs a threadpool round trip: gathered writes and large reads keep them few. */
 const SPOOL_WRITE_BYTES = 1024 * 1024;
 const PUT_READ_BYTES = 1024 * 1024;
@@ -211,10 +221,10 @@ class PartSpooler {
 }
 
 /**
- * Uploads parts one at a time, in order, while the next one is being spooled:
- * `enqueue` waits for the previous upload, so at most two spool files exist.
- * A part that still fails after its retries aborts `failed`, which stops the
- * pipeline feeding it.
+ * Uploads up to {@link UPLOADS_AT_ONCE} parts at once while the next one is
+ * being spooled: `enqueue` waits for a free upload, so at most one spool file
+ * more than that exists. A part that still fails after its retries aborts
+ * `failed`, which stops the pipeline feeding it.
  */
 class PartUploader {
   readonly #endpoint: URL;
@@ -226,7 +236,7 @@ class PartUploader {
   readonly #stop = new AbortController();
   readonly #parts: SnapshotPart[] = [];
   #uploaded = 0;
-  #inFlight: Promise<void> = Promise.resolve();
+  readonly #inFlight = new Set<Promise<void>>();
   /** Why the upload failed, once it did. */
   error: string | null = null;
 
@@ -243,13 +253,16 @@ class PartUploader {
   }
 
   async enqueue(part: SpooledPart): Promise<void> {
-    await this.#inFlight;
+    while (this.#inFlight.size >= UPLOADS_AT_ONCE) await Promise.race(this.#inFlight);
     if (this.error !== null) throw new Error(this.error);
     // Never rejects: a failure is recorded and aborts `failed`, so no rejection goes unhandled meanwhile.
-    this.#inFlight = this.#upload(part).catch((error: unknown) => {
-      this.error ??= messageOf(error);
-      this.#failure.abort();
-    });
+    const upload: Promise<void> = this.#upload(part)
+      .catch((error: unknown) => {
+        this.error ??= messageOf(error);
+        this.#failure.abort();
+      })
+      .finally(() => this.#inFlight.delete(upload));
+    this.#inFlight.add(upload);
   }
 
   /** Abandons the upload in flight, if any. */
@@ -258,15 +271,15 @@ class PartUploader {
   }
 
   /** Resolves once no upload is in flight. */
-  settled(): Promise<void> {
-    return this.#inFlight;
+  async settled(): Promise<void> {
+    await Promise.all(this.#inFlight);
   }
 
-  /** Waits for the last upload; the parts in order, or throws if one failed. */
+  /** Waits for the last uploads; the parts in order, or throws if one failed. */
   async finish(): Promise<SnapshotPart[]> {
-    await this.#inFlight;
+    await this.settled();
     if (this.error !== null) throw new Error(this.error);
-    return this.#parts;
+    return this.#parts.sort((a, b) => a.partNumber - b.partNumber);
   }
 
   async #upload(part: SpooledPart): Promise<void> {
