@@ -1,6 +1,6 @@
 import { execFile } from "node:child_process";
 import { readFileSync, readdirSync } from "node:fs";
-import { readFile } from "node:fs/promises";
+import { readdir, readFile } from "node:fs/promises";
 import { availableParallelism, loadavg } from "node:os";
 import { join } from "node:path";
 import { benchStack, fmt, percentile } from "./load";
@@ -10,7 +10,9 @@ import { benchStack, fmt, percentile } from "./load";
  * builder (the builder's timestamp of the command's first output line), in one
  * local system (the Worker under wrangler's dev server + builder, every command in its sandbox). Baseline:
  * one job alone in its minute. Then 200 and 1,000 jobs all due in the same
- * minute (`M H * * *`, so each fires exactly once). For each: p50/p99/max, the
+ * minute (`M H * * *`, so each fires exactly once), in two shapes: every job
+ * in one app of one account, and the jobs spread over the apps of ten accounts
+ * (each with its own plan limits and keys). For each: p50/p99/max, the
  * ratio to the baseline, runs counted per job (exactly one each: none missed,
  * none duplicated), and the D1 statements each scheduled run cost, counted by
  * the job's object and logged with the run (`"event":"cron.run"` in the
@@ -32,20 +34,13 @@ const CREATE_CONCURRENCY = 8;
 type Run = { jobName: string; status: string; error: string | null };
 
 const stack = await benchStack({ builderEnv: { BUILDER_MAX_CONCURRENT_JOBS: String(BUILDER_CONCURRENCY) }, workerLogs: true });
-/** Requests are rate-limited per key (100 per 10 s): the bench spreads them over keys of its own. */
-const keys: string[] = [];
-for (let i = 0; i < 16; i++) {
-  const res = await fetch(`${stack.apiUrl}/v1/api-keys`, {
-    method: "POST",
-    headers: { Authorization: `Bearer ${stack.adminKey}`, "Content-Type": "application/json" },
-    body: JSON.stringify({ name: `bench-${i}`, scopes: ["deploy"] }),
-  });
-  keys.push(((await res.json()) as { key: string }).key);
-}
-let turn = 0;
-const api = async <T>(method: string, path: string, body?: unknown): Promise<T> => {
+
+/** An account the bench drives: its keys (requests are rate-limited per key, 100 per 10 s) and its app. */
+type Tenant = { keys: string[]; turn: number; app: string };
+
+const api = async <T>(tenant: Tenant, method: string, path: string, body?: unknown): Promise<T> => {
   for (;;) {
-    const headers = { Authorization: `Bearer ${keys[turn++ % keys.length]}`, "Content-Type": "application/json" };
+    const headers = { Authorization: `Bearer ${tenant.keys[tenant.turn++ % tenant.keys.length]}`, "Content-Type": "application/json" };
     const res = await fetch(`${stack.apiUrl}${path}`, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
     if (res.status === 429) {
       await new Promise((r) => setTimeout(r, Number(res.headers.get("Retry-After") ?? 1) * 1000));
@@ -55,6 +50,33 @@ const api = async <T>(method: string, path: string, body?: unknown): Promise<T> 
     return ((await res.json()) as { data: T }).data;
   }
 };
+
+/** `keyCount` keys of the account `adminKey` belongs to, and a node app of its own. */
+async function tenant(adminKey: string, keyCount: number, appName: string): Promise<Tenant> {
+  const keys: string[] = [];
+  for (let i = 0; i < keyCount; i++) {
+    const res = await fetch(`${stack.apiUrl}/v1/api-keys`, {
+      method: "POST",
+      headers: { Authorization: `Bearer ${adminKey}`, "Content-Type": "application/json" },
+      body: JSON.stringify({ name: `bench-${i}`, scopes: ["deploy"] }),
+    });
+    keys.push(((await res.json()) as { key: string }).key);
+  }
+  const owner: Tenant = { keys, turn: 0, app: "" };
+  owner.app = (await api<{ id: string }>(owner, "POST", "/v1/apps", { name: appName, runtime: "node" })).id;
+  return owner;
+}
+
+/** A new account on the business plan (the operator's route), as a customer signing up would get. */
+async function newAccount(name: string): Promise<string> {
+  const res = await fetch(`${stack.apiUrl}/v1/accounts`, {
+    method: "POST",
+    headers: { Authorization: `Bearer ${stack.secrets.OPERATOR_TOKEN}`, "Content-Type": "application/json" },
+    body: JSON.stringify({ name, plan: "business" }),
+  });
+  if (res.status !== 201) throw new Error(`creating account ${name}: ${res.status} ${await res.text()}`);
+  return ((await res.json()) as { apiKey: { key: string } }).apiKey.key;
+}
 
 async function inParallel<T>(items: T[], limit: number, work: (item: T) => Promise<void>): Promise<void> {
   let next = 0;
@@ -101,22 +123,48 @@ type Result = {
   notStarted: Map<string, number>;
   /** CPU per run while the minute's runs went: the whole machine, the builder with its sandboxes, the Worker (wrangler's dev server and workerd). */
   cpuPerRun: { machine: number; builder: number; api: number };
+  /** Per run, from the node's own job records: scheduled second → the job reached the builder, and → the builder started it. */
+  reached: number[];
+  started: number[];
 };
 
-/** Creates `count` jobs due together at a minute boundary far enough ahead, and measures that minute's runs. */
-async function scenario(app: string, count: number, label: string): Promise<Result> {
+/** The node's record of each cron job run due at `due`: when it reached the builder and when the builder started it. */
+async function nodeRecords(ids: Set<string>, due: number): Promise<{ reached: number[]; started: number[] }> {
+  const reached: number[] = [];
+  const started: number[] = [];
+  const jobs = join(stack.nodes[0]!.dataDir, "jobs");
+  for (const name of await readdir(jobs)) {
+    const status = JSON.parse(await readFile(join(jobs, name, "status.json"), "utf8").catch(() => "{}")) as {
+      createdAt?: string;
+      startedAt?: string | null;
+      labels?: { kind?: string; cronId?: string; jobName?: string };
+    };
+    const labels = status.labels;
+    if (labels?.kind !== "cron" || !ids.has(labels.cronId ?? "") || !labels.jobName?.endsWith(`-${due / 1000}`) || !status.createdAt) continue;
+    reached.push(Date.parse(status.createdAt) - due);
+    if (status.startedAt) started.push(Date.parse(status.startedAt) - due);
+  }
+  return { reached: reached.sort((a, b) => a - b), started: started.sort((a, b) => a - b) };
+}
+
+/**
+ * Creates `count` jobs due together at a minute boundary far enough ahead, job
+ * i in the app of `tenants[i % tenants.length]`, and measures that minute's runs.
+ */
+async function scenario(tenants: Tenant[], count: number, label: string): Promise<Result> {
   // Creating a job costs a few D1 round trips and an object: leave room for that before the minute.
   const lead = 10_000 + count * 60;
   const due = Math.ceil((Date.now() + lead) / 60_000) * 60_000;
   const at = new Date(due);
   const schedule = `${at.getUTCMinutes()} ${at.getUTCHours()} * * *`;
-  const ids: string[] = [];
+  const ids: { id: string; owner: Tenant }[] = [];
   await inParallel(
     Array.from({ length: count }, (_, i) => i),
     CREATE_CONCURRENCY,
     async (i) => {
-      const cron = await api<{ id: string }>("POST", "/v1/crons", { appId: app, name: `${label}-${i}`, schedule, command: "echo started" });
-      ids.push(cron.id);
+      const owner = tenants[i % tenants.length]!;
+      const cron = await api<{ id: string }>(owner, "POST", "/v1/crons", { appId: owner.app, name: `${label}-${i}`, schedule, command: "echo started" });
+      ids.push({ id: cron.id, owner });
     },
   );
   if (Date.now() >= due) throw new Error(`creating ${count} jobs took past their minute`);
@@ -138,12 +186,13 @@ async function scenario(app: string, count: number, label: string): Promise<Resu
   const pending = new Set(ids);
   const deadline = Date.now() + 180_000;
   while (pending.size > 0 && Date.now() < deadline) {
-    await inParallel([...pending], CREATE_CONCURRENCY, async (id) => {
-      const runs = await api<Run[]>("GET", `/v1/crons/${id}/runs`);
+    await inParallel([...pending], CREATE_CONCURRENCY, async (job) => {
+      const { id, owner } = job;
+      const runs = await api<Run[]>(owner, "GET", `/v1/crons/${id}/runs`);
       const run = runs.find((r) => r.jobName.endsWith(`-${due / 1000}`));
       if (!run || run.status === "running") return;
       runsPerJob.set(runs.length, (runsPerJob.get(runs.length) ?? 0) + 1);
-      const { logs } = await api<{ logs: string }>("GET", `/v1/crons/${id}/runs/${run.jobName}/logs`);
+      const { logs } = await api<{ logs: string }>(owner, "GET", `/v1/crons/${id}/runs/${run.jobName}/logs`);
       const first = logs.split("\n").find((l) => / out started$/.test(l));
       if (first) lags.push(Date.parse(first.slice(0, 24)) - due);
       else {
@@ -152,7 +201,7 @@ async function scenario(app: string, count: number, label: string): Promise<Resu
         const why = `${run.error ?? run.status}: ${said}`;
         notStarted.set(why, (notStarted.get(why) ?? 0) + 1);
       }
-      pending.delete(id);
+      pending.delete(job);
     });
     if (pending.size > 0) await new Promise((r) => setTimeout(r, 1000));
   }
@@ -163,7 +212,8 @@ async function scenario(app: string, count: number, label: string): Promise<Resu
     .map((m) => JSON.parse(m[0]) as { jobName: string; d1Queries: number })
     .filter((e) => e.jobName.startsWith(`${label}-`) && e.jobName.endsWith(`-${due / 1000}`));
   const d1PerRun = costs.reduce((sum, e) => sum + e.d1Queries, 0) / Math.max(1, costs.length);
-  return { lags: lags.sort((a, b) => a - b), runsPerJob, d1PerRun, loggedRuns: costs.length, notStarted, cpuPerRun };
+  const records = await nodeRecords(new Set(ids.map((job) => job.id)), due);
+  return { lags: lags.sort((a, b) => a - b), runsPerJob, d1PerRun, loggedRuns: costs.length, notStarted, cpuPerRun, ...records };
 }
 
 /** The bare sandbox issue 21 holds dispatch to: no cgroup, network, user or disk; just the namespaces and `date`. */
@@ -183,18 +233,32 @@ async function bareSandboxesMs(count: number): Promise<number> {
   return performance.now() - started;
 }
 
+/** Accounts the "spread" shape spreads its jobs over, an app each. */
+const SPREAD_ACCOUNTS = 10;
+
 try {
-  const app = (await api<{ id: string }>("POST", "/v1/apps", { name: "cron-lag", runtime: "node" })).id;
+  const one = [await tenant(stack.adminKey, 16, "cron-lag")];
+  const spread = await Promise.all(
+    Array.from({ length: SPREAD_ACCOUNTS }, async (_, i) => tenant(await newAccount(`cron-lag-${i}`), 2, `cron-lag-${i}`)),
+  );
   console.log(`bench/cron-lag: scheduled second -> command start on the builder (the Worker + builder with ${BUILDER_CONCURRENCY} sandboxes at once, loopback)`);
-  const baseline = await scenario(app, 1, "solo");
+  const baseline = await scenario(one, 1, "solo");
   const line = (label: string, r: Result) =>
-    `  ${label.padEnd(22)} n=${String(r.lags.length).padStart(4)}  p50 ${fmt(percentile(r.lags, 50), 0).padStart(5)} ms  p99 ${fmt(percentile(r.lags, 99), 0).padStart(5)} ms  max ${fmt(r.lags.at(-1) ?? Number.NaN, 0).padStart(5)} ms  ` +
+    `  ${label.padEnd(26)} n=${String(r.lags.length).padStart(4)}  p50 ${fmt(percentile(r.lags, 50), 0).padStart(5)} ms  p99 ${fmt(percentile(r.lags, 99), 0).padStart(5)} ms  max ${fmt(r.lags.at(-1) ?? Number.NaN, 0).padStart(5)} ms  ` +
     `runs per job ${[...r.runsPerJob].map(([runs, jobs]) => `${runs}:${jobs}`).join(",")}  D1 statements per run ${fmt(r.d1PerRun, 2)} (${r.loggedRuns} runs logged)  ` +
     `CPU per run ${fmt(r.cpuPerRun.machine)} ms (Worker: dev server and workerd ${fmt(r.cpuPerRun.api)} ms, builder and sandbox ${fmt(r.cpuPerRun.builder)} ms)  load ${fmt(loadavg()[0]!, 2)}`;
   console.log(line("1 job (baseline)", baseline));
-  for (const count of counts) {
-    const result = await scenario(app, count, `m${count}`);
-    console.log(line(`${count} jobs same minute`, result));
+  const shapes = [
+    { name: "one app", tenants: one },
+    { name: `${SPREAD_ACCOUNTS} accounts`, tenants: spread },
+  ];
+  for (const count of counts) for (const shape of shapes) {
+    const result = await scenario(shape.tenants, count, `m${count}-${shape.tenants.length}`);
+    console.log(line(`${count} jobs, ${shape.name}`, result));
+    const split = (values: number[]) => `p50 ${fmt(percentile(values, 50), 0)} ms, p99 ${fmt(percentile(values, 99), 0)} ms`;
+    console.log(
+      `    where: scheduled second -> job reached the builder ${split(result.reached)}; -> builder started it ${split(result.started)}; -> the command's first line ${split(result.lags)} (${result.reached.length} node records)`,
+    );
     console.log(
       `    ratio to baseline: p50 ${fmt(percentile(result.lags, 50) / percentile(baseline.lags, 50), 2)}x, max ${fmt((result.lags.at(-1) ?? 0) / (baseline.lags.at(-1) ?? 1), 2)}x`,
     );

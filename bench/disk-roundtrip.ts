@@ -358,18 +358,44 @@ function cpuBetween(samples: { at: number; cpu: number }[], from: number, to: nu
 // The run
 // ---------------------------------------------------------------------------
 
-type BackupRound = {
+/** What every round of ours measures, backup or restore. */
+type Round = {
   ms: number;
   load: string;
   postMs: number;
-  /** Client's POST → the builder job exists (API, D1, R2 CreateMultipartUpload, the BackupJob object, the submission). */
+  /** Client's POST → the builder job exists (API, D1, the object, the submission; a backup's R2 CreateMultipartUpload). */
   submitMs: number;
   queuedMs: number;
   runMs: number;
-  /** Builder's finishedAt → the backup's completedAt (callback, CompleteMultipartUpload, head, D1). */
+  /** Builder's finishedAt → the API's completedAt/finishedAt (callback, D1; a backup's CompleteMultipartUpload). */
   bookkeepingMs: number;
-  /** completedAt → this poller saw `ready`. */
+  /** completedAt/finishedAt → this poller saw the end. */
   pollMs: number;
+  cpu: { builder: number; worker: number; workerd: number };
+};
+
+/** A round's common part: what this poller saw, the builder job's times, and the API's end time (`endedAt`). */
+function roundOf(
+  seen: Pick<Round, "ms" | "load" | "postMs" | "cpu"> & { postedAt: number; seenAt: number },
+  job: { createdAt: string; startedAt: string; finishedAt: string },
+  endedAt: string,
+): Round {
+  const startedAt = Date.parse(job.startedAt);
+  const finishedAt = Date.parse(job.finishedAt);
+  return {
+    ms: seen.ms,
+    load: seen.load,
+    postMs: seen.postMs,
+    submitMs: Date.parse(job.createdAt) - seen.postedAt,
+    queuedMs: startedAt - Date.parse(job.createdAt),
+    runMs: finishedAt - startedAt,
+    bookkeepingMs: Date.parse(endedAt) - finishedAt,
+    pollMs: seen.seenAt - Date.parse(endedAt),
+    cpu: seen.cpu,
+  };
+}
+
+type BackupRound = Round & {
   result: SnapshotResult;
   parts: number;
   firstPartMs: number;
@@ -382,16 +408,9 @@ type BackupRound = {
   uploadingMs: number;
   uploaderIdleMs: number;
   spoolSeenParts: number;
-  cpu: { builder: number; worker: number; workerd: number };
 };
 
-type RestoreRound = {
-  ms: number;
-  load: string;
-  postMs: number;
-  submitMs: number;
-  queuedMs: number;
-  runMs: number;
+type RestoreRound = Round & {
   /** startedAt → the job's first log line (disk quota, staging filesystem made). */
   setupMs: number;
   /** First line → last download progress line, and the bytes downloaded by then. */
@@ -408,10 +427,7 @@ type RestoreRound = {
   /** The builder process's own CPU seconds while streaming (first line → last progress line) and in the tail. */
   streamCpu: number;
   tailCpu: number;
-  bookkeepingMs: number;
-  pollMs: number;
   entries: number;
-  cpu: { builder: number; worker: number; workerd: number };
 };
 
 /** Milliseconds covered by the union of [start, end] intervals. */
@@ -541,14 +557,7 @@ try {
     const gone = (part: SpooledPart) => part.gone ?? finishedAtMs;
     const complete = spooled.length === result.parts.length;
     backups.push({
-      ms,
-      load: roundLoad,
-      postMs,
-      submitMs: Date.parse(job.createdAt) - postedAt,
-      queuedMs: startedAtMs - Date.parse(job.createdAt),
-      runMs: finishedAtMs - startedAtMs,
-      bookkeepingMs: Date.parse(view.completedAt) - finishedAtMs,
-      pollMs: seenAt - Date.parse(view.completedAt),
+      ...roundOf({ ms, load: roundLoad, postMs, postedAt, seenAt, cpu: used }, { createdAt: job.createdAt, startedAt: job.startedAt, finishedAt: job.finishedAt }, view.completedAt),
       result,
       parts: result.parts.length,
       firstPartMs: (partLines[0]?.at ?? Number.NaN) - startedAtMs,
@@ -559,7 +568,6 @@ try {
       uploadingMs: complete ? covered(spooled.map((part) => [filled(part), gone(part)])) : Number.NaN,
       uploaderIdleMs: complete ? finishedAtMs - startedAtMs - covered(spooled.map((part) => [filled(part), gone(part)])) : Number.NaN,
       spoolSeenParts: spooled.length,
-      cpu: used,
     });
     process.stderr.write(`backup round ${round + 1}: ${s(ms)} (load ${roundLoad})\n`);
     settle();
@@ -656,7 +664,6 @@ try {
     if (job.startedAt === null || job.finishedAt === null || view.finishedAt === null) throw new Error("the restore's job has no start or end time");
     const result = RestoreResult.parse(job.result);
     const startedAtMs = Date.parse(job.startedAt);
-    const finishedAtMs = Date.parse(job.finishedAt);
     const first = log.find((line) => line.text.startsWith("restore of disk"));
     const progress = log.filter((line) => line.text.startsWith("downloaded "));
     const restored = log.find((line) => line.text.startsWith("restored "));
@@ -664,12 +671,7 @@ try {
     const lastProgress = progress.at(-1) ?? first;
     const progressBytes = /^downloaded ([\d.]+) MiB/.exec(lastProgress.text);
     restores.push({
-      ms,
-      load: roundLoad,
-      postMs,
-      submitMs: Date.parse(job.createdAt) - postedAt,
-      queuedMs: startedAtMs - Date.parse(job.createdAt),
-      runMs: finishedAtMs - startedAtMs,
+      ...roundOf({ ms, load: roundLoad, postMs, postedAt, seenAt, cpu: used }, { createdAt: job.createdAt, startedAt: job.startedAt, finishedAt: job.finishedAt }, view.finishedAt),
       setupMs: first.at - startedAtMs,
       streamMs: lastProgress.at - first.at,
       streamBytes: progressBytes ? Number(progressBytes[1]) * MiB : 0,
@@ -681,10 +683,7 @@ try {
       dirtyAtSwapKiB: seen.dirtyAtUnmountKiB,
       streamCpu: cpuBetween(seen.builderCpu, first.at, lastProgress.at),
       tailCpu: cpuBetween(seen.builderCpu, lastProgress.at, restored.at),
-      bookkeepingMs: Date.parse(view.finishedAt) - finishedAtMs,
-      pollMs: seenAt - Date.parse(view.finishedAt),
       entries: result.entries,
-      cpu: used,
     });
     process.stderr.write(`restore round ${round + 1}: ${s(ms)} (load ${roundLoad})\n`);
     // The old data is deleted in the background after the swap: let that end before tar runs.

@@ -173,7 +173,8 @@ describe("POST /v1/snapshots and /v1/restores", () => {
 
   it("uploads three parts at once when the store is slow, and the archive is whole and in order", async () => {
     const store = await freshStorage();
-    store.putDelayMs = 400;
+    // Long enough that the next two parts are full while the first is still uploading, even on a loaded machine.
+    store.putDelayMs = 1500;
     const data = await createDisk("slow-store");
     // Random bytes: six parts of 5 MiB that compress to themselves.
     for (let i = 0; i < 6; i++) await writeFile(join(data, `blob-${i}`), randomBytes(5 * MiB));
