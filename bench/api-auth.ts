@@ -10,7 +10,7 @@ import { benchStack, fmt, load, type LoadResult } from "./load";
  * What authentication costs: the authenticated no-op `GET /v1/whoami` (key
  * check, SHA-256, one indexed D1 read, nothing else) and `GET /v1/api-keys`
  * (the same plus the list query) against the unauthenticated `/healthz` of the
- * same `wrangler dev` process, driven from this second process on loopback.
+ * same Worker process (the local stack's, scripts/worker-dev.ts), driven from this second process on loopback.
  * Rounds alternate so drift hits all sides alike.
  *
  * D1 statements per request are counted, not estimated: the same app factory
@@ -95,7 +95,7 @@ try {
   });
   type Summary = ReturnType<typeof summary>;
   const [health, whoami, keys, floor] = results.map(summary) as [Summary, Summary, Summary, Summary];
-  console.log(`bench/api-auth: ${ROUNDS} rounds x ${DURATION_MS / 1000} s, concurrency ${CONCURRENCY}, loopback, wrangler dev`);
+  console.log(`bench/api-auth: ${ROUNDS} rounds x ${DURATION_MS / 1000} s, concurrency ${CONCURRENCY}, loopback, the local stack's Worker`);
   console.log(`  load average per round: ${loads.join(" | ")}`);
   for (const [i, s] of [health, whoami, keys, floor].entries()) {
     console.log(`  ${cases[i]!.name.padEnd(30)} ${fmt(s.rps, 0).padStart(6)} req/s  p50 ${fmt(s.p50)} ms  p99 ${fmt(s.p99)} ms  errors ${s.errors}`);

@@ -1,6 +1,6 @@
 /**
  * Apps that run (issue 18), end to end against the stack `npm start` runs:
- * the edge (`wrangler dev`), the builder and a sandboxed Node app, all on this
+ * the edge (the local stack's Worker), the builder and a sandboxed Node app, all on this
  * machine, each number a ratio against a peer measured in the same run.
  *
  * - proxy: 16 keep-alive clients for DURATION_MS, `GET /` of the fixture app

@@ -1,7 +1,7 @@
 /**
  * Issue 10's load run: 32 clients for 60 s across three accounts, creating,
  * listing and deleting keys, apps, cron jobs and backups against the local
- * stack (`npm start`'s wrangler dev + builder). Prints the request and error
+ * stack (`npm start`'s Worker + builder). Prints the request and error
  * counts, and whether D1 ends as the clients were told (test/e2e/load.e2e.test.ts
  * asserts the same at a smaller scale).
  *

@@ -185,7 +185,7 @@ try {
   }
 
   console.log(`bench/static-serve: ${ROUNDS} rounds x ${DURATION_MS / 1000} s per case and side, concurrency ${CONCURRENCY}, loopback`);
-  console.log("  ours:   svc deploy → Worker edge (manifest + R2 blob, request log) under wrangler dev");
+  console.log("  ours:   svc deploy → Worker edge (manifest + R2 blob, request log) on the local stack's Worker");
   console.log("  theirs: wrangler dev with Workers Static Assets only, same folder, not_found_handling = single-page-application");
   const header = ["case", "ours req/s", "theirs req/s", "ratio", "ours p99", "theirs p99", "ratio", "errors"];
   const rows = cases.map((c, i) => {
