@@ -238,7 +238,7 @@ only("faults: the builder killed mid-operation and started again by its supervis
   }, 240_000);
 });
 
-only("faults: wrangler dev stopped and started while operations run", () => {
+only("faults: the Worker stopped and started while operations run", () => {
   let root: string;
   let stack: LocalStack;
   let client: Client;
@@ -269,7 +269,9 @@ only("faults: wrangler dev stopped and started while operations run", () => {
     await writeFile(join(diskDataPath(join(root, "state", "builder"), disk.id), "f.txt"), "across a restart\n");
     const backup = await client.call<Envelope<{ id: string }>>("POST", `/v1/disks/${disk.id}/backups`, { description: "across" });
 
+    const stopped = Date.now();
     await stack.restartApi();
+    console.log(`faults: the Worker answered again ${((Date.now() - stopped) / 1000).toFixed(1)} s after it was stopped`);
 
     const ended = await until("the run to end", async () => {
       const runs = await client.call<{ data: { jobName: string; status: string }[] }>("GET", `/v1/crons/${cron.data.id}/runs`);

@@ -262,8 +262,9 @@ describe("builds", () => {
     const verified = () =>
       runInDurableObject(stub, (_i, state) => state.storage.sql.exec("SELECT count(*) AS n FROM issued WHERE verified = 1").one().n);
     await runDurableObjectAlarm(stub);
-    // One invocation checked one batch (800 HEADs), and left the rest to the next alarm.
-    expect(await verified()).toBe(800);
+    // One invocation checked one batch (800 HEADs), and left the rest to the next alarm. That alarm is
+    // set for now, so workerd may already have run it before the count is read: whole batches either way.
+    expect([800, 1600]).toContain(await verified());
     for (let i = 0; i < 10 && (await runInDurableObject(stub, (_i, state) => Boolean(state.storage.kv.get("publishing")))); i++) {
       await runDurableObjectAlarm(stub);
     }

@@ -30,9 +30,14 @@ import { type JobLog, formatBytes } from "../sandbox.js";
 import { DirectoryPacker, type PackLimits } from "./pack.js";
 import { parallelGzip } from "./parallel-gzip.js";
 
-/** Tries per part (URL request plus PUT), waiting 0.5 s, then doubling, between them. */
-const PART_ATTEMPTS = 5;
+/**
+ * Tries per part (URL request plus PUT), waiting 0.5 s, then doubling up to
+ * 8 s, between them: about half a minute, so a snapshot outlasts a control
+ * plane that restarts under it (a Worker deploy, an outage of seconds).
+ */
+const PART_ATTEMPTS = 8;
 const FIRST_RETRY_MS = 500;
+const MAX_RETRY_MS = 8_000;
 /** A PUT or URL request that makes no progress for this long is abandoned (and retried). */
 const REQUEST_IDLE_MS = 60_000;
 /** Same level as `gzip` and `tar czf`. */
@@ -300,7 +305,7 @@ class PartUploader {
         }
         this.#log.note(`part ${part.partNumber} upload attempt ${attempt} failed (${messageOf(error)}); retrying in ${delay / 1000} s`);
         await sleep(delay, undefined, { signal: this.#signal });
-        delay *= 2;
+        delay = Math.min(delay * 2, MAX_RETRY_MS);
       }
     }
   }
