@@ -13,7 +13,9 @@ export default async function setup(): Promise<() => Promise<void>> {
     port: Number(process.env.SVC_TEST_BUILDER_PORT),
     secret: process.env.SVC_TEST_BUILDER_SECRET ?? "",
     dataDir,
-    env: { BUILDER_SHUTDOWN_GRACE_SECONDS: "0" },
+    // Two Worker test files run at once against this one builder: room enough that the fairness
+    // tests (crons.fair) meet their account's plan limit, never a builder another file filled.
+    env: { BUILDER_SHUTDOWN_GRACE_SECONDS: "0", BUILDER_MAX_CONCURRENT_JOBS: "32" },
     log: { file: join(dataDir, "builder.log") },
   });
   return async () => {
