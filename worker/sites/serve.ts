@@ -114,12 +114,17 @@ async function smallBlob(env: Env, blobs: string, sha256: string): Promise<Uint8
   return bytes;
 }
 
-/** A hot blob's gzip copy, made on first use and kept. */
-async function gzippedBlob(sha256: string, bytes: Uint8Array): Promise<Uint8Array> {
+/**
+ * A small blob's gzip copy: from memory without touching its bytes, else
+ * made from them and kept once they checked out. Null when R2 lacks the blob.
+ */
+async function gzippedBlob(env: Env, blobs: string, sha256: string): Promise<Uint8Array | null> {
   const cached = gzippedBlobs.get(sha256);
   if (cached) return cached;
+  const bytes = await smallBlob(env, blobs, sha256);
+  if (!bytes) return null;
   const packed = await gzip(bytes);
-  gzippedBlobs.set(sha256, packed);
+  if (hotBlobs.get(sha256) === bytes) gzippedBlobs.set(sha256, packed);
   return packed;
 }
 
@@ -189,11 +194,13 @@ async function respond(
   if (head && !encoded) return new Response(null, whole);
   // Ranges keep going to R2, which answers them; whole bodies come from memory or the edge cache when they can.
   if (!ranged && hotBlobs.admits(entry.size)) {
-    const bytes = await smallBlob(env, blobs, entry.sha256);
-    if (!bytes) return page(500, "Site file missing");
-    if (!encoded) return new Response(bytes, whole);
+    if (!encoded) {
+      const bytes = await smallBlob(env, blobs, entry.sha256);
+      return bytes ? new Response(bytes, whole) : page(500, "Site file missing");
+    }
     // HEAD included: its Content-Length is the gzip copy's.
-    const packed = await gzippedBlob(entry.sha256, bytes);
+    const packed = await gzippedBlob(env, blobs, entry.sha256);
+    if (!packed) return page(500, "Site file missing");
     return new Response(head ? null : packed, {
       status: decision.status,
       headers: { ...headers, "Content-Encoding": "gzip", "Content-Length": String(packed.byteLength) },
