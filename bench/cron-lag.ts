@@ -17,9 +17,10 @@ import { benchStack, fmt, percentile } from "./load";
  * none duplicated), and the D1 statements each scheduled run cost, counted by
  * the job's object and logged with the run (`"event":"cron.run"` in the
  * Worker's log), not estimated. CPU per run is what the whole machine spent
- * (all cores, /proc/stat) while the minute's runs went, divided by the runs,
- * and the builder's share (its process and its sandboxes): with two cores, N
- * runs cannot all start sooner than N × that / 2. After each minute, the floor
+ * (all cores, /proc/stat) from the minute until the node had ended every run,
+ * divided by the runs, and the shares of the Worker, the builder's own
+ * process, its sandboxes and PID 1: with two cores, N runs cannot all start
+ * sooner than N × that / 2. After each minute, the floor
  * issue 21 measures against: the same number of bare bubblewrap sandboxes run
  * `date`, as many at once as there are cores, and the p99 lag as a ratio of it.
  *
@@ -92,11 +93,11 @@ function machineCpuMs(): number {
   return (user + nice + system + irq + softirq) * 10;
 }
 
-/** CPU milliseconds of one process and its waited-for children (the builder and its sandboxes). */
-function processCpuMs(pid: number): number {
+/** CPU milliseconds of one process itself and of its waited-for children (the builder; its sandboxes). */
+function processCpuMs(pid: number): { own: number; children: number } {
   const stat = readFileSync(`/proc/${pid}/stat`, "latin1");
   const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ").map(Number);
-  return (fields[11]! + fields[12]! + fields[13]! + fields[14]!) * 10;
+  return { own: (fields[11]! + fields[12]!) * 10, children: (fields[13]! + fields[14]!) * 10 };
 }
 
 /** CPU milliseconds of every process in one process group (the Worker: wrangler's dev server in Node and workerd). */
@@ -121,30 +122,38 @@ type Result = {
   d1PerRun: number;
   loggedRuns: number;
   notStarted: Map<string, number>;
-  /** CPU per run while the minute's runs went: the whole machine, the builder with its sandboxes, the Worker (wrangler's dev server and workerd). */
-  cpuPerRun: { machine: number; builder: number; api: number };
+  /**
+   * CPU per run while the minute's runs went: the whole machine, the builder's
+   * own process, its sandboxes, the Worker (wrangler's dev server and workerd),
+   * and PID 1 (on this VM an init that spends CPU on every sandbox, as it does
+   * on the floor's).
+   */
+  cpuPerRun: { machine: number; builder: number; sandboxes: number; api: number; init: number };
   /** Per run, from the node's own job records: scheduled second → the job reached the builder, and → the builder started it. */
   reached: number[];
   started: number[];
 };
 
-/** The node's record of each cron job run due at `due`: when it reached the builder and when the builder started it. */
-async function nodeRecords(ids: Set<string>, due: number): Promise<{ reached: number[]; started: number[] }> {
+/** The node's record of each cron job run due at `due`: when it reached the builder, when the builder started it, and how many have ended. */
+async function nodeRecords(ids: Set<string>, due: number): Promise<{ reached: number[]; started: number[]; ended: number }> {
   const reached: number[] = [];
   const started: number[] = [];
+  let ended = 0;
   const jobs = join(stack.nodes[0]!.dataDir, "jobs");
   for (const name of await readdir(jobs)) {
     const status = JSON.parse(await readFile(join(jobs, name, "status.json"), "utf8").catch(() => "{}")) as {
       createdAt?: string;
       startedAt?: string | null;
+      finishedAt?: string | null;
       labels?: { kind?: string; cronId?: string; jobName?: string };
     };
     const labels = status.labels;
     if (labels?.kind !== "cron" || !ids.has(labels.cronId ?? "") || !labels.jobName?.endsWith(`-${due / 1000}`) || !status.createdAt) continue;
     reached.push(Date.parse(status.createdAt) - due);
     if (status.startedAt) started.push(Date.parse(status.startedAt) - due);
+    if (status.finishedAt) ended++;
   }
-  return { reached: reached.sort((a, b) => a - b), started: started.sort((a, b) => a - b) };
+  return { reached: reached.sort((a, b) => a - b), started: started.sort((a, b) => a - b), ended };
 }
 
 /**
@@ -171,13 +180,19 @@ async function scenario(tenants: Tenant[], count: number, label: string): Promis
   await new Promise((r) => setTimeout(r, due - Date.now()));
   const builderPid = stack.builderPid();
   const workerPid = stack.workerPid();
-  const before = { machine: machineCpuMs(), builder: processCpuMs(builderPid), api: groupCpuMs(workerPid) };
-  // Every run starts and ends in this window (the runs below say when each started); the polling comes after it.
-  await new Promise((r) => setTimeout(r, 5_000 + count * 10));
+  const before = { machine: machineCpuMs(), builder: processCpuMs(builderPid), api: groupCpuMs(workerPid), init: processCpuMs(1) };
+  // The window ends when the node has ended every run (read from its records every 500 ms), before the API polling below.
+  const cronIds = new Set(ids.map((job) => job.id));
+  const windowEnds = Date.now() + 180_000;
+  while ((await nodeRecords(cronIds, due)).ended < count && Date.now() < windowEnds) await new Promise((r) => setTimeout(r, 500));
+  const builderAfter = stack.builderPid() === builderPid ? processCpuMs(builderPid) : null;
+  const initAfter = processCpuMs(1);
   const cpuPerRun = {
     machine: (machineCpuMs() - before.machine) / count,
-    builder: stack.builderPid() === builderPid ? (processCpuMs(builderPid) - before.builder) / count : Number.NaN,
+    builder: builderAfter ? (builderAfter.own - before.builder.own) / count : Number.NaN,
+    sandboxes: builderAfter ? (builderAfter.children - before.builder.children) / count : Number.NaN,
     api: (groupCpuMs(workerPid) - before.api) / count,
+    init: (initAfter.own + initAfter.children - before.init.own - before.init.children) / count,
   };
 
   const lags: number[] = [];
@@ -212,7 +227,7 @@ async function scenario(tenants: Tenant[], count: number, label: string): Promis
     .map((m) => JSON.parse(m[0]) as { jobName: string; d1Queries: number })
     .filter((e) => e.jobName.startsWith(`${label}-`) && e.jobName.endsWith(`-${due / 1000}`));
   const d1PerRun = costs.reduce((sum, e) => sum + e.d1Queries, 0) / Math.max(1, costs.length);
-  const records = await nodeRecords(new Set(ids.map((job) => job.id)), due);
+  const records = await nodeRecords(cronIds, due);
   return { lags: lags.sort((a, b) => a - b), runsPerJob, d1PerRun, loggedRuns: costs.length, notStarted, cpuPerRun, ...records };
 }
 
@@ -246,7 +261,8 @@ try {
   const line = (label: string, r: Result) =>
     `  ${label.padEnd(26)} n=${String(r.lags.length).padStart(4)}  p50 ${fmt(percentile(r.lags, 50), 0).padStart(5)} ms  p99 ${fmt(percentile(r.lags, 99), 0).padStart(5)} ms  max ${fmt(r.lags.at(-1) ?? Number.NaN, 0).padStart(5)} ms  ` +
     `runs per job ${[...r.runsPerJob].map(([runs, jobs]) => `${runs}:${jobs}`).join(",")}  D1 statements per run ${fmt(r.d1PerRun, 2)} (${r.loggedRuns} runs logged)  ` +
-    `CPU per run ${fmt(r.cpuPerRun.machine)} ms (Worker: dev server and workerd ${fmt(r.cpuPerRun.api)} ms, builder and sandbox ${fmt(r.cpuPerRun.builder)} ms)  load ${fmt(loadavg()[0]!, 2)}`;
+    `CPU per run ${fmt(r.cpuPerRun.machine)} ms (Worker: dev server and workerd ${fmt(r.cpuPerRun.api)} ms, builder ${fmt(r.cpuPerRun.builder)} ms, ` +
+    `its sandboxes ${fmt(r.cpuPerRun.sandboxes)} ms, PID 1 ${fmt(r.cpuPerRun.init)} ms)  load ${fmt(loadavg()[0]!, 2)}`;
   console.log(line("1 job (baseline)", baseline));
   const shapes = [
     { name: "one app", tenants: one },
