@@ -126,7 +126,8 @@ async function deploy(client: Client, app: string, source: Buffer): Promise<stri
   return created.data.deployment.id;
 }
 
-only("faults: the builder killed mid-operation and started again by its supervisor", () => {
+// One stack for both: its builder is killed (and started again by its supervisor) in the first test, its Worker in the second.
+only("faults: the builder killed mid-operation and started again by its supervisor, then the Worker stopped and started", () => {
   let root: string;
   let stack: LocalStack;
   let client: Client;
@@ -236,22 +237,6 @@ only("faults: the builder killed mid-operation and started again by its supervis
     const after = await client.call<{ data: { jobName: string } }>("POST", `/v1/crons/${cron.data.id}/run`);
     expect(after.data.jobName).toMatch(/^manual-/);
   }, 240_000);
-});
-
-only("faults: the Worker stopped and started while operations run", () => {
-  let root: string;
-  let stack: LocalStack;
-  let client: Client;
-
-  beforeAll(async () => {
-    root = await mkdtemp(join(tmpdir(), "svc-faults-api-"));
-    stack = await stackIn(root);
-    client = await newClient(stack);
-  }, 240_000);
-  afterAll(async () => {
-    await stack?.stop();
-    await rm(root, { recursive: true, force: true });
-  });
 
   it("nothing is stuck and nothing runs twice", async () => {
     const app = `restart-${randomBytes(3).toString("hex")}`;
