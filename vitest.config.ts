@@ -1,6 +1,7 @@
 import { fileURLToPath } from "node:url";
 import { cloudflareTest, readD1Migrations } from "@cloudflare/vitest-pool-workers";
 import { defineConfig } from "vitest/config";
+import { builderBundle } from "./scripts/builder-process";
 import { freePort } from "./scripts/local-stack";
 
 const migrationsDir = fileURLToPath(new URL("./migrations", import.meta.url));
@@ -10,6 +11,8 @@ process.env.SVC_TEST_BUILDER_PORT ??= String(await freePort());
 process.env.SVC_TEST_BUILDER_SECRET ??= "test-builder-secret";
 const builderSecret = process.env.SVC_TEST_BUILDER_SECRET;
 const builderUrl = `http://127.0.0.1:${process.env.SVC_TEST_BUILDER_PORT}`;
+// Every builder the run starts (global setups, builder suites, stacks) runs this one bundle.
+process.env.SVC_BUILDER_BUNDLE ??= await builderBundle();
 
 /**
  * Three projects: the Worker suites run inside real workerd (D1, R2, Durable

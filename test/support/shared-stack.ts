@@ -2,7 +2,9 @@ import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
+import type { Plugin } from "esbuild";
 import type { TestProject } from "vitest/node";
+import { bundleForNode } from "../../scripts/bundle.js";
 import { type LocalSecrets, ROOT, startLocalStack } from "../../scripts/local-stack.js";
 
 /** What the CLI and end-to-end files get of the stack they share (serialisable: vitest hands it to each file). */
@@ -35,28 +37,16 @@ declare module "vitest" {
  * still runs cli/bin/svc.js (test/cli/usage.test.ts).
  */
 async function bundleCli(into: string): Promise<string> {
-  const { build } = await import("esbuild");
-  const ownUrl = {
+  const ownUrl: Plugin = {
     name: "own-url",
-    setup(builder: { onLoad(options: { filter: RegExp }, load: (args: { path: string }) => Promise<{ contents: string; loader: "ts" }>): void }) {
+    setup(builder) {
       builder.onLoad({ filter: /\/(cli|builder)\/src\/.*\.ts$/ }, async ({ path }) => ({
         contents: (await readFile(path, "utf8")).replaceAll("import.meta.url", JSON.stringify(pathToFileURL(path).href)),
         loader: "ts",
       }));
     },
   };
-  await build({
-    entryPoints: [join(ROOT, "cli", "src", "main.ts")],
-    bundle: true,
-    outfile: join(into, "main.mjs"),
-    platform: "node",
-    format: "esm",
-    target: "node20",
-    logLevel: "warning",
-    // Bundled CommonJS dependencies call require().
-    banner: { js: "import { createRequire as __svcRequire } from 'node:module'; const require = __svcRequire(import.meta.url);" },
-    plugins: [ownUrl],
-  });
+  await bundleForNode(join(ROOT, "cli", "src", "main.ts"), join(into, "main.mjs"), [ownUrl]);
   const entry = join(into, "svc.mjs");
   await writeFile(entry, 'const { main } = await import("./main.mjs");\nprocess.exitCode = await main(process.argv.slice(2));\n');
   return entry;
