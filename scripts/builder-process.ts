@@ -2,11 +2,10 @@ import { spawn } from "node:child_process";
 import { createWriteStream, rmSync } from "node:fs";
 import { mkdtemp } from "node:fs/promises";
 import { tmpdir } from "node:os";
-import { dirname, join, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
+import { join } from "node:path";
 import { bundleForNode } from "./bundle.js";
+import { ROOT } from "./root.js";
 
-const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..");
 /** Output kept in memory for `output()` (tests read it); older text is dropped. */
 const OUTPUT_LIMIT = 1024 * 1024;
 

@@ -3,10 +3,10 @@ import { randomBytes } from "node:crypto";
 import { existsSync, openSync } from "node:fs";
 import { appendFile, chmod, mkdir, readFile, writeFile } from "node:fs/promises";
 import { createServer } from "node:net";
-import { dirname, join, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
+import { join, resolve } from "node:path";
 import { superviseBuilder } from "./builder-process";
 import { cronsOf, scheduleTriggers } from "./local-crons.js";
+import { ROOT } from "./root.js";
 import { quietDisconnects } from "./wrangler-output.js";
 import type { WorkerDevOptions } from "./worker-dev.js";
 
@@ -16,7 +16,7 @@ import type { WorkerDevOptions } from "./worker-dev.js";
  * use this same function, so the tests exercise what a newcomer runs.
  */
 
-export const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..");
+export { ROOT };
 const BIN = join(ROOT, "node_modules", ".bin");
 
 export type LocalSecrets = {

@@ -17,8 +17,8 @@
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { z } from "zod";
+import { ROOT } from "./root.js";
 
-const ROOT = fileURLToPath(new URL("..", import.meta.url));
 
 /** What local-stack.ts passes (no secret: those stay in the env file). */
 export const WorkerDevOptions = z.object({
