@@ -22,7 +22,8 @@ import { benchStack, fmt, percentile } from "./load";
  * process, its sandboxes and PID 1: with two cores, N runs cannot all start
  * sooner than N × that / 2. After each minute, the floor
  * issue 21 measures against: the same number of bare bubblewrap sandboxes run
- * `date`, as many at once as there are cores, and the p99 lag as a ratio of it.
+ * `date`, as many at once as there are cores, the p99 lag as a ratio of it, and
+ * the machine's CPU per bare sandbox against ours per run.
  *
  *     npx tsx bench/cron-lag.ts [counts…]      (default 200 1000)
  */
@@ -234,8 +235,12 @@ async function scenario(tenants: Tenant[], count: number, label: string): Promis
 /** The bare sandbox issue 21 holds dispatch to: no cgroup, network, user or disk; just the namespaces and `date`. */
 const BARE_SANDBOX = ["--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "date"];
 
-/** Milliseconds this machine takes to run `count` bare bubblewrap sandboxes, as many at once as it has cores. */
-async function bareSandboxesMs(count: number): Promise<number> {
+/**
+ * Milliseconds this machine takes to run `count` bare bubblewrap sandboxes, as
+ * many at once as it has cores, and the machine's CPU per sandbox meanwhile.
+ */
+async function bareSandboxes(count: number): Promise<{ ms: number; cpuPerSandbox: number }> {
+  const cpuBefore = machineCpuMs();
   const started = performance.now();
   await inParallel(
     Array.from({ length: count }, (_, i) => i),
@@ -245,7 +250,7 @@ async function bareSandboxesMs(count: number): Promise<number> {
         execFile("bwrap", BARE_SANDBOX, (err) => (err ? reject(err) : resolve()));
       }),
   );
-  return performance.now() - started;
+  return { ms: performance.now() - started, cpuPerSandbox: (machineCpuMs() - cpuBefore) / count };
 }
 
 /** Accounts the "spread" shape spreads its jobs over, an app each. */
@@ -279,9 +284,10 @@ try {
       `    ratio to baseline: p50 ${fmt(percentile(result.lags, 50) / percentile(baseline.lags, 50), 2)}x, max ${fmt((result.lags.at(-1) ?? 0) / (baseline.lags.at(-1) ?? 1), 2)}x`,
     );
     // The floor, measured right after the minute's runs on the same machine: the target is p99 <= 1.0x of it.
-    const floor = await bareSandboxesMs(count);
+    const floor = await bareSandboxes(count);
     console.log(
-      `    floor: ${count} bare bwrap sandboxes, ${availableParallelism()} at once: ${fmt(floor, 0)} ms; p99 lag ${fmt(percentile(result.lags, 99) / floor, 2)}x the floor (target <= 1.00)`,
+      `    floor: ${count} bare bwrap sandboxes, ${availableParallelism()} at once: ${fmt(floor.ms, 0)} ms; p99 lag ${fmt(percentile(result.lags, 99) / floor.ms, 2)}x the floor (target <= 1.00); ` +
+        `CPU per sandbox ${fmt(floor.cpuPerSandbox)} ms of the machine, a run ${fmt(result.cpuPerRun.machine / floor.cpuPerSandbox, 2)}x that`,
     );
     for (const [reason, jobs] of result.notStarted) console.log(`    ! ${jobs} jobs: ${reason}`);
   }
