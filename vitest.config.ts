@@ -11,7 +11,8 @@ process.env.SVC_TEST_BUILDER_PORT ??= String(await freePort());
 process.env.SVC_TEST_BUILDER_SECRET ??= "test-builder-secret";
 const builderSecret = process.env.SVC_TEST_BUILDER_SECRET;
 const builderUrl = `http://127.0.0.1:${process.env.SVC_TEST_BUILDER_PORT}`;
-// Every builder the run starts (global setups, builder suites, stacks) runs this one bundle.
+// Every builder the run starts (global setups, builder suites, stacks) runs this one bundle,
+// made when the run starts: under `vitest --watch`, a change to builder/src needs a new run.
 process.env.SVC_BUILDER_BUNDLE ??= await builderBundle();
 
 /**

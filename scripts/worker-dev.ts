@@ -19,7 +19,6 @@ import { fileURLToPath } from "node:url";
 import { z } from "zod";
 import { ROOT } from "./root.js";
 
-
 /** What local-stack.ts passes (no secret: those stay in the env file). */
 export const WorkerDevOptions = z.object({
   port: z.number().int().min(1).max(65535),
