@@ -15,51 +15,67 @@ const builderUrl = `http://127.0.0.1:${process.env.SVC_TEST_BUILDER_PORT}`;
 // made when the run starts: under `vitest --watch`, a change to builder/src needs a new run.
 process.env.SVC_BUILDER_BUNDLE ??= await builderBundle();
 
+/** Worker test files that measure how long a request takes. */
+const TIMED_WORKER_FILES = ["test/worker/sites.security.test.ts", "test/worker/sites.headers.test.ts"];
+
+/** A project of Worker test files in real workerd, with the bindings the suites expect. */
+function workerProject(test: { name: string; include: string[]; exclude?: string[]; isolate: boolean; globalSetup?: string[] }) {
+  return {
+    plugins: [
+      cloudflareTest(async () => ({
+        wrangler: { configPath: "./wrangler.toml" },
+        miniflare: {
+          bindings: {
+            TEST_MIGRATIONS: await readD1Migrations(migrationsDir),
+            OPERATOR_TOKEN: "test-operator-token",
+            NODE_JOIN_TOKEN: "test-node-join-token",
+            BUILDER_SECRET: builderSecret,
+            BUILDER_URL: builderUrl,
+            // Nothing listens here: completion reaches the Worker suites by polling,
+            // the path a lost callback takes in production.
+            PUBLIC_URL: "http://127.0.0.1:9",
+            ENV_ENCRYPTION_KEY: "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=",
+            R2_ACCESS_KEY_ID: "test-access-key",
+            R2_SECRET_ACCESS_KEY: "test-secret-access-key",
+          },
+        },
+      })),
+    ],
+    test: {
+      ...test,
+      // Many of these drive the real builder (runs, builds, processes) on a shared 2-core machine.
+      testTimeout: 30_000,
+      setupFiles: ["./test/worker/apply-migrations.ts"],
+      // cron-parser is CommonJS requiring luxon; pre-bundle it the way wrangler's esbuild does.
+      deps: { optimizer: { ssr: { enabled: true, include: ["cron-parser"] } } },
+    },
+  };
+}
+
 /**
- * Three projects: the Worker suites run inside real workerd (D1, R2, Durable
+ * Three kinds of project: the Worker suites run inside real workerd (D1, R2, Durable
  * Objects through Miniflare); the builder suites run in Node against real
  * builder processes; the CLI and end-to-end suites run in Node against a
  * stack (`wrangler dev` + builder) they share.
  */
 export default defineConfig({
   test: {
-    // Two files at once even on two cores (vitest's default there is one): the
-    // end-to-end files mostly wait on their own stack, and the suite takes ~9
-    // minutes instead of ~13.5.
+    // Two files at once on two cores (vitest's default there is one). A third was
+    // measured no faster: the end-to-end files keep both cores ~85 % busy.
     maxWorkers: 2,
     projects: [
-      {
-        plugins: [
-          cloudflareTest(async () => ({
-            wrangler: { configPath: "./wrangler.toml" },
-            miniflare: {
-              bindings: {
-                TEST_MIGRATIONS: await readD1Migrations(migrationsDir),
-                OPERATOR_TOKEN: "test-operator-token",
-                NODE_JOIN_TOKEN: "test-node-join-token",
-                BUILDER_SECRET: builderSecret,
-                BUILDER_URL: builderUrl,
-                // Nothing listens here: completion reaches the Worker suites by polling,
-                // the path a lost callback takes in production.
-                PUBLIC_URL: "http://127.0.0.1:9",
-                ENV_ENCRYPTION_KEY: "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=",
-                R2_ACCESS_KEY_ID: "test-access-key",
-                R2_SECRET_ACCESS_KEY: "test-secret-access-key",
-              },
-            },
-          })),
-        ],
-        test: {
-          name: "worker",
-          include: ["test/worker/**/*.test.ts"],
-          // Many of these drive the real builder (runs, builds, processes) on a shared 2-core machine.
-          testTimeout: 30_000,
-          setupFiles: ["./test/worker/apply-migrations.ts"],
-          globalSetup: ["./test/support/worker-global-setup.ts"],
-          // cron-parser is CommonJS requiring luxon; pre-bundle it the way wrangler's esbuild does.
-          deps: { optimizer: { ssr: { enabled: true, include: ["cron-parser"] } } },
-        },
-      },
+      workerProject({
+        name: "worker",
+        include: ["test/worker/**/*.test.ts"],
+        exclude: TIMED_WORKER_FILES,
+        // One runtime per pool worker for every file, not one per file (which cost ~4 s each):
+        // the files share its D1, R2 and objects, each working in its own fresh accounts.
+        isolate: false,
+        globalSetup: ["./test/support/worker-global-setup.ts"],
+      }),
+      // These time requests against a bound; in the shared runtime the heap the files before them
+      // left could pause one past it (230-251 ms against 200), so each gets a runtime of its own.
+      workerProject({ name: "worker-timed", include: TIMED_WORKER_FILES, isolate: true }),
       {
         test: {
           name: "node",

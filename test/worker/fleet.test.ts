@@ -1,7 +1,7 @@
 import { runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
 import { env, exports } from "cloudflare:workers";
 import { eq } from "drizzle-orm";
-import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { afterAll, afterEach, beforeEach, describe, expect, it } from "vitest";
 import { type NodeCapacity, type NodeJoin, nodeKey, signRequest } from "../../builder/src/protocol";
 import { deployments, disks, nodes } from "../../worker/db/schema";
 import { deploymentStub } from "../../worker/services/deployments";
@@ -36,13 +36,16 @@ async function heartbeat(nodeId: string, key: string, body: unknown): Promise<Re
   return call("/internal/nodes/heartbeat", { method: "POST", headers, body: text });
 }
 
-// The file's D1 lives as long as the file: each test starts from an empty fleet.
-beforeEach(async () => {
+// Each test starts from an empty fleet, and the file leaves one: the Worker test files after it
+// share this D1 (vitest.config.ts), and their disks go to the lone builder only while no node joined.
+async function emptyFleet(): Promise<void> {
   await db().delete(disks);
   await db().delete(nodes);
   forgetFleet();
-});
+}
+beforeEach(emptyFleet);
 afterEach(() => forgetFleet());
+afterAll(emptyFleet);
 
 describe("joining", () => {
   it("refuses a missing or wrong join token, and the operator token or an API key in its place", async () => {
