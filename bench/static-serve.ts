@@ -5,7 +5,12 @@
  * the Worker's edge code on `Host: <app>.localhost:<port>`), and served by a
  * second `wrangler dev` running Workers Static Assets with no script at all
  * (`not_found_handling = "single-page-application"`). Both run in this one
- * process's machine, on loopback, driven by `load()` from a second process.
+ * process's machine, on loopback, driven by `wrk` where it is installed
+ * (the lightest client, so the most of the two cores is left to the servers),
+ * else from this process by `rawLoad` (keep-alive, every byte read, nothing
+ * decoded, as wrk does). CLIENT=fetch drives them with Node's fetch instead,
+ * which decodes gzip and so spends more of the cores on a 50 KB answer than
+ * on a tiny one: it moved the asset's ratio to /healthz from 0.96x to 0.83x.
  *
  * For each case (the 50 KB asset, an SPA fallback path, a 304 for the ETag that
  * server returned) the runs alternate ours/theirs for ROUNDS rounds; the table
@@ -13,21 +18,30 @@
  * Each round also measures the bare `/healthz` of our own process, the ceiling
  * for anything it serves, and our cases are shown as a fraction of it.
  *
- *     npx tsx bench/static-serve.ts        (ROUNDS=3 DURATION_MS=4000 CONCURRENCY=16)
+ *     npx tsx bench/static-serve.ts        (ROUNDS=3 DURATION_MS=4000 CONCURRENCY=16 CLIENT=wrk|raw|fetch)
  */
 import { type ChildProcess, spawn } from "node:child_process";
 import { createHash } from "node:crypto";
+import { existsSync } from "node:fs";
 import dns from "node:dns";
 import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { freePort, ROOT } from "../scripts/local-stack";
 import { svcBinary } from "../test/cli/svc";
-import { benchStack, fmt, load, type LoadResult } from "./load";
+import { benchStack, fmt, load, type LoadResult, rawLoad, wrkLoad } from "./load";
 
 const ROUNDS = Number(process.env.ROUNDS ?? 3);
 const DURATION_MS = Number(process.env.DURATION_MS ?? 4000);
 const CONCURRENCY = Number(process.env.CONCURRENCY ?? 16);
+const CLIENTS = {
+  wrk: { load: wrkLoad, says: "wrk (one thread, nothing decoded)" },
+  raw: { load: rawLoad, says: "a wrk-like client in this process (nothing decoded)" },
+  fetch: { load: (url: string, headers: Record<string, string>, opts: Parameters<typeof load>[2]) => load(url, { headers }, opts), says: "Node's fetch (decodes gzip)" },
+};
+const CLIENT = CLIENTS[(process.env.CLIENT as keyof typeof CLIENTS | undefined) ?? (existsSync("/usr/bin/wrk") ? "wrk" : "raw")];
+if (!CLIENT) throw new Error("CLIENT is wrk, raw or fetch");
+const drive = CLIENT.load;
 const ASSET_BYTES = 50 * 1024;
 
 /**
@@ -141,7 +155,7 @@ try {
   const ours = (JSON.parse(deployed.stdout) as { url: string }).url;
 
   const servers = { ours, theirs: theirs.url };
-  type Case = { name: string; path: string; status: number; init: Record<keyof typeof servers, RequestInit> };
+  type Case = { name: string; path: string; status: number; headers: Record<keyof typeof servers, Record<string, string>> };
   const assets = { ours: await probe(`${ours}${site.assetPath}`, {}, 200, "ours"), theirs: await probe(`${theirs.url}${site.assetPath}`, {}, 200, "theirs") };
   const etags = { ours: assets.ours.headers.get("ETag"), theirs: assets.theirs.headers.get("ETag") };
   /** How the asset went on the wire to Node's fetch (Accept-Encoding: gzip, deflate, br): ours sends its gzip copy, theirs the edge's encoding. */
@@ -151,40 +165,40 @@ try {
   };
   if (!etags.ours || !etags.theirs) throw new Error(`an ETag is missing: ${JSON.stringify(etags)}`);
   const cases: Case[] = [
-    { name: `50 KB asset (${site.assetPath})`, path: site.assetPath, status: 200, init: { ours: {}, theirs: {} } },
-    { name: "SPA fallback (/some/client/route)", path: "/some/client/route", status: 200, init: { ours: {}, theirs: {} } },
+    { name: `50 KB asset (${site.assetPath})`, path: site.assetPath, status: 200, headers: { ours: {}, theirs: {} } },
+    { name: "SPA fallback (/some/client/route)", path: "/some/client/route", status: 200, headers: { ours: {}, theirs: {} } },
     {
       name: "304 (If-None-Match: its ETag)",
       path: site.assetPath,
       status: 304,
-      init: { ours: { headers: { "If-None-Match": etags.ours } }, theirs: { headers: { "If-None-Match": etags.theirs } } },
+      headers: { ours: { "If-None-Match": etags.ours }, theirs: { "If-None-Match": etags.theirs } },
     },
   ];
-  for (const c of cases) for (const side of ["ours", "theirs"] as const) await probe(`${servers[side]}${c.path}`, c.init[side], c.status, side);
+  for (const c of cases) for (const side of ["ours", "theirs"] as const) await probe(`${servers[side]}${c.path}`, { headers: c.headers[side] }, c.status, side);
   const ourAsset = await (await fetch(`${ours}${site.assetPath}`)).text();
   const theirAsset = await (await fetch(`${theirs.url}${site.assetPath}`)).text();
   if (ourAsset !== theirAsset || ourAsset.length !== ASSET_BYTES) throw new Error("the two servers do not serve the same 50 KB asset");
 
   const opts = { durationMs: DURATION_MS, concurrency: CONCURRENCY };
   for (const c of cases) {
-    for (const side of ["ours", "theirs"] as const) await load(`${servers[side]}${c.path}`, c.init[side], { ...opts, durationMs: 1000, expectStatus: c.status });
+    for (const side of ["ours", "theirs"] as const) await drive(`${servers[side]}${c.path}`, c.headers[side], { ...opts, durationMs: 1000, expectStatus: c.status });
   }
-  await load(`${stack.apiUrl}/healthz`, {}, { ...opts, durationMs: 1000 });
+  await drive(`${stack.apiUrl}/healthz`, {}, { ...opts, durationMs: 1000 });
   const results = cases.map(() => ({ ours: [] as LoadResult[], theirs: [] as LoadResult[] }));
   const health: LoadResult[] = [];
   const loads: string[] = [];
   for (let round = 0; round < ROUNDS; round++) {
     loads.push(loadavg().map((value) => value.toFixed(2)).join(" "));
-    health.push(await load(`${stack.apiUrl}/healthz`, {}, opts));
+    health.push(await drive(`${stack.apiUrl}/healthz`, {}, opts));
     // Alternate which side goes first, so drift and warm caches hit both alike.
     const order = round % 2 === 0 ? (["ours", "theirs"] as const) : (["theirs", "ours"] as const);
     for (const [i, c] of cases.entries()) {
-      for (const side of order) results[i]![side].push(await load(`${servers[side]}${c.path}`, c.init[side], { ...opts, expectStatus: c.status }));
+      for (const side of order) results[i]![side].push(await drive(`${servers[side]}${c.path}`, c.headers[side], { ...opts, expectStatus: c.status }));
     }
     process.stderr.write(`round ${round + 1}/${ROUNDS} done\n`);
   }
 
-  console.log(`bench/static-serve: ${ROUNDS} rounds x ${DURATION_MS / 1000} s per case and side, concurrency ${CONCURRENCY}, loopback`);
+  console.log(`bench/static-serve: ${ROUNDS} rounds x ${DURATION_MS / 1000} s per case and side, concurrency ${CONCURRENCY}, loopback, ${CLIENT.says}`);
   console.log("  ours:   svc deploy → Worker edge (manifest + R2 blob, request log) on the local stack's Worker");
   console.log("  theirs: wrangler dev with Workers Static Assets only, same folder, not_found_handling = single-page-application");
   const header = ["case", "ours req/s", "theirs req/s", "ratio", "ours p99", "theirs p99", "ratio", "errors"];
