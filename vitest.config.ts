@@ -15,7 +15,7 @@ const builderUrl = `http://127.0.0.1:${process.env.SVC_TEST_BUILDER_PORT}`;
 // made when the run starts: under `vitest --watch`, a change to builder/src needs a new run.
 process.env.SVC_BUILDER_BUNDLE ??= await builderBundle();
 
-/** Worker test files that measure how long a request takes. */
+/** Worker test files that hold a request (sites.security) or a `_headers` match (sites.headers) to a time bound. */
 const TIMED_WORKER_FILES = ["test/worker/sites.security.test.ts", "test/worker/sites.headers.test.ts"];
 
 /** A project of Worker test files in real workerd, with the bindings the suites expect. */
@@ -73,8 +73,8 @@ export default defineConfig({
         isolate: false,
         globalSetup: ["./test/support/worker-global-setup.ts"],
       }),
-      // These time requests against a bound; in the shared runtime the heap the files before them
-      // left could pause one past it (230-251 ms against 200), so each gets a runtime of its own.
+      // In the shared runtime the heap the files before them left could pause a timed request past
+      // its bound (230-251 ms against 200), so each of these gets a runtime of its own.
       workerProject({ name: "worker-timed", include: TIMED_WORKER_FILES, isolate: true }),
       {
         test: {

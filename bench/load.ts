@@ -15,6 +15,9 @@ export function percentile(sorted: number[], p: number): number {
 
 type LoadOptions = { durationMs: number; concurrency: number; expectStatus?: number };
 
+/** What the raw clients ask for, as a browser does. */
+const BROWSER_ACCEPT_ENCODING = "gzip, deflate, br";
+
 /**
  * Closed-loop load from this process: `concurrency` workers each send the next
  * request as soon as the previous answer is read, for `durationMs`. `send`
@@ -71,7 +74,7 @@ export function load(url: string | ((n: number) => string), init: RequestInit | 
 export async function rawLoad(url: string, headers: Record<string, string>, opts: LoadOptions): Promise<LoadResult> {
   const target = new URL(url);
   const agent = new http.Agent({ keepAlive: true, maxSockets: opts.concurrency });
-  const request = { hostname: target.hostname, port: target.port, path: `${target.pathname}${target.search}`, agent, headers: { "Accept-Encoding": "gzip, deflate, br", ...headers } };
+  const request = { hostname: target.hostname, port: target.port, path: `${target.pathname}${target.search}`, agent, headers: { "Accept-Encoding": BROWSER_ACCEPT_ENCODING, ...headers } };
   const send = () =>
     new Promise<number>((resolve, reject) => {
       const req = http.request(request, (res) => {
@@ -107,14 +110,15 @@ function wrkMs(value: string): number {
  * The same load from `wrk` (C, one thread, `concurrency` keep-alive
  * connections), where it is installed (`apt-get install wrk`): the lightest
  * client there is, so the most of the two cores is left to the server.
- * Answers outside 2xx/3xx and socket errors count as errors; it does not
- * check the status further (the benches probe each case before they load it).
+ * Answers outside 2xx/3xx and socket errors count as errors; wrk cannot tell
+ * one status from another, so `expectStatus` is not checked here (the benches
+ * probe each case's status before they load it).
  */
 export async function wrkLoad(url: string, headers: Record<string, string>, opts: LoadOptions): Promise<LoadResult> {
   const target = new URL(url);
   const args = ["-t1", `-c${opts.concurrency}`, `-d${Math.max(1, Math.round(opts.durationMs / 1000))}s`, "--latency"];
   // Named hosts go to loopback by their Host header: wrk resolves names with the system's resolver.
-  for (const [name, value] of Object.entries({ Host: target.host, "Accept-Encoding": "gzip, deflate, br", ...headers })) args.push("-H", `${name}: ${value}`);
+  for (const [name, value] of Object.entries({ Host: target.host, "Accept-Encoding": BROWSER_ACCEPT_ENCODING, ...headers })) args.push("-H", `${name}: ${value}`);
   args.push(`http://127.0.0.1:${target.port}${target.pathname}${target.search}`);
   const { stdout } = await promisify(execFile)("wrk", args);
   const number = (pattern: RegExp) => Number(pattern.exec(stdout)?.[1] ?? 0);
