@@ -28,7 +28,6 @@ function workerProject(test: { name: string; include: string[]; exclude?: string
           bindings: {
             TEST_MIGRATIONS: await readD1Migrations(migrationsDir),
             OPERATOR_TOKEN: "test-operator-token",
-            NODE_JOIN_TOKEN: "test-node-join-token",
             BUILDER_SECRET: builderSecret,
             BUILDER_URL: builderUrl,
             // Nothing listens here: completion reaches the Worker suites by polling,

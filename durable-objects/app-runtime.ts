@@ -175,18 +175,6 @@ export class AppRuntime extends DurableObject<Env> {
       await this.db.update(apps).set({ liveProcessId: null, liveNode: null }).where(eq(apps.id, app.id));
       await this.retire(live, 0);
     }
-    let node: NodeRef;
-    try {
-      node = await placeProcess(this.env, { disk: disk ?? null });
-    } catch (err) {
-      const why = err instanceof Error ? err.message : String(err);
-      if (reason === "deploy") await this.failDeployment(deployment.id, `the new process could not be placed: ${why}`, []);
-      else {
-        console.error(JSON.stringify({ event: "app.unplaced", appId: app.id, why }));
-        if (!this.live) await this.retryStartSoon();
-      }
-      return;
-    }
     const sequence = (this.ctx.storage.kv.get<number>("sequence") ?? 0) + 1;
     this.ctx.storage.kv.put("sequence", sequence);
     const release = await presign(config, {
@@ -210,12 +198,34 @@ export class AppRuntime extends DurableObject<Env> {
       callbackUrl: new URL("/internal/processes/callback", config.PUBLIC_URL).href,
       labels: { appId: app.id, deploymentId: deployment.id },
     };
-    const started = await startProcess(config, node, spec).catch((err: unknown) => ({
-      ok: false as const,
-      status: 0,
-      code: "BUILDER_UNAVAILABLE",
-      message: err instanceof Error ? err.message : String(err),
-    }));
+    // A node whose host cannot hold the process (507: memory or room for its working tree) is passed
+    // over for the next one that might; an app with a disk has only its disk's node.
+    const refusedBy = new Set<string>();
+    const refusals: string[] = [];
+    let started: Awaited<ReturnType<typeof startProcess>> | { ok: false; status: 0; code: string; message: string };
+    let node: NodeRef;
+    for (;;) {
+      try {
+        node = await placeProcess(this.env, { disk: disk ?? null }, { memoryMb: app.memoryMb, exclude: refusedBy });
+      } catch (err) {
+        const why = [...refusals, err instanceof Error ? err.message : String(err)].join("; ");
+        if (reason === "deploy") await this.failDeployment(deployment.id, `the new process could not be placed: ${why}`, []);
+        else {
+          console.error(JSON.stringify({ event: "app.unplaced", appId: app.id, why }));
+          if (!this.live) await this.retryStartSoon();
+        }
+        return;
+      }
+      started = await startProcess(config, node, spec).catch((err: unknown) => ({
+        ok: false as const,
+        status: 0 as const,
+        code: "BUILDER_UNAVAILABLE",
+        message: err instanceof Error ? err.message : String(err),
+      }));
+      if (started.ok || started.status !== 507 || disk) break;
+      refusedBy.add(node.id);
+      refusals.push(`node ${node.id}: ${started.message}`);
+    }
     if (!started.ok) {
       if (reason === "deploy") await this.failDeployment(deployment.id, `the node refused the new process: ${started.message}`, []);
       // The app should run and nothing serves it: try again shortly (placement may choose another node).

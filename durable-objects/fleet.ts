@@ -1,9 +1,9 @@
 import { DurableObject } from "cloudflare:workers";
-import { and, desc, eq, inArray, isNull, ne } from "drizzle-orm";
-import type { NodeHeartbeat, NodeHeartbeatReply, NodeJoin, QuarantinedDisk } from "../builder/src/protocol";
+import { and, desc, eq, gt, inArray, isNull, ne, sql } from "drizzle-orm";
+import type { NodeCapacity, NodeHeartbeat, NodeHeartbeatReply, NodeJoin, NodeRejoin, QuarantinedDisk } from "../builder/src/protocol";
 import { openDb } from "../worker/db/client";
-import { apps, backups, disks, type NodeRow, type NodeState, nodes, restores } from "../worker/db/schema";
-import { configOf, type Env } from "../worker/env";
+import { apps, backups, disks, type NodeRow, type NodeState, nodeJoinTokens, nodes, restores } from "../worker/db/schema";
+import { type Config, configOf, type Env } from "../worker/env";
 import type { ErrorCode } from "../worker/lib/errors";
 import type { NodeRef } from "../worker/lib/builder-client";
 import { newId } from "../worker/lib/ids";
@@ -28,11 +28,55 @@ export type FleetNode = Pick<
   | "diskFreeBytes"
   | "runningJobs"
   | "processes"
+  | "memoryFreeMb"
   | "pid"
   | "joinedAt"
   | "lastHeartbeatAt"
   | "lostAt"
-> & { quarantined: QuarantinedDisk[] };
+  | "maxCores"
+  | "maxMemoryMb"
+  | "maxDiskBytes"
+> & {
+  quarantined: QuarantinedDisk[];
+  /** What the node last reported when it claimed more than its caps allow (its row holds the capped figures); null otherwise. */
+  claimed: NodeCapacity | null;
+};
+
+/** The most a node is believed to have (its row's caps, else the fleet's NODE_MAX_*). */
+export type NodeCaps = { cores: number; memoryMb: number; diskBytes: number };
+
+/** A node's caps: its own (from its join token or the operator), else the fleet's defaults. */
+export function capsOf(node: Pick<NodeRow, "maxCores" | "maxMemoryMb" | "maxDiskBytes">, config: Config): NodeCaps {
+  return {
+    cores: node.maxCores ?? config.NODE_MAX_CORES,
+    memoryMb: node.maxMemoryMb ?? config.NODE_MAX_MEMORY_MB,
+    diskBytes: node.maxDiskBytes ?? config.NODE_MAX_DISK_GB * GIB,
+  };
+}
+
+/**
+ * What placement believes of a node's report: never more than its caps, so a
+ * node claiming a petabyte free (a bug, or a node someone took over) is held
+ * to what the operator said its host has.
+ */
+export function believed(reported: NodeCapacity, caps: NodeCaps): NodeCapacity {
+  const diskTotalBytes = Math.min(reported.diskTotalBytes, caps.diskBytes);
+  return {
+    ...reported,
+    cores: Math.min(reported.cores, caps.cores),
+    memoryMb: Math.min(reported.memoryMb, caps.memoryMb),
+    memoryFreeMb: Math.min(reported.memoryFreeMb, caps.memoryMb),
+    diskTotalBytes,
+    diskFreeBytes: Math.min(reported.diskFreeBytes, diskTotalBytes),
+  };
+}
+
+const overClaims = (reported: NodeCapacity, held: NodeCapacity) =>
+  reported.cores !== held.cores ||
+  reported.memoryMb !== held.memoryMb ||
+  reported.memoryFreeMb !== held.memoryFreeMb ||
+  reported.diskTotalBytes !== held.diskTotalBytes ||
+  reported.diskFreeBytes !== held.diskFreeBytes;
 
 /** Refusals cross the RPC boundary as values (an error's class does not survive it). */
 export type FleetResult<T> = { ok: true; value: T } | { ok: false; code: ErrorCode; message: string };
@@ -79,17 +123,22 @@ const MOVE_TICK_MS = 1_000;
 export class Fleet extends DurableObject<Env> {
   /** What each node last reported having set aside (not worth a D1 column: it is reported again every heartbeat). */
   private quarantined = new Map<string, QuarantinedDisk[]>();
+  /** What each node last reported of itself when that was more than its caps (reported again every heartbeat). */
+  private claims = new Map<string, NodeCapacity>();
 
   /**
    * The fleet as D1 holds it: the rows are the truth (this object is their
-   * only writer, and its calls run one at a time), read for every call; the
-   * hot paths cache `view()` per isolate (fleet.ts), so this stays cheap.
+   * only writer), read for every call; the hot paths cache `view()` per
+   * isolate (fleet.ts), so this stays cheap.
    */
   private get nodes(): Promise<Map<string, FleetNode>> {
     return this.db
       .select()
       .from(nodes)
-      .then((rows) => new Map(rows.map((row) => [row.id, { ...row, quarantined: this.quarantined.get(row.id) ?? [] }])));
+      .then(
+        (rows) =>
+          new Map(rows.map((row) => [row.id, { ...row, quarantined: this.quarantined.get(row.id) ?? [], claimed: this.claims.get(row.id) ?? null }])),
+      );
   }
 
   private get db() {
@@ -105,54 +154,142 @@ export class Fleet extends DurableObject<Env> {
     return [...(await this.nodes).values()];
   }
 
-  /** A node joins (or joins again after a restart, with the id it was given). */
-  async join(request: NodeJoin, now = Date.now()): Promise<FleetResult<{ nodeId: string }>> {
-    const fleet = await this.nodes;
-    const sameName = [...fleet.values()].find((node) => node.name === request.name);
-    const known = request.nodeId ? fleet.get(request.nodeId) : undefined;
-    if (sameName && sameName.id !== known?.id) {
-      // A name names one node; a node whose host was rebuilt joins again under a new name, or after `remove`.
-      return refuse("NAME_TAKEN", `a node named ${request.name} is already a member (${sameName.id}); remove it first or choose another name`);
+  /**
+   * A new node joins with a join token (`tokenHash`: its SHA-256), which
+   * admits new nodes only: the node gets a new id, never an existing one (a
+   * node that joined before joins again with {@link rejoin}, signed with its
+   * own key). Each join spends one of the token's uses.
+   */
+  async join(tokenHash: string, request: NodeJoin, now = Date.now()): Promise<FleetResult<{ nodeId: string }>> {
+    const token = await this.db.select().from(nodeJoinTokens).where(eq(nodeJoinTokens.hash, tokenHash)).get();
+    if (!token || token.usesLeft <= 0 || token.expiresAt <= now) {
+      return refuse("UNAUTHORIZED", "the join token is unknown, used up or expired; mint one with `svc admin nodes token`");
     }
-    const id = known?.id ?? newId("node");
-    const node: FleetNode = {
-      id,
-      name: request.name,
-      address: request.address,
-      // A lost node that is back takes work again; cordoned and draining stay what the operator made them.
-      state: known && known.state !== "lost" ? known.state : "ready",
-      ...request.capacity,
-      pid: request.pid ?? null,
-      joinedAt: known?.joinedAt ?? now,
-      lastHeartbeatAt: now,
-      lostAt: null,
-      quarantined: known?.quarantined ?? [],
-    };
-    const { quarantined: _, ...row } = node;
-    await this.db.insert(nodes).values(row).onConflictDoUpdate({ target: nodes.id, set: row });
-    if (known?.state === "lost") await this.returned(id, now);
-    // Disks made before nodes joined were on the one builder: the first node holding one claims it.
-    const held = request.disks.map((disk) => disk.id);
-    if (held.length > 0) {
-      await this.db
-        .update(disks)
-        .set({ nodeId: id })
-        .where(and(inArray(disks.id, held.slice(0, 90)), isNull(disks.nodeId)));
+    if (request.nodeId !== undefined) {
+      return refuse(
+        "FORBIDDEN",
+        `a join token only admits new nodes; a node that joined before (${request.nodeId.slice(0, 64)}) joins again by signing with its own key (POST /internal/nodes/rejoin)`,
+      );
     }
+    const taken = await this.nameTaken(request.name, null);
+    if (taken) return taken;
+    const spent = await this.db
+      .update(nodeJoinTokens)
+      .set({ usesLeft: sql`${nodeJoinTokens.usesLeft} - 1`, lastUsedAt: now })
+      .where(and(eq(nodeJoinTokens.id, token.id), gt(nodeJoinTokens.usesLeft, 0), gt(nodeJoinTokens.expiresAt, now)))
+      .returning({ id: nodeJoinTokens.id });
+    if (spent.length === 0) return refuse("UNAUTHORIZED", "the join token is unknown, used up or expired; mint one with `svc admin nodes token`");
+    const id = newId("node");
+    const caps = { maxCores: token.maxCores, maxMemoryMb: token.maxMemoryMb, maxDiskBytes: token.maxDiskBytes };
+    try {
+      await this.db.insert(nodes).values({
+        id,
+        name: request.name,
+        address: request.address,
+        state: "ready",
+        ...this.hold(id, request.capacity, caps),
+        pid: request.pid ?? null,
+        joinedAt: now,
+        lastHeartbeatAt: now,
+        lostAt: null,
+        ...caps,
+      });
+    } catch (err) {
+      // Another node took the name meanwhile: the use goes back to the token.
+      await this.db.update(nodeJoinTokens).set({ usesLeft: sql`${nodeJoinTokens.usesLeft} + 1` }).where(eq(nodeJoinTokens.id, token.id));
+      return (await this.nameTaken(request.name, null)) ?? refuse("INTERNAL", `the node could not be recorded: ${err instanceof Error ? err.message : String(err)}`);
+    }
+    console.log(JSON.stringify({ event: "node.joined", node: id, name: request.name, address: request.address, token: token.id }));
+    await this.claimLegacyDisks(id, request.disks);
     await this.arm();
     return { ok: true, value: { nodeId: id } };
   }
 
+  /**
+   * A node that joined before joins again (after a restart, or from a new
+   * address): the caller proved it holds the node's key, so it may say where
+   * the node is now reached. A lost node that is back takes work again;
+   * cordoned and draining stay what the operator made them.
+   */
+  async rejoin(nodeId: string, request: NodeRejoin, now = Date.now()): Promise<FleetResult<{ nodeId: string }>> {
+    const known = (await this.nodes).get(nodeId);
+    if (!known) return refuse("NODE_NOT_FOUND", `node ${nodeId} is not a member of the fleet (it was removed); join as a new node with a join token`);
+    const taken = await this.nameTaken(request.name, nodeId);
+    if (taken) return taken;
+    await this.db
+      .update(nodes)
+      .set({
+        name: request.name,
+        address: request.address,
+        ...this.hold(nodeId, request.capacity, known),
+        pid: request.pid ?? null,
+        lastHeartbeatAt: now,
+        ...(known.state === "lost" ? { state: "ready" as const, lostAt: null } : {}),
+      })
+      .where(eq(nodes.id, nodeId));
+    if (known.address !== request.address) {
+      console.log(JSON.stringify({ event: "node.address_changed", node: nodeId, from: known.address, to: request.address }));
+    }
+    if (known.state === "lost") await this.returned(nodeId, now);
+    await this.claimLegacyDisks(nodeId, request.disks);
+    await this.arm();
+    return { ok: true, value: { nodeId } };
+  }
+
+  /** NAME_TAKEN when another node than `self` has the name. */
+  private async nameTaken(name: string, self: string | null): Promise<{ ok: false; code: ErrorCode; message: string } | null> {
+    const [other] = await this.db.select({ id: nodes.id }).from(nodes).where(eq(nodes.name, name)).limit(1);
+    if (!other || other.id === self) return null;
+    // A name names one node; a node whose host was rebuilt joins again under a new name, or after `remove`.
+    return refuse("NAME_TAKEN", `a node named ${name} is already a member (${other.id}); remove it first or choose another name`);
+  }
+
+  /** The capacity columns of a report, held to the node's caps; an over-claim is remembered for the operator's view. */
+  private hold(nodeId: string, reported: NodeCapacity, caps: Pick<NodeRow, "maxCores" | "maxMemoryMb" | "maxDiskBytes">): NodeCapacity {
+    const held = believed(reported, capsOf(caps, this.config));
+    if (overClaims(reported, held)) {
+      if (!this.claims.has(nodeId)) console.warn(JSON.stringify({ event: "node.over_claim", node: nodeId, reported, held }));
+      this.claims.set(nodeId, reported);
+    } else {
+      this.claims.delete(nodeId);
+    }
+    const { cores, memoryMb, diskTotalBytes, diskFreeBytes, runningJobs, processes, memoryFreeMb } = held;
+    return { cores, memoryMb, diskTotalBytes, diskFreeBytes, runningJobs, processes, memoryFreeMb };
+  }
+
+  /** Disks made before nodes joined were on the one builder: the first node holding one claims it. */
+  private async claimLegacyDisks(nodeId: string, held: NodeRejoin["disks"]): Promise<void> {
+    if (held.length === 0) return;
+    await this.db
+      .update(disks)
+      .set({ nodeId })
+      .where(and(inArray(disks.id, held.slice(0, 90).map((disk) => disk.id)), isNull(disks.nodeId)));
+  }
+
+  /** The operator changes what a node may claim (null: back to the fleet's default). */
+  async setCaps(nodeId: string, caps: Partial<Pick<NodeRow, "maxCores" | "maxMemoryMb" | "maxDiskBytes">>): Promise<FleetResult<FleetNode>> {
+    const node = (await this.nodes).get(nodeId);
+    if (!node) return refuse("NODE_NOT_FOUND", `no node ${nodeId}`);
+    const next = { maxCores: node.maxCores, maxMemoryMb: node.maxMemoryMb, maxDiskBytes: node.maxDiskBytes, ...caps };
+    // The row's figures are held to the new caps now; the next heartbeat's report is held to them too.
+    const reported = this.claims.get(nodeId) ?? node;
+    await this.db.update(nodes).set({ ...next, ...this.hold(nodeId, reported, next) }).where(eq(nodes.id, nodeId));
+    return { ok: true, value: (await this.nodes).get(nodeId)! };
+  }
+
   /** A heartbeat: capacity and load recorded, the deadline moved; the answer names copies to fence. */
   async heartbeat(nodeId: string, report: NodeHeartbeat, now = Date.now()): Promise<NodeHeartbeatReply | null> {
-    const [node] = await this.db.select({ state: nodes.state }).from(nodes).where(eq(nodes.id, nodeId));
+    const [node] = await this.db
+      .select({ state: nodes.state, maxCores: nodes.maxCores, maxMemoryMb: nodes.maxMemoryMb, maxDiskBytes: nodes.maxDiskBytes })
+      .from(nodes)
+      .where(eq(nodes.id, nodeId));
     if (!node) return null;
     const wasLost = node.state === "lost";
     this.quarantined.set(nodeId, report.quarantined);
     if (wasLost) await this.returned(nodeId, now);
     await this.db
       .update(nodes)
-      .set({ ...report.capacity, lastHeartbeatAt: now, ...(wasLost ? { state: "ready" as const, lostAt: null } : {}) })
+      .set({ ...this.hold(nodeId, report.capacity, node), lastHeartbeatAt: now, ...(wasLost ? { state: "ready" as const, lostAt: null } : {}) })
       .where(eq(nodes.id, nodeId));
     await this.arm();
     return { fence: await this.staleCopies(nodeId, report) };
@@ -233,6 +370,7 @@ export class Fleet extends DurableObject<Env> {
     }
     await this.db.delete(nodes).where(eq(nodes.id, nodeId));
     this.quarantined.delete(nodeId);
+    this.claims.delete(nodeId);
     await this.arm();
     return { ok: true, value: null };
   }

@@ -4189,7 +4189,7 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** A builder node joins the fleet (join token only) */
+        /** A new builder node joins the fleet (a join token, never an API key) */
         post: {
             parameters: {
                 query?: never;
@@ -4206,6 +4206,7 @@ export interface paths {
                             cores: number;
                             diskFreeBytes: number;
                             diskTotalBytes: number;
+                            memoryFreeMb: number;
                             memoryMb: number;
                             processes: number;
                             runningJobs: number;
@@ -4221,13 +4222,14 @@ export interface paths {
                 };
             };
             responses: {
-                /** @description Joined: the node's id and signing key */
+                /** @description Joined: the new node's id and signing key */
                 200: {
                     headers: {
                         [name: string]: unknown;
                     };
                     content: {
                         "application/json": {
+                            appsDomain: string;
                             heartbeatSeconds: number;
                             key: string;
                             nodeId: string;
@@ -4243,8 +4245,17 @@ export interface paths {
                         "application/json": components["schemas"]["Error"];
                     };
                 };
-                /** @description Missing or wrong join token */
+                /** @description Missing, unknown, used up or expired join token */
                 401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description The join names an existing node: a node joins again by signing with its own key (FORBIDDEN) */
+                403: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -4264,6 +4275,161 @@ export interface paths {
             };
         };
         delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/operator/join-tokens": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** List the join tokens not yet used up or expired (operator only; never their values) */
+        get: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path?: never;
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description Tokens */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": {
+                            data: components["schemas"]["JoinToken"][];
+                        };
+                    };
+                };
+                /** @description Missing or wrong operator token (UNAUTHORIZED) */
+                401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+            };
+        };
+        put?: never;
+        /** Mint a join token that admits new nodes (operator only; shown once) */
+        post: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path?: never;
+                cookie?: never;
+            };
+            requestBody: {
+                content: {
+                    "application/json": components["schemas"]["MintJoinToken"];
+                };
+            };
+            responses: {
+                /** @description The token (its value appears only here) */
+                201: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": {
+                            data: components["schemas"]["JoinToken"] & {
+                                token: string;
+                            };
+                        };
+                    };
+                };
+                /** @description Invalid request */
+                400: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description Missing or wrong operator token (UNAUTHORIZED) */
+                401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+            };
+        };
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/operator/join-tokens/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /** Revoke a join token (operator only); nodes it admitted stay members */
+        delete: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    id: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description Revoked */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": {
+                            data: {
+                                id: string;
+                                /** @enum {boolean} */
+                                revoked: true;
+                            };
+                        };
+                    };
+                };
+                /** @description Missing or wrong operator token (UNAUTHORIZED) */
+                401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description No such token (NOT_FOUND) */
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+            };
+        };
         options?: never;
         head?: never;
         patch?: never;
@@ -4384,7 +4550,53 @@ export interface paths {
         };
         options?: never;
         head?: never;
-        patch?: never;
+        /** Change what a node is believed to have at most (operator only) */
+        patch: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    node: string;
+                };
+                cookie?: never;
+            };
+            requestBody: {
+                content: {
+                    "application/json": components["schemas"]["NodeCaps"];
+                };
+            };
+            responses: {
+                /** @description The node */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": {
+                            data: components["schemas"]["Node"];
+                        };
+                    };
+                };
+                /** @description Missing or wrong operator token (UNAUTHORIZED) */
+                401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description No such node (NODE_NOT_FOUND) */
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+            };
+        };
         trace?: never;
     };
     "/v1/operator/nodes/{node}/cordon": {
@@ -5248,16 +5460,61 @@ export interface components {
                 message: string;
             };
         };
+        JoinToken: {
+            createdAt: string;
+            expiresAt: string;
+            id: string;
+            lastUsedAt: string | null;
+            maxCores: number | null;
+            maxDiskGb: number | null;
+            maxMemoryMb: number | null;
+            note: string | null;
+            usesLeft: number;
+        };
+        /**
+         * @example {
+         *       "uses": 1,
+         *       "ttlSeconds": 3600,
+         *       "maxDiskGb": 500,
+         *       "note": "node-4 in fra1"
+         *     }
+         */
+        MintJoinToken: {
+            maxCores?: number | null;
+            maxDiskGb?: number | null;
+            maxMemoryMb?: number | null;
+            note?: string;
+            /** @default 3600 */
+            ttlSeconds: number;
+            /** @default 1 */
+            uses: number;
+        };
         Node: {
             address: string;
             capacity: {
                 cores: number;
                 diskFreeBytes: number;
                 diskTotalBytes: number;
+                memoryFreeMb: number;
                 memoryMb: number;
                 processes: number;
                 runningJobs: number;
             };
+            caps: {
+                cores: number;
+                defaults: boolean;
+                diskBytes: number;
+                memoryMb: number;
+            };
+            claimed: {
+                cores: number;
+                diskFreeBytes: number;
+                diskTotalBytes: number;
+                memoryFreeMb: number;
+                memoryMb: number;
+                processes: number;
+                runningJobs: number;
+            } | null;
             disks: string[];
             id: string;
             joinedAt: string;
@@ -5274,6 +5531,17 @@ export interface components {
             }[];
             /** @enum {string} */
             state: "ready" | "cordoned" | "draining" | "lost";
+        };
+        /**
+         * @example {
+         *       "maxDiskGb": 500,
+         *       "maxMemoryMb": null
+         *     }
+         */
+        NodeCaps: {
+            maxCores?: number | null;
+            maxDiskGb?: number | null;
+            maxMemoryMb?: number | null;
         };
         PresignRestore: {
             sizeBytes: number;

@@ -10,7 +10,7 @@ import { ROOT } from "./root.js";
 const OUTPUT_LIMIT = 1024 * 1024;
 
 export type LaunchOptions = {
-  /** BUILDER_SECRET for a lone builder; absent for a node that joins (BUILDER_JOIN_TOKEN and BUILDER_CONTROL_URL in `env`). */
+  /** BUILDER_SECRET for a lone builder; absent for a node that joins (BUILDER_CONTROL_URL, and BUILDER_JOIN_TOKEN the first time, in `env`). */
   secret?: string;
   dataDir: string;
   /** 0 (default) picks a free port; the URL comes from the builder's own start-up line. */

@@ -20,7 +20,7 @@ export function placeholderProblems(toml: string): string[] {
     const match = /^\s*([A-Za-z0-9_]+)\s*=\s*"([^"]*)"/.exec(line);
     if (!match || !CHECKED.includes(match[1]!)) continue;
     const [, name, value] = match;
-    if (name === "BUILDER_URL") problems.push("BUILDER_URL is set: production nodes join with NODE_JOIN_TOKEN instead (docs/fleet.md)");
+    if (name === "BUILDER_URL") problems.push("BUILDER_URL is set: production nodes join with join tokens instead (svc admin nodes token; docs/fleet.md)");
     else if (PLACEHOLDER.test(value!)) problems.push(`${name} = "${value}" is a placeholder or this machine: set your own in [env.production]`);
   }
   return problems;

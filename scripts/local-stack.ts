@@ -22,7 +22,6 @@ const BIN = join(ROOT, "node_modules", ".bin");
 export type LocalSecrets = {
   OPERATOR_TOKEN: string;
   BUILDER_SECRET: string;
-  NODE_JOIN_TOKEN: string;
   ENV_ENCRYPTION_KEY: string;
   R2_ACCESS_KEY_ID: string;
   R2_SECRET_ACCESS_KEY: string;
@@ -93,7 +92,6 @@ function freshSecrets(): LocalSecrets {
   return {
     OPERATOR_TOKEN: token(),
     BUILDER_SECRET: token(),
-    NODE_JOIN_TOKEN: token(),
     ENV_ENCRYPTION_KEY: randomBytes(32).toString("base64"),
     R2_ACCESS_KEY_ID: `local${randomBytes(8).toString("hex")}`,
     R2_SECRET_ACCESS_KEY: token(),
@@ -195,6 +193,22 @@ async function stopProcess(child: ChildProcess): Promise<void> {
   const timer = setTimeout(() => kill("SIGKILL"), 5000);
   await exited;
   clearTimeout(timer);
+}
+
+/**
+ * A join token for one local node (docs/fleet.md, "Joining"), minted through
+ * the operator route as an operator would. A node that joined before (its
+ * `node.json` kept) joins again with its own key and leaves the token unused;
+ * it expires in ten minutes.
+ */
+export async function mintJoinToken(apiUrl: string, operatorToken: string, note: string): Promise<string> {
+  const res = await fetch(`${apiUrl}/v1/operator/join-tokens`, {
+    method: "POST",
+    headers: { Authorization: `Bearer ${operatorToken}`, "Content-Type": "application/json" },
+    body: JSON.stringify({ uses: 1, ttlSeconds: 600, note }),
+  });
+  if (res.status !== 201) throw new Error(`minting a join token failed: ${res.status} ${await res.text()}`);
+  return ((await res.json()) as { data: { token: string } }).data.token;
 }
 
 /** Returns the saved admin key if it still works, else creates an account through the operator route. */
@@ -315,13 +329,14 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
     // its port and data directory, and joins again as itself.
     for (let i = 1; i <= (opts.nodes ?? 1); i++) {
       const dataDir = join(opts.stateDir, i === 1 ? "builder" : `builder-${i}`);
+      const joinToken = await mintJoinToken(apiUrl, secrets.OPERATOR_TOKEN, `local-${i} (npm start)`);
       const launch = (port?: number) =>
         superviseBuilder({
           dataDir,
           ...(port === undefined ? {} : { port }),
           env: {
             ...opts.builderEnv,
-            BUILDER_JOIN_TOKEN: secrets.NODE_JOIN_TOKEN,
+            BUILDER_JOIN_TOKEN: joinToken,
             BUILDER_CONTROL_URL: opts.publicUrl ?? apiUrl,
             BUILDER_NODE_NAME: `local-${i}`,
           },

@@ -22,7 +22,7 @@ import { serveSite, siteName } from "./sites/serve";
 import { storageRoutes } from "./storage/gateway";
 import { envVarRoutes } from "./routes/env-vars";
 import { internalRoutes } from "./routes/internal";
-import { nodeRoutes, operatorNodeRoutes } from "./routes/nodes";
+import { joinTokenRoutes, nodeRoutes, operatorNodeRoutes } from "./routes/nodes";
 import { whoamiRoutes } from "./routes/whoami";
 
 /** Routes under /v1 reachable without an API key (the operator route checks its own token). */
@@ -113,6 +113,7 @@ export function createApp() {
   app.route("/v1/whoami", whoamiRoutes);
   app.route("/v1/nodes", nodeRoutes);
   app.route("/v1/operator/nodes", operatorNodeRoutes);
+  app.route("/v1/operator/join-tokens", joinTokenRoutes);
   app.route("/internal", internalRoutes);
   app.route("/storage", storageRoutes);
 
@@ -125,6 +126,11 @@ export function createApp() {
     type: "http",
     scheme: "bearer",
     description: "The deployment's OPERATOR_TOKEN secret",
+  });
+  app.openAPIRegistry.registerComponent("securitySchemes", "joinToken", {
+    type: "http",
+    scheme: "bearer",
+    description: "A join token minted by the operator (`svc admin nodes token`): admits new nodes only",
   });
   app.doc31("/v1/openapi.json", (c) => ({
     openapi: "3.1.0",

@@ -25,6 +25,12 @@ export interface Env {
   PUBLIC_URL: string;
   APPS_DOMAIN: string;
   APPS_URL_SCHEME: string;
+  /**
+   * The request header that carries the client's address as the edge itself
+   * knows it (`CF-Connecting-IP`, which Cloudflare sets); unset locally, where a
+   * client may send any value in it: apps then get no X-Forwarded-For.
+   */
+  CLIENT_IP_HEADER?: string;
   S3_ENDPOINT: string;
   S3_BUCKET: string;
   /** A lone builder holding BUILDER_SECRET itself, used while no node has joined (tests, single-host setups); unset in production. */
@@ -33,6 +39,10 @@ export interface Env {
   NODE_LOST_AFTER_SECONDS: string;
   /** How long a lost node's disks wait for it to return before they are restored from backup elsewhere. */
   DISK_FAILOVER_GRACE_SECONDS: string;
+  /** The most a node is believed to have, whatever it reports, unless its join token (or the operator) says otherwise. */
+  NODE_MAX_CORES: string;
+  NODE_MAX_MEMORY_MB: string;
+  NODE_MAX_DISK_GB: string;
   MAX_REQUEST_BODY_BYTES: string;
   MAX_BUILD_UPLOAD_BYTES: string;
   BUILD_MEMORY_MB: string;
@@ -44,8 +54,6 @@ export interface Env {
   API_RATE_LIMIT_PERIOD_SECONDS: string;
   OPERATOR_TOKEN?: string;
   BUILDER_SECRET?: string;
-  /** What a node presents to join (operator secret); joining is refused while unset. */
-  NODE_JOIN_TOKEN?: string;
   ENV_ENCRYPTION_KEY?: string;
   R2_ACCESS_KEY_ID?: string;
   R2_SECRET_ACCESS_KEY?: string;
@@ -58,6 +66,7 @@ const positiveInt = z.coerce.number().int().positive();
 const configSchema = z.object({
   APPS_DOMAIN: z.string().min(1),
   APPS_URL_SCHEME: z.enum(["http", "https"]),
+  CLIENT_IP_HEADER: z.string().regex(/^[A-Za-z0-9-]*$/).default(""),
   PUBLIC_URL: z.url(),
   S3_ENDPOINT: z.url(),
   S3_BUCKET: z.string().min(1),
@@ -65,6 +74,9 @@ const configSchema = z.object({
   NODE_HEARTBEAT_SECONDS: positiveInt,
   NODE_LOST_AFTER_SECONDS: positiveInt,
   DISK_FAILOVER_GRACE_SECONDS: z.coerce.number().int().nonnegative(),
+  NODE_MAX_CORES: positiveInt,
+  NODE_MAX_MEMORY_MB: positiveInt,
+  NODE_MAX_DISK_GB: positiveInt,
   MAX_REQUEST_BODY_BYTES: positiveInt,
   MAX_BUILD_UPLOAD_BYTES: positiveInt,
   BUILD_MEMORY_MB: positiveInt,
@@ -76,7 +88,6 @@ const configSchema = z.object({
   API_RATE_LIMIT_PERIOD_SECONDS: z.enum(["10", "60"]).transform(Number),
   OPERATOR_TOKEN: z.string().min(16).optional(),
   BUILDER_SECRET: z.string().min(16).optional(),
-  NODE_JOIN_TOKEN: z.string().min(16).optional(),
   ENV_ENCRYPTION_KEY: z.string().optional(),
   R2_ACCESS_KEY_ID: z.string().optional(),
   R2_SECRET_ACCESS_KEY: z.string().optional(),

@@ -7,7 +7,8 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { z } from "zod";
 import type { DiskLeases } from "./disk-leases.js";
-import { DiskFenced, DiskOwnedElsewhere, DiskStore, InsufficientStorage } from "./disks.js";
+import { DiskFenced, DiskOwnedElsewhere, DiskStore } from "./disks.js";
+import { InsufficientStorage } from "./host-room.js";
 import type { Admission, JobManager } from "./job-manager.js";
 import { streamLog } from "./logs.js";
 import type { ProcessAdmission, ProcessManager } from "./processes/manager.js";
@@ -70,7 +71,7 @@ function sendError(response: ServerResponse, status: number, code: BuilderErrorC
   sendJson(response, status, body);
 }
 
-const ADMISSION_STATUS = { DISK_BUSY: 409, TENANT_QUEUE_FULL: 429, UNAVAILABLE: 503 } as const;
+const ADMISSION_STATUS = { DISK_BUSY: 409, TENANT_QUEUE_FULL: 429, UNAVAILABLE: 503, INSUFFICIENT_MEMORY: 507, INSUFFICIENT_STORAGE: 507 } as const;
 
 /** Answers a job submission: 201 with the new job's status (200 when its key named one already), or the refusal's error. */
 function sendAdmission(response: ServerResponse, admission: Admission): void {

@@ -4,12 +4,13 @@
  */
 import { resolve } from "node:path";
 import { z } from "zod";
+import { DEFAULT_TENANT_REGISTRY } from "./tenants.js";
 
 /** Validated settings the server runs with. */
 export interface BuilderConfig {
   /** HMAC key shared with the Worker (a builder that does not join); null when the node joins and gets its own. */
   secret: string | null;
-  /** How the node joins a control plane (BUILDER_JOIN_TOKEN + BUILDER_CONTROL_URL); null for a builder holding BUILDER_SECRET. */
+  /** How the node joins a control plane (BUILDER_CONTROL_URL, and BUILDER_JOIN_TOKEN the first time); null for a builder holding BUILDER_SECRET. */
   join: JoinConfig | null;
   host: string;
   /** 0 picks a free port. */
@@ -25,14 +26,20 @@ export interface BuilderConfig {
   tenantConcurrency: number;
   /** First uid (and gid) given to tenants, when the builder is root; null when it is not (jobs keep its user). */
   tenantUidBase: number | null;
+  /** The host-wide registry of tenants' uids, shared by every node on the host (tenants.ts). */
+  tenantRegistry: string;
   /** Room a build gets for project, dependencies and output. */
   buildScratchBytes: number;
   /** On SIGTERM, how long running jobs may go on before they are ended. */
   shutdownGraceMs: number;
   /** Package mirror builds install through; null keeps the package managers' default registry. */
   npmRegistry: string | null;
-  /** Bytes of the data dir's filesystem never promised to disks; null: 10 % of its size. */
+  /** Bytes of the data dir's filesystem never promised to disks and working trees; null: 10 % of its size. */
   hostReserveBytes: number | null;
+  /** Bytes of the host's memory never promised to app processes; null: 10 % of it, at least 1 GiB. */
+  hostMemoryReserveBytes: number | null;
+  /** Where every node on this host records the memory it promised (host-room.ts); null: /run/svc-builder/memory. */
+  memoryLedgerDir: string | null;
   /**
    * Python package index (PEP 503 "simple" URL) pip installs python apps'
    * requirements from; its host becomes reachable from builds. Null: none.
@@ -42,9 +49,14 @@ export interface BuilderConfig {
   pipFindLinks: string | null;
 }
 
-/** Joining a fleet (DESIGN §10): the token the operator gave, the Worker's URL, and how the Worker reaches this node. */
+/**
+ * Joining a fleet (DESIGN §10): the Worker's URL, how the Worker reaches this
+ * node, and the join token the operator minted. The token is needed once: a
+ * node that joined keeps its id and key in its data directory and joins again
+ * by signing with that key.
+ */
 export interface JoinConfig {
-  token: string;
+  token: string | null;
   controlUrl: string;
   /** Where the Worker reaches this node; null: http://<BUILDER_HOST>:<the port it listens on>. */
   advertiseUrl: string | null;
@@ -69,10 +81,13 @@ const EnvSchema = z.object({
   BUILDER_MAX_CONCURRENT_JOBS: z.coerce.number().int().min(1).max(1024).default(8),
   BUILDER_TENANT_MAX_CONCURRENT_JOBS: z.coerce.number().int().min(1).max(1024).optional(),
   BUILDER_TENANT_UID_BASE: z.coerce.number().int().min(1000).max(4_000_000_000).default(2_000_000),
+  BUILDER_TENANT_REGISTRY: z.string().min(1).default(DEFAULT_TENANT_REGISTRY),
   BUILDER_BUILD_SCRATCH_MB: z.coerce.number().int().min(64).max(1_048_576).default(4096),
   BUILDER_SHUTDOWN_GRACE_SECONDS: z.coerce.number().int().min(0).max(3600).default(20),
   NPM_CONFIG_REGISTRY: httpUrl.optional(),
   BUILDER_HOST_RESERVE_MB: z.coerce.number().int().min(0).max(1_073_741_824).optional(),
+  BUILDER_HOST_MEMORY_RESERVE_MB: z.coerce.number().int().min(0).max(1_073_741_824).optional(),
+  BUILDER_MEMORY_LEDGER_DIR: z.string().min(1).optional(),
   BUILDER_PIP_INDEX_URL: httpUrl.optional(),
   BUILDER_PIP_FIND_LINKS: z.string().min(1).optional(),
 });
@@ -87,14 +102,14 @@ export function loadConfig(
     return { ok: false, problems: parsed.error.issues.map((issue) => `${issue.path.join(".")}: ${issue.message}`) };
   }
   const values = parsed.data;
-  const joins = values.BUILDER_JOIN_TOKEN !== undefined || values.BUILDER_CONTROL_URL !== undefined;
-  if (joins && (values.BUILDER_JOIN_TOKEN === undefined || values.BUILDER_CONTROL_URL === undefined)) {
-    return { ok: false, problems: ["BUILDER_JOIN_TOKEN and BUILDER_CONTROL_URL: a node that joins needs both"] };
+  const joins = values.BUILDER_CONTROL_URL !== undefined;
+  if (values.BUILDER_JOIN_TOKEN !== undefined && !joins) {
+    return { ok: false, problems: ["BUILDER_CONTROL_URL: a node that joins with BUILDER_JOIN_TOKEN needs the control plane's URL"] };
   }
   if (joins === (values.BUILDER_SECRET !== undefined)) {
     return {
       ok: false,
-      problems: ["BUILDER_SECRET or BUILDER_JOIN_TOKEN: set exactly one (join a control plane with a token, or share its secret as a lone builder)"],
+      problems: ["BUILDER_SECRET or BUILDER_CONTROL_URL: set exactly one (join a control plane, or share its secret as a lone builder)"],
     };
   }
   return {
@@ -102,9 +117,9 @@ export function loadConfig(
     config: {
       secret: values.BUILDER_SECRET ?? null,
       join:
-        values.BUILDER_JOIN_TOKEN !== undefined && values.BUILDER_CONTROL_URL !== undefined
+        values.BUILDER_CONTROL_URL !== undefined
           ? {
-              token: values.BUILDER_JOIN_TOKEN,
+              token: values.BUILDER_JOIN_TOKEN ?? null,
               controlUrl: values.BUILDER_CONTROL_URL,
               advertiseUrl: values.BUILDER_ADVERTISE_URL ?? null,
               name: values.BUILDER_NODE_NAME ?? null,
@@ -117,10 +132,13 @@ export function loadConfig(
       // Half the slots by default: one account alone never fills the builder.
       tenantConcurrency: values.BUILDER_TENANT_MAX_CONCURRENT_JOBS ?? Math.ceil(values.BUILDER_MAX_CONCURRENT_JOBS / 2),
       tenantUidBase: process.getuid?.() === 0 ? values.BUILDER_TENANT_UID_BASE : null,
+      tenantRegistry: resolve(cwd, values.BUILDER_TENANT_REGISTRY),
       buildScratchBytes: values.BUILDER_BUILD_SCRATCH_MB * 1024 * 1024,
       shutdownGraceMs: values.BUILDER_SHUTDOWN_GRACE_SECONDS * 1000,
       npmRegistry: values.NPM_CONFIG_REGISTRY ?? null,
       hostReserveBytes: values.BUILDER_HOST_RESERVE_MB === undefined ? null : values.BUILDER_HOST_RESERVE_MB * 1024 * 1024,
+      hostMemoryReserveBytes: values.BUILDER_HOST_MEMORY_RESERVE_MB === undefined ? null : values.BUILDER_HOST_MEMORY_RESERVE_MB * 1024 * 1024,
+      memoryLedgerDir: values.BUILDER_MEMORY_LEDGER_DIR === undefined ? null : resolve(cwd, values.BUILDER_MEMORY_LEDGER_DIR),
       pipIndexUrl: values.BUILDER_PIP_INDEX_URL ?? null,
       pipFindLinks: values.BUILDER_PIP_FIND_LINKS === undefined ? null : resolve(cwd, values.BUILDER_PIP_FIND_LINKS),
     },

@@ -17,7 +17,7 @@
  * Disk images are sparse, so the host's free space cannot protect itself:
  * creating or growing a disk (and a restore's staging copy) is refused while
  * the quotas already promised would no longer fit the data dir's free space
- * less a reserve ({@link InsufficientStorage}).
+ * less a reserve (host-room.ts, InsufficientStorage).
  *
  * A restore fills a fresh staging filesystem (or directory) named after its
  * job and swaps it in under the disk's lock; renames of `previous-<job>` and
@@ -26,12 +26,13 @@
  */
 import { execFile } from "node:child_process";
 import { type Dir, lstatSync } from "node:fs";
-import { chown, lstat, mkdir, opendir, readFile, readdir, rename, rm, stat, statfs, writeFile } from "node:fs/promises";
+import { chown, lstat, mkdir, opendir, readFile, readdir, rename, rm, stat, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { promisify } from "node:util";
 import { FsImages, IMAGE_DATA_DIR, RESERVE_FILE, imageLayout, isMountPoint } from "./fs-image.js";
 import { DISK_ID_PATTERN, type DiskInfo, diskInodeLimit, type HeldDisk, type QuarantinedDisk } from "./protocol.js";
 import { type JobUser, formatBytes } from "./sandbox.js";
+import type { HostRoom } from "./host-room.js";
 import type { TenantUsers } from "./tenants.js";
 
 const run = promisify(execFile);
@@ -54,9 +55,6 @@ async function exists(path: string): Promise<boolean> {
 
 /** Answer of {@link DiskStore.put} when a disk of another tenant has this id. */
 export class DiskOwnedElsewhere extends Error {}
-
-/** The host cannot hold the disk, the larger quota or the restore's staging copy asked for (HTTP 507). */
-export class InsufficientStorage extends Error {}
 
 /** The request names another generation of the disk than this copy (HTTP 409 DISK_FENCED). */
 export class DiskFenced extends Error {}
@@ -140,17 +138,10 @@ function fenceMessage(id: string, held: number, asked: number): string {
     : `disk ${id}: the request names generation ${asked}, older than this node's copy (${held}); refused`;
 }
 
-/** Share of the data dir's filesystem kept free of disks when no reserve is configured. */
-const DEFAULT_HOST_RESERVE_SHARE = 0.1;
-
 /** Options of {@link DiskStore.open}. */
 export interface DiskStoreOptions {
-  /**
-   * Bytes of the data dir's filesystem never promised to disks (logs, job
-   * work dirs, build scratch and snapshot spool live there too); null keeps
-   * 10 % of the filesystem's size.
-   */
-  hostReserveBytes?: number | null;
+  /** The host's room: disks are made only where it holds them beside every other promise (host-room.ts). */
+  room: HostRoom;
 }
 
 /** Where disks live, and the per-disk lock that keeps create, resize, restore and delete in order. */
@@ -159,23 +150,22 @@ export class DiskStore {
   readonly #tenants: TenantUsers;
   /** Whether disks are loop-mounted filesystems (hard quotas) rather than directories. */
   readonly images: boolean;
-  readonly #hostReserveBytes: number | null;
+  readonly #room: HostRoom;
   readonly #locks = new Map<string, Promise<unknown>>();
-  /** Serialises the host-room check with the creation it admits, across disks. */
-  #placing: Promise<unknown> = Promise.resolve();
 
   private constructor(root: string, tenants: TenantUsers, images: boolean, options: DiskStoreOptions) {
     this.#root = root;
     this.#tenants = tenants;
     this.images = images;
-    this.#hostReserveBytes = options.hostReserveBytes ?? null;
+    this.#room = options.room;
+    options.room.addDiskPromises(() => this.#promisedBytes());
   }
 
   /**
    * Creates the disks directory, settles what a crash interrupted (restores,
    * mounts) and mounts every disk, before any job can see one.
    */
-  static async open(root: string, tenants: TenantUsers, images: boolean, options: DiskStoreOptions = {}): Promise<DiskStore> {
+  static async open(root: string, tenants: TenantUsers, images: boolean, options: DiskStoreOptions): Promise<DiskStore> {
     await mkdir(root, { recursive: true, mode: 0o711 });
     const store = new DiskStore(root, tenants, images, options);
     await store.#settle();
@@ -236,12 +226,12 @@ export class DiskStore {
       const dir = this.#diskDir(id);
       const owner = await this.#tenants.userOf(tenant);
       if (!existing) {
-        await this.#withHostRoom(this.#hostBytes(sizeBytes), `a disk of ${formatBytes(sizeBytes)}`, async () => {
+        await this.#room.withDiskRoom(this.#hostBytes(sizeBytes), `a disk of ${formatBytes(sizeBytes)}`, async () => {
           await mkdir(dir, { recursive: true, mode: 0o711 });
           await this.#createData(id, sizeBytes, owner);
         });
       } else if (sizeBytes > existing.sizeBytes) {
-        await this.#withHostRoom(sizeBytes - existing.sizeBytes, `growing the disk to ${formatBytes(sizeBytes)}`, async () => {
+        await this.#room.withDiskRoom(sizeBytes - existing.sizeBytes, `growing the disk to ${formatBytes(sizeBytes)}`, async () => {
           if (this.images) await FsImages.resize(join(dir, "disk.img"), join(dir, "mnt"), existing.sizeBytes, sizeBytes);
         });
       } else if (this.images && existing.sizeBytes !== sizeBytes) {
@@ -366,7 +356,7 @@ export class DiskStore {
       const meta = await this.#readMeta(id);
       if (!meta) return null;
       const staging = join(this.#diskDir(id), `staging-${jobId}`);
-      return this.#withHostRoom(this.#hostBytes(meta.sizeBytes), `the restore's staging copy of the disk (${formatBytes(meta.sizeBytes)})`, async () => {
+      return this.#room.withDiskRoom(this.#hostBytes(meta.sizeBytes), `the restore's staging copy of the disk (${formatBytes(meta.sizeBytes)})`, async () => {
         if (!this.images) {
           await mkdir(staging, { mode: 0o700 });
           return staging;
@@ -380,32 +370,6 @@ export class DiskStore {
   /** Host bytes a disk of `sizeBytes` may come to take: its whole image, or its quota. */
   #hostBytes(sizeBytes: number): number {
     return this.images ? imageLayout(sizeBytes).imageBytes : sizeBytes;
-  }
-
-  /**
-   * Runs `create` (which makes something that may take `extraBytes` of the
-   * host) only if the host can hold it on top of what every disk may still
-   * take; otherwise throws {@link InsufficientStorage} saying so. One check at
-   * a time, each with its creation, so two requests cannot share the same room.
-   */
-  async #withHostRoom<T>(extraBytes: number, what: string, create: () => Promise<T>): Promise<T> {
-    const work = async () => {
-      const fs = await statfs(this.#root);
-      const freeBytes = fs.bavail * fs.bsize;
-      const reserveBytes = this.#hostReserveBytes ?? Math.round(fs.blocks * fs.bsize * DEFAULT_HOST_RESERVE_SHARE);
-      const promisedBytes = await this.#promisedBytes();
-      if (promisedBytes + extraBytes > freeBytes - reserveBytes) {
-        throw new InsufficientStorage(
-          `the builder's host cannot hold ${what}: ${formatBytes(freeBytes)} free, of which ${formatBytes(reserveBytes)} is kept in reserve ` +
-            `and ${formatBytes(promisedBytes)} is promised to existing disks (quota they do not use yet); ` +
-            `${formatBytes(extraBytes)} more does not fit`,
-        );
-      }
-      return create();
-    };
-    const result = this.#placing.then(work, work);
-    this.#placing = result.catch(() => undefined);
-    return result;
   }
 
   /**
@@ -563,12 +527,26 @@ export class DiskStore {
         if (name.startsWith("staging-") || name.startsWith("trash-")) leftovers.push(join(dir, name));
       }
       if (this.images) await this.#mountOrConvert(id, dir);
+      await this.#reown(id);
     }
     for (const path of leftovers) {
       void rm(path, { recursive: true, force: true }).catch((error: unknown) =>
         console.error(`builder: could not delete ${path}: ${String(error)}`),
       );
     }
+  }
+
+  /**
+   * A disk whose tenant has another uid on this host than the data directory
+   * once gave it (tenants.ts) gets its files re-owned: theirs stay theirs.
+   */
+  async #reown(id: string): Promise<void> {
+    const meta = await this.#readMeta(id);
+    const old = meta?.tenant ? this.#tenants.moved.get(meta.tenant) : undefined;
+    if (!meta?.tenant || old === undefined) return;
+    const owner = await this.#tenants.userOf(meta.tenant);
+    await run("chown", ["-R", "--no-dereference", `--from=${old}`, `${owner.uid}:${owner.gid}`, this.dataPath(id)], { timeout: 3_600_000 });
+    console.error(`builder: disk ${id}'s files re-owned from uid ${old} to ${owner.uid} (one uid per account per host)`);
   }
 
   /** Mounts the disk's image; a disk kept as a plain directory by an unprivileged builder becomes an image first. */

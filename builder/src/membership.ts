@@ -1,11 +1,13 @@
 /**
- * A node's membership of the fleet (DESIGN §10): it joins the control plane
- * with the operator's token, keeps the id and key it was given in its data
- * directory (joining again with that id after a restart, so its disks stay
- * its own), and heartbeats its capacity, its disks and its quarantined
- * copies. The control plane's answer names disks whose copy of record is
- * elsewhere now; they are set aside at once. The node never decides where
- * work goes: it reports, and does what it is sent.
+ * A node's membership of the fleet (DESIGN §10): a new node joins the control
+ * plane with a join token the operator minted, keeps the id and key it was
+ * given in its data directory, and from then on joins again as itself by
+ * signing with that key (after a restart, or from a new address): the token
+ * is never needed again, and never lets anyone be this node. It heartbeats
+ * its capacity, its disks and its quarantined copies; the control plane's
+ * answer names disks whose copy of record is elsewhere now, and they are set
+ * aside at once. The node never decides where work goes: it reports, and
+ * does what it is sent.
  */
 import { readFile, rename, statfs, writeFile } from "node:fs/promises";
 import { availableParallelism, hostname, totalmem } from "node:os";
@@ -17,8 +19,9 @@ import {
   type NodeCapacity,
   type NodeCredentials,
   NodeHeartbeatReply,
-  type NodeJoin,
   NodeJoined,
+  type NodeRejoin,
+  NodeRejoined,
   signRequest,
 } from "./protocol.js";
 
@@ -26,19 +29,33 @@ import {
 export interface NodeLoad {
   jobs(): number;
   processes(): number;
+  /** Memory (MiB) the node may still promise to app processes. */
+  memoryFreeMb(): number;
 }
 
 type SavedIdentity = { nodeId: string; key: string };
 
-/** Joins with retries: a node started before its control plane waits for it rather than exiting. */
+/** What joining gave the node. */
+export type Membership = { credentials: NodeCredentials; heartbeatMs: number; name: string; appsDomain: string };
+
+/** A refusal that waiting will not change (a spent token, a taken name): the node stops and says why. */
+class Refused extends Error {}
+
+/**
+ * Joins (or joins again as itself), with retries: a node started before its
+ * control plane waits for it rather than exiting. A node whose saved identity
+ * the control plane no longer knows (it was removed) joins as a new node when
+ * it has a token, and stops otherwise.
+ */
 export async function joinFleet(options: {
   join: JoinConfig;
   dataDir: string;
   /** Where this node listens (the advertised address when none is configured). */
   listening: string;
   disks: DiskStore;
+  load: NodeLoad;
   signal: AbortSignal;
-}): Promise<{ credentials: NodeCredentials; heartbeatMs: number; name: string }> {
+}): Promise<Membership> {
   const { join: config, dataDir, disks } = options;
   const identityFile = join(dataDir, "node.json");
   const saved = await readFile(identityFile, "utf8").then(
@@ -46,40 +63,65 @@ export async function joinFleet(options: {
     () => null,
   );
   const name = config.name ?? `${hostname().replace(/[^A-Za-z0-9_.-]/g, "-").slice(0, 50)}-${new URL(options.listening).port}`;
-  const body: NodeJoin = {
-    ...(saved ? { nodeId: saved.nodeId } : {}),
+  const body: NodeRejoin = {
     name,
     address: config.advertiseUrl ?? options.listening,
     pid: process.pid,
-    capacity: await measureCapacity(dataDir, { jobs: () => 0, processes: () => 0 }),
+    capacity: await measureCapacity(dataDir, options.load),
     disks: await disks.held(),
   };
+  if (saved) {
+    const again = await retrying(options.signal, config.controlUrl, async () => {
+      const text = JSON.stringify(body);
+      const path = "/internal/nodes/rejoin";
+      const headers = await signRequest({ secret: saved.key, node: saved.nodeId, method: "POST", path, body: text });
+      const response = await post(config.controlUrl, path, { ...headers, "Content-Type": "application/json" }, text, options.signal);
+      // Unknown to the control plane (removed, or its key no longer signs): not this node any more.
+      if (response.status === 401 || response.status === 404) return null;
+      return NodeRejoined.parse(await accepted(response));
+    });
+    if (again) return { credentials: { node: saved.nodeId, key: saved.key }, heartbeatMs: again.heartbeatSeconds * 1000, name, appsDomain: again.appsDomain };
+    if (!config.token) throw new Error(`the control plane no longer knows node ${saved.nodeId}; start it with a new BUILDER_JOIN_TOKEN (svc admin nodes token) to join as a new node`);
+    console.error(`builder: the control plane no longer knows node ${saved.nodeId}; joining as a new node with the join token`);
+  } else if (!config.token) {
+    throw new Error(`this node has not joined yet (no ${identityFile}): start it with BUILDER_JOIN_TOKEN (svc admin nodes token)`);
+  }
+  const token = config.token!;
+  const joined = await retrying(options.signal, config.controlUrl, async () => {
+    const response = await post(config.controlUrl, "/v1/nodes/join", { Authorization: `Bearer ${token}`, "Content-Type": "application/json" }, JSON.stringify(body), options.signal);
+    return NodeJoined.parse(await accepted(response));
+  });
+  const identity: SavedIdentity = { nodeId: joined.nodeId, key: joined.key };
+  await writeFile(`${identityFile}.tmp`, JSON.stringify(identity), { mode: 0o600 });
+  await rename(`${identityFile}.tmp`, identityFile);
+  return { credentials: { node: joined.nodeId, key: joined.key }, heartbeatMs: joined.heartbeatSeconds * 1000, name, appsDomain: joined.appsDomain };
+}
+
+function post(controlUrl: string, path: string, headers: Record<string, string>, body: string, signal: AbortSignal): Promise<Response> {
+  return fetch(new URL(path, controlUrl), { method: "POST", headers, body, signal: AbortSignal.any([signal, AbortSignal.timeout(10_000)]) });
+}
+
+/** The answer's JSON; a 4xx is a {@link Refused} (waiting will not change it), a 5xx an error to retry. */
+async function accepted(response: Response): Promise<unknown> {
+  const text = await response.text();
+  if (response.ok) return JSON.parse(text);
+  const problem = `HTTP ${response.status}: ${text.slice(0, 300)}`;
+  throw response.status < 500 ? new Refused(problem) : new Error(problem);
+}
+
+/** Tries `attempt` until it answers, backing off on network errors and 5xx; a refusal stops the node. */
+async function retrying<T>(signal: AbortSignal, controlUrl: string, attempt: () => Promise<T>): Promise<T> {
   let delay = 500;
   for (;;) {
-    options.signal.throwIfAborted();
-    const problem = await fetch(new URL("/v1/nodes/join", config.controlUrl), {
-      method: "POST",
-      headers: { Authorization: `Bearer ${config.token}`, "Content-Type": "application/json" },
-      body: JSON.stringify(body),
-      signal: AbortSignal.any([options.signal, AbortSignal.timeout(10_000)]),
-    }).then(
-      async (response) => {
-        const text = await response.text();
-        if (!response.ok) return `HTTP ${response.status}: ${text.slice(0, 300)}`;
-        return NodeJoined.parse(JSON.parse(text));
-      },
-      (error: unknown) => (error instanceof Error ? error.message : String(error)),
-    );
-    if (typeof problem !== "string") {
-      const identity: SavedIdentity = { nodeId: problem.nodeId, key: problem.key };
-      await writeFile(`${identityFile}.tmp`, JSON.stringify(identity), { mode: 0o600 });
-      await rename(`${identityFile}.tmp`, identityFile);
-      return { credentials: { node: problem.nodeId, key: problem.key }, heartbeatMs: problem.heartbeatSeconds * 1000, name };
+    signal.throwIfAborted();
+    try {
+      return await attempt();
+    } catch (error) {
+      if (error instanceof Refused) throw new Error(`the control plane refused this node: ${error.message}`);
+      if (signal.aborted) throw error;
+      console.error(`builder: could not join ${controlUrl} yet (${error instanceof Error ? error.message : String(error)}); retrying`);
     }
-    // A wrong token or a refused name will not get better by waiting: say so and stop.
-    if (/^HTTP 4\d\d/.test(problem)) throw new Error(`the control plane refused this node: ${problem}`);
-    console.error(`builder: could not join ${config.controlUrl} yet (${problem}); retrying`);
-    await sleep(delay, undefined, { signal: options.signal });
+    await sleep(delay, undefined, { signal });
     delay = Math.min(delay * 2, 10_000);
   }
 }
@@ -133,5 +175,6 @@ async function measureCapacity(dataDir: string, load: NodeLoad): Promise<NodeCap
     diskFreeBytes: fs.bavail * fs.bsize,
     runningJobs: load.jobs(),
     processes: load.processes(),
+    memoryFreeMb: Math.min(load.memoryFreeMb(), Math.floor(totalmem() / 1024 / 1024)),
   };
 }

@@ -445,8 +445,10 @@ export const BuilderErrorCode = z.enum([
   /** 409: the request names a newer generation of the disk than this node holds (its copy is stale, fenced off), or an older one. */
   "DISK_FENCED",
   "TENANT_QUEUE_FULL",
-  /** 507: the builder's host cannot hold the disk (or the larger quota) asked for. */
+  /** 507: the builder's host cannot hold the disk (or the larger quota, or a process's working tree) asked for. */
   "INSUFFICIENT_STORAGE",
+  /** 507: the builder's host cannot hold a process's memory limit beside what it promised already. */
+  "INSUFFICIENT_MEMORY",
   "PAYLOAD_TOO_LARGE",
   "INTERNAL",
   "UNAVAILABLE",
@@ -992,10 +994,12 @@ export type ProcessStop = z.infer<typeof ProcessStop>;
 // `proxy\n<processId>\n<timestamp>`), accepted within the signature window.
 // It only proves the Worker sent it: the same process is public at its URL.
 // The Worker sets `X-Forwarded-Host` (the app's host, which the node passes
-// on as `Host`), `X-Forwarded-For` and `X-Forwarded-Proto`; the node drops
-// every `X-Svc-*` header and hop-by-hop header before the app sees the
-// request, and passes WebSocket upgrades (`Connection: Upgrade`) through
-// as a byte stream both ways.
+// on as `Host`), `X-Forwarded-For` (only from what the edge itself knows of the
+// client) and `X-Forwarded-Proto`, and `X-Svc-Apps-Domain` (the domain apps are
+// served under: the node drops an app's cookie set for it or a parent of it);
+// the node drops every `X-Svc-*` header and hop-by-hop header before the app
+// sees the request, and passes WebSocket upgrades (`Connection: Upgrade`)
+// through as a byte stream both ways.
 
 /** Header of a proxied request: unix seconds. */
 export const HEADER_PROXY_TIMESTAMP = "X-Svc-Proxy-Timestamp";
@@ -1007,6 +1011,8 @@ export const HEADER_PROXY_SIGNATURE = "X-Svc-Proxy-Signature";
  * code, so the edge can tell "this process is gone" from an app's own 404.
  */
 export const HEADER_PROXY_ERROR = "X-Svc-Proxy-Error";
+/** Header of a proxied request: the domain apps are served under (`APPS_DOMAIN`, without a port). */
+export const HEADER_APPS_DOMAIN = "X-Svc-Apps-Domain";
 /** Largest request body passed to an app (Cloudflare's own limit on request bodies is 100 MB). */
 export const MAX_PROXY_BODY_BYTES = 100 * 1024 * 1024;
 
@@ -1044,13 +1050,17 @@ export type JobResult = z.infer<typeof JobResult>;
 
 // The fleet
 // ---------
-// A node joins with `POST /v1/nodes/join` on the Worker (`Authorization:
-// Bearer <join token>`, a {@link NodeJoin}) and gets its id and key
-// ({@link NodeJoined}); it keeps both in its data directory and joins again
-// with its id after a restart. It then heartbeats `POST /internal/nodes/heartbeat`
-// (signed with its key, {@link HEADER_NODE} = its id, a {@link NodeHeartbeat}) every
-// `heartbeatSeconds`; the answer ({@link NodeHeartbeatReply}) names the disks
-// it holds whose copy of record is elsewhere: it quarantines them.
+// A new node joins with `POST /v1/nodes/join` on the Worker (`Authorization:
+// Bearer <join token>`, a {@link NodeJoin}): the token (minted by the operator,
+// good for a number of joins until it expires) only ever admits a new node,
+// which gets a new id and its key ({@link NodeJoined}) and keeps both in its
+// data directory. After a restart it joins again as itself with
+// `POST /internal/nodes/rejoin` (a {@link NodeRejoin}, signed with its key,
+// {@link HEADER_NODE} = its id): only that signature, never a token, lets a
+// node be a node that joined before or move its address. It then heartbeats
+// `POST /internal/nodes/heartbeat` (signed the same way, a {@link NodeHeartbeat})
+// every `heartbeatSeconds`; the answer ({@link NodeHeartbeatReply}) names the
+// disks it holds whose copy of record is elsewhere: it quarantines them.
 
 /** Node ids are chosen by the control plane; a node signs with `nodeKey(secret, id)`. */
 export const NODE_ID_PATTERN = /^node_[A-Za-z0-9]{8,40}$/;
@@ -1070,7 +1080,11 @@ export const NodeCapacity = z.object({
   /** Jobs running or queued, and app processes, on the node now. */
   runningJobs: z.int().nonnegative(),
   processes: z.int().nonnegative(),
-});
+  /** Memory the node may still promise to app processes (its host's, less a reserve and every promise on the host). */
+  memoryFreeMb: z.int().nonnegative(),
+})
+  .refine((capacity) => capacity.diskFreeBytes <= capacity.diskTotalBytes, { path: ["diskFreeBytes"], message: "cannot exceed diskTotalBytes" })
+  .refine((capacity) => capacity.memoryFreeMb <= capacity.memoryMb, { path: ["memoryFreeMb"], message: "cannot exceed memoryMb" });
 export type NodeCapacity = z.infer<typeof NodeCapacity>;
 
 /** A disk copy a node holds, with the generation it was made at. */
@@ -1087,9 +1101,8 @@ export const QuarantinedDisk = z.object({
 });
 export type QuarantinedDisk = z.infer<typeof QuarantinedDisk>;
 
-export const NodeJoin = z.object({
-  /** Set when the node joined before (kept in its data directory). */
-  nodeId: z.string().regex(NODE_ID_PATTERN).optional(),
+/** How a node describes itself when it joins or joins again. */
+export const NodeRejoin = z.object({
   /** Unique among nodes; the host name by default. */
   name: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/, "letters, digits, '.', '_' and '-', at most 63"),
   /** Where the Worker reaches the node. */
@@ -1099,13 +1112,27 @@ export const NodeJoin = z.object({
   capacity: NodeCapacity,
   disks: z.array(HeldDisk).max(100_000),
 });
+export type NodeRejoin = z.infer<typeof NodeRejoin>;
+
+/**
+ * A new node's join. `nodeId` is refused (403): a node that joined before
+ * joins again by signing with its own key ({@link NodeRejoin}), never by
+ * presenting a token, so a token cannot take over a node.
+ */
+export const NodeJoin = NodeRejoin.extend({ nodeId: z.string().optional() });
 export type NodeJoin = z.infer<typeof NodeJoin>;
 
-export const NodeJoined = z.object({
+/** What the control plane tells a node that joined or joined again. */
+export const NodeRejoined = z.object({
   nodeId: z.string().regex(NODE_ID_PATTERN),
-  key: z.string().regex(/^[0-9a-f]{64}$/),
   heartbeatSeconds: z.int().positive(),
+  /** Apps are served at `<app>.<appsDomain>`: a cookie an app sets for this domain (or a parent of it) is dropped. */
+  appsDomain: z.string().min(1),
 });
+export type NodeRejoined = z.infer<typeof NodeRejoined>;
+
+/** A new node's id, key and settings. */
+export const NodeJoined = NodeRejoined.extend({ key: z.string().regex(/^[0-9a-f]{64}$/) });
 export type NodeJoined = z.infer<typeof NodeJoined>;
 
 export const NodeHeartbeat = z.object({

@@ -32,7 +32,7 @@
  * fails with the reason; it never runs unsandboxed.
  */
 import { type ChildProcess, spawn } from "node:child_process";
-import { closeSync, openSync, readSync, readdirSync, readlinkSync, statfsSync } from "node:fs";
+import { closeSync, openSync, readFileSync, readSync, readdirSync, readlinkSync, statfsSync } from "node:fs";
 import { type FileHandle, open } from "node:fs/promises";
 import type { Readable, Writable } from "node:stream";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -411,11 +411,29 @@ const PRELUDE = [
 ].join("\n");
 
 /**
- * Enters the job's cgroups (`$1` files to write its pid to follow), then
+ * Processes (threads included) all of one account's sandboxes on a host may
+ * have at once: RLIMIT_NPROC counts per uid, and each account has its own
+ * (tenants.ts), so one account's fork storm across many jobs stops here and
+ * leaves the host's pid space to the others. A quarter of the host's pid_max,
+ * between 1,024 and 8,192.
+ */
+export const ACCOUNT_PROCESSES = (() => {
+  let pidMax = 32_768;
+  try {
+    pidMax = Number(readFileSync("/proc/sys/kernel/pid_max", "utf8").trim()) || pidMax;
+  } catch {
+    // not Linux: the default
+  }
+  return Math.min(8_192, Math.max(1_024, Math.floor(pidMax / 4)));
+})();
+
+/**
+ * Enters the job's cgroups (`$1` files to write its pid to follow), sets the
+ * account's process limit (RLIMIT_NPROC, {@link ACCOUNT_PROCESSES}), then
  * becomes the sandbox: everything the job starts is counted from its first
  * instruction, at the cost of no process but this shell (builtins only).
  */
-const CGROUP_GATE = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ >"$1" || exit 125; shift; n=$((n - 1)); done; exec "$@"';
+const CGROUP_GATE = `n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ >"$1" || exit 125; shift; n=$((n - 1)); done; ulimit -p ${ACCOUNT_PROCESSES} || exit 125; exec "$@"`;
 
 /**
  * The bubblewrap options of one job, passed through a pipe (NUL-separated) so

@@ -14,6 +14,7 @@ import { createRequestHandler } from "./app.js";
 import { loadConfig } from "./config.js";
 import { DiskLeases } from "./disk-leases.js";
 import { DiskStore } from "./disks.js";
+import { HostRoom } from "./host-room.js";
 import { JobManager } from "./job-manager.js";
 import { ProcessManager } from "./processes/manager.js";
 import { AppProxy } from "./processes/proxy.js";
@@ -37,7 +38,7 @@ process.umask(0o022);
 await mkdir(config.dataDir, { recursive: true, mode: 0o711 });
 // Job users bind their disks and scratch space from below it: traversable, never listable.
 await chmod(config.dataDir, 0o711);
-const tenants = await TenantUsers.open(config.dataDir, config.tenantUidBase);
+const tenants = await TenantUsers.open(config.dataDir, config.tenantUidBase, config.tenantRegistry);
 if (config.pipFindLinks !== null && !(await stat(config.pipFindLinks).catch(() => null))?.isDirectory()) {
   console.error(`builder: invalid configuration\n  BUILDER_PIP_FIND_LINKS: ${config.pipFindLinks} is not a folder`);
   process.exit(1);
@@ -49,7 +50,13 @@ const host = await SandboxHost.open({
   probeUser: config.tenantUidBase === null ? null : { uid: config.tenantUidBase, gid: config.tenantUidBase },
 });
 host.network?.fill(config.maxConcurrentJobs);
-const disks = await DiskStore.open(join(config.dataDir, "disks"), tenants, host.images, { hostReserveBytes: config.hostReserveBytes });
+const room = new HostRoom({
+  dataDir: config.dataDir,
+  diskReserveBytes: config.hostReserveBytes,
+  memoryReserveBytes: config.hostMemoryReserveBytes,
+  ...(config.memoryLedgerDir ? { ledgerDir: config.memoryLedgerDir } : {}),
+});
+const disks = await DiskStore.open(join(config.dataDir, "disks"), tenants, host.images, { room });
 const leases = new DiskLeases();
 
 // Listening comes first (a node joining must say where it is reached, and BUILDER_PORT=0 picks the
@@ -65,11 +72,12 @@ const address = server.address() as AddressInfo;
 const listening = `http://${address.family === "IPv6" ? `[${address.address}]` : address.address}:${address.port}`;
 
 const membership = new AbortController();
+const memoryFreeMb = () => Math.floor(room.memoryFreeBytes / 1024 / 1024);
 let credentials: NodeCredentials;
 let heartbeatMs = 0;
 if (config.join) {
   try {
-    const joined = await joinFleet({ join: config.join, dataDir: config.dataDir, listening, disks, signal: membership.signal });
+    const joined = await joinFleet({ join: config.join, dataDir: config.dataDir, listening, disks, load: { jobs: () => 0, processes: () => 0, memoryFreeMb }, signal: membership.signal });
     credentials = joined.credentials;
     heartbeatMs = joined.heartbeatMs;
     console.log(`builder node: joined ${config.join.controlUrl} as ${joined.name} (${joined.credentials.node}), heartbeat every ${heartbeatMs / 1000} s`);
@@ -95,7 +103,7 @@ const jobs = await JobManager.open({
   pip: { indexUrl: config.pipIndexUrl, findLinks: config.pipFindLinks },
 });
 
-const processes = await ProcessManager.open({ dataDir: config.dataDir, credentials, host, tenants, disks, leases });
+const processes = await ProcessManager.open({ dataDir: config.dataDir, credentials, host, room, tenants, disks, leases });
 const proxy = new AppProxy({ secret: credentials.key, lookup: (id) => processes.lookup(id) });
 
 handler = createRequestHandler({ secret: credentials.key, jobs, disks, nonces: new NonceCache(), leases, processes, proxy });
@@ -108,7 +116,7 @@ if (config.join) {
     intervalMs: heartbeatMs,
     dataDir: config.dataDir,
     disks,
-    load: { jobs: () => jobs.load, processes: () => processes.live },
+    load: { jobs: () => jobs.load, processes: () => processes.live, memoryFreeMb },
     signal: membership.signal,
   });
 }
@@ -124,6 +132,7 @@ async function stop(): Promise<void> {
   server.closeAllConnections();
   await disks.close();
   await host.close();
+  room.close();
   process.exit(0);
 }
 process.on("SIGTERM", () => void stop());
@@ -131,7 +140,7 @@ process.on("SIGINT", () => void stop());
 
 for (const line of host.summary) console.log(`builder ${line}`);
 console.log(
-  `builder users: ${tenants.separateUsers ? `one unprivileged uid per account, from ${config.tenantUidBase}` : `jobs run as the builder's own uid ${process.getuid?.()} (per-account uids need root)`}`,
+  `builder users: ${tenants.separateUsers ? `one unprivileged uid per account on this host, from ${config.tenantUidBase} (registry ${config.tenantRegistry})` : `jobs run as the builder's own uid ${process.getuid?.()} (per-account uids need root)`}`,
 );
 console.log(
   `builder slots: ${config.maxConcurrentJobs} jobs at once; per account the plan's limit the Worker sends (${config.tenantConcurrency} when it sends none), never all slots when there are several`,

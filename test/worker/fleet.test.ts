@@ -2,8 +2,8 @@ import { runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
 import { env, exports } from "cloudflare:workers";
 import { eq } from "drizzle-orm";
 import { afterAll, afterEach, beforeEach, describe, expect, it } from "vitest";
-import { type NodeCapacity, type NodeJoin, nodeKey, signRequest } from "../../builder/src/protocol";
-import { deployments, disks, nodes } from "../../worker/db/schema";
+import { type NodeCapacity, type NodeJoin, type NodeRejoin, nodeKey, signRequest } from "../../builder/src/protocol";
+import { deployments, disks, nodeJoinTokens, nodes } from "../../worker/db/schema";
 import { deploymentStub } from "../../worker/services/deployments";
 import { fleetStub, forgetFleet } from "../../worker/services/fleet";
 import { placeDisk, placeStateless } from "../../worker/services/placement";
@@ -16,24 +16,40 @@ import { call, db, type ErrorJson, json, newAccount } from "./helpers";
  */
 
 const operator = { Authorization: "Bearer test-operator-token" };
-const joinToken = { Authorization: "Bearer test-node-join-token" };
 const GIB = 2 ** 30;
 
 function capacity(freeGb = 100, totalGb = 200): NodeCapacity {
-  return { cores: 2, memoryMb: 4096, diskTotalBytes: totalGb * GIB, diskFreeBytes: freeGb * GIB, runningJobs: 0, processes: 0 };
+  return { cores: 2, memoryMb: 4096, diskTotalBytes: totalGb * GIB, diskFreeBytes: freeGb * GIB, runningJobs: 0, processes: 0, memoryFreeMb: 3072 };
 }
 
-async function join(name: string, extra: Partial<NodeJoin> = {}): Promise<{ nodeId: string; key: string }> {
-  const body: NodeJoin = { name, address: `http://127.0.0.1:9/${name}`, capacity: capacity(), disks: [], ...extra };
-  const res = await call("/v1/nodes/join", { method: "POST", headers: joinToken, body });
+/** A join token as the operator mints it (`svc admin nodes token`). */
+async function mintToken(body: Record<string, unknown> = {}): Promise<{ id: string; token: string; usesLeft: number }> {
+  const res = await call("/v1/operator/join-tokens", { method: "POST", headers: operator, body });
+  expect(res.status).toBe(201);
+  return (await json<{ data: { id: string; token: string; usesLeft: number } }>(res)).data;
+}
+
+function joinWith(token: string, body: Partial<NodeJoin> & { name: string }): Promise<Response> {
+  const full: NodeJoin = { address: `http://127.0.0.1:9/${body.name}`, capacity: capacity(), disks: [], ...body };
+  return call("/v1/nodes/join", { method: "POST", headers: { Authorization: `Bearer ${token}` }, body: full });
+}
+
+async function join(name: string, extra: Partial<NodeJoin> = {}, token?: string): Promise<{ nodeId: string; key: string }> {
+  const res = await joinWith(token ?? (await mintToken()).token, { name, ...extra });
   expect(res.status).toBe(200);
   return json<{ nodeId: string; key: string }>(res);
 }
 
-async function heartbeat(nodeId: string, key: string, body: unknown): Promise<Response> {
+async function signed(path: string, nodeId: string, key: string, body: unknown): Promise<Response> {
   const text = JSON.stringify(body);
-  const headers = await signRequest({ secret: key, node: nodeId, method: "POST", path: "/internal/nodes/heartbeat", body: text });
-  return call("/internal/nodes/heartbeat", { method: "POST", headers, body: text });
+  const headers = await signRequest({ secret: key, node: nodeId, method: "POST", path, body: text });
+  return call(path, { method: "POST", headers, body: text });
+}
+
+const rejoin = (nodeId: string, key: string, body: NodeRejoin) => signed("/internal/nodes/rejoin", nodeId, key, body);
+
+function heartbeat(nodeId: string, key: string, body: unknown): Promise<Response> {
+  return signed("/internal/nodes/heartbeat", nodeId, key, body);
 }
 
 // Each test starts from an empty fleet, and the file leaves one: the Worker test files after it
@@ -48,15 +64,43 @@ afterEach(() => forgetFleet());
 afterAll(emptyFleet);
 
 describe("joining", () => {
-  it("refuses a missing or wrong join token, and the operator token or an API key in its place", async () => {
+  it("refuses a missing, malformed or unknown join token, and the operator token or an API key in its place", async () => {
     const { adminKey } = await newAccount();
     const body: NodeJoin = { name: "n1", address: "http://127.0.0.1:9", capacity: capacity(), disks: [] };
-    for (const headers of [{}, { Authorization: "Bearer wrong-token-wrong-token" }, operator, { Authorization: `Bearer ${adminKey}` }]) {
+    const unknown = `svcjoin_${"A".repeat(40)}`;
+    for (const headers of [{}, { Authorization: "Bearer wrong-token-wrong-token" }, { Authorization: `Bearer ${unknown}` }, operator, { Authorization: `Bearer ${adminKey}` }]) {
       const res = await call("/v1/nodes/join", { method: "POST", headers, body });
       expect(res.status).toBe(401);
       expect((await json<ErrorJson>(res)).error.code).toBe("UNAUTHORIZED");
     }
     expect(await db().select().from(nodes)).toHaveLength(0);
+  });
+
+  it("spends a token's uses: a one-time token admits one node, and expired or revoked tokens none", async () => {
+    const once = await mintToken();
+    expect((await joinWith(once.token, { name: "first" })).status).toBe(200);
+    const again = await joinWith(once.token, { name: "second" });
+    expect(again.status).toBe(401);
+    expect((await json<ErrorJson>(again)).error.message).toMatch(/used up or expired/);
+
+    const twice = await mintToken({ uses: 2 });
+    expect((await joinWith(twice.token, { name: "second" })).status).toBe(200);
+    expect((await joinWith(twice.token, { name: "third" })).status).toBe(200);
+    expect((await joinWith(twice.token, { name: "fourth" })).status).toBe(401);
+
+    const revoked = await mintToken();
+    expect((await call(`/v1/operator/join-tokens/${revoked.id}`, { method: "DELETE", headers: operator })).status).toBe(200);
+    expect((await joinWith(revoked.token, { name: "fourth" })).status).toBe(401);
+
+    const expiring = await mintToken({ ttlSeconds: 60 });
+    await db().update(nodeJoinTokens).set({ expiresAt: Date.now() - 1 }).where(eq(nodeJoinTokens.id, expiring.id));
+    expect((await joinWith(expiring.token, { name: "fourth" })).status).toBe(401);
+
+    // The listing shows what is still good for a join, never a token's value.
+    const listed = await json<{ data: { id: string; token?: string }[] }>(await call("/v1/operator/join-tokens", { headers: operator }));
+    expect(listed.data.map((t) => t.id)).not.toContain(once.id);
+    expect(listed.data.every((t) => t.token === undefined)).toBe(true);
+    expect((await db().select().from(nodes)).map((n) => n.name).sort()).toEqual(["first", "second", "third"]);
   });
 
   it("gives each node its own key, derived from BUILDER_SECRET; a request signed for one node is refused as another", async () => {
@@ -74,17 +118,68 @@ describe("joining", () => {
     expect((await heartbeat("node_notamember0000", a.key, report)).status).toBe(401);
   });
 
-  it("joins again as itself with its id after a restart, and refuses another node taking its name", async () => {
-    const first = await join("node-a");
-    const again = await join("node-a", { nodeId: first.nodeId as NodeJoin["nodeId"] });
-    expect(again.nodeId).toBe(first.nodeId);
-    const res = await call("/v1/nodes/join", {
-      method: "POST",
-      headers: joinToken,
-      body: { name: "node-a", address: "http://127.0.0.1:9", capacity: capacity(), disks: [] },
-    });
-    expect(res.status).toBe(409);
-    expect((await json<ErrorJson>(res)).error.code).toBe("NAME_TAKEN");
+  it("never lets a join token be an existing node: a join naming its id is refused and the node keeps its address and key", async () => {
+    const victim = await join("victim", { address: "http://10.0.0.5:8788" });
+    const { token } = await mintToken();
+    const res = await joinWith(token, { name: "victim", nodeId: victim.nodeId, address: "http://attacker.example:80" });
+    expect(res.status).toBe(403);
+    const refusal = await json<ErrorJson>(res);
+    expect(refusal.error.code).toBe("FORBIDDEN");
+    expect(refusal.error.message).toMatch(/only admits new nodes/);
+    // Under a new name it would be a new node with a new id and key: never the victim's.
+    const other = await json<{ nodeId: string; key: string }>(await joinWith(token, { name: "attacker", address: "http://attacker.example:80" }));
+    expect(other.nodeId).not.toBe(victim.nodeId);
+    expect(other.key).not.toBe(victim.key);
+    const row = await db().select().from(nodes).where(eq(nodes.id, victim.nodeId)).get();
+    expect(row).toMatchObject({ name: "victim", address: "http://10.0.0.5:8788" });
+    forgetFleet();
+    expect((await placeStateless(env)).id).toBeDefined();
+  });
+
+  it("joins again as itself with a request signed by its own key, which alone may move its address; another name stays its own", async () => {
+    const a = await join("node-a", { address: "http://10.0.0.5:8788" });
+    const b = await join("node-b");
+    const body: NodeRejoin = { name: "node-a", address: "http://10.0.0.6:8788", capacity: capacity(), disks: [] };
+    // Signed with another node's key, or by nobody: refused, and nothing moves.
+    expect((await rejoin(a.nodeId, b.key, body)).status).toBe(401);
+    expect((await call("/internal/nodes/rejoin", { method: "POST", body })).status).toBe(401);
+    expect((await db().select().from(nodes).where(eq(nodes.id, a.nodeId)).get())?.address).toBe("http://10.0.0.5:8788");
+    const res = await rejoin(a.nodeId, a.key, body);
+    expect(res.status).toBe(200);
+    expect(await json(res)).toMatchObject({ nodeId: a.nodeId, heartbeatSeconds: 5 });
+    expect((await db().select().from(nodes).where(eq(nodes.id, a.nodeId)).get())?.address).toBe("http://10.0.0.6:8788");
+    // b signing as itself cannot take a's name.
+    const taken = await rejoin(b.nodeId, b.key, { ...body, name: "node-a" });
+    expect(taken.status).toBe(409);
+    expect((await json<ErrorJson>(taken)).error.code).toBe("NAME_TAKEN");
+    // A token cannot take a name either.
+    const byToken = await joinWith((await mintToken()).token, { name: "node-a" });
+    expect(byToken.status).toBe(409);
+  });
+
+  it("holds a node's capacity to its caps: a node claiming a petabyte gets no disk an honest node has room for", async () => {
+    const honest = await join("honest", { capacity: capacity(150, 200) });
+    const liar = await join("liar", { capacity: capacity(1024 * 1024, 1024 * 1024) }, (await mintToken({ maxDiskGb: 100, maxCores: 4 })).token);
+    forgetFleet();
+    expect((await placeDisk(env, db(), 10 * GIB)).id).toBe(honest.nodeId);
+    const listed = await json<{ data: { id: string; capacity: NodeCapacity; claimed: NodeCapacity | null; caps: { diskBytes: number; defaults: boolean } }[] }>(
+      await call("/v1/operator/nodes", { headers: operator }),
+    );
+    const view = listed.data.find((n) => n.id === liar.nodeId)!;
+    expect(view.capacity.diskTotalBytes).toBe(100 * GIB);
+    expect(view.capacity.diskFreeBytes).toBe(100 * GIB);
+    expect(view.claimed?.diskTotalBytes).toBe(1024 * 1024 * GIB);
+    expect(view.caps).toMatchObject({ diskBytes: 100 * GIB, defaults: false });
+    expect(listed.data.find((n) => n.id === honest.nodeId)).toMatchObject({ claimed: null, caps: { defaults: true } });
+    // Its heartbeats are held to the caps too; the fleet-wide default holds nodes without caps of their own.
+    await heartbeat(liar.nodeId, liar.key, { capacity: capacity(1024 * 1024, 1024 * 1024), disks: [], quarantined: [] });
+    expect((await db().select().from(nodes).where(eq(nodes.id, liar.nodeId)).get())?.diskTotalBytes).toBe(100 * GIB);
+    await heartbeat(honest.nodeId, honest.key, { capacity: capacity(1024 * 1024, 1024 * 1024), disks: [], quarantined: [] });
+    expect((await db().select().from(nodes).where(eq(nodes.id, honest.nodeId)).get())?.diskTotalBytes).toBe(Number(env.NODE_MAX_DISK_GB) * GIB);
+    // The operator raises the liar's cap once its host really has the room.
+    const patched = await call(`/v1/operator/nodes/${liar.nodeId}`, { method: "PATCH", headers: operator, body: { maxDiskGb: 500 } });
+    expect(patched.status).toBe(200);
+    expect((await json<{ data: { capacity: NodeCapacity } }>(patched)).data.capacity.diskTotalBytes).toBe(500 * GIB);
   });
 });
 
@@ -98,8 +193,10 @@ describe("operator routes", () => {
       ["POST", `/v1/operator/nodes/${nodeId}/lost`],
       ["DELETE", `/v1/operator/nodes/${nodeId}`],
     ];
+    const joinToken = { Authorization: `Bearer ${(await mintToken()).token}` };
+    attempts.push(["GET", "/v1/operator/join-tokens"], ["POST", "/v1/operator/join-tokens"], ["PATCH", `/v1/operator/nodes/${nodeId}`]);
     for (const [method, path] of attempts) {
-      for (const headers of [{}, { Authorization: `Bearer ${adminKey}` }, joinToken]) {
+      for (const headers of [{} as Record<string, string>, { Authorization: `Bearer ${adminKey}` }, joinToken]) {
         expect((await call(path, { method, headers })).status, `${method} ${path}`).toBe(401);
       }
     }
@@ -160,7 +257,7 @@ describe("a lost node", () => {
     const a = await join("node-a");
     const b = await join("node-b");
     // b heartbeats; a has been silent for longer than NODE_LOST_AFTER_SECONDS.
-    await fleetStub(env).join({ nodeId: a.nodeId as NodeJoin["nodeId"], name: "node-a", address: "http://127.0.0.1:9", capacity: capacity(), disks: [] }, Date.now() - 120_000);
+    await fleetStub(env).rejoin(a.nodeId, { name: "node-a", address: "http://127.0.0.1:9", capacity: capacity(), disks: [] }, Date.now() - 120_000);
     // Its deadline has passed: the alarm (armed for then) runs at once, or here if it has not yet.
     await runDurableObjectAlarm(fleetStub(env));
     let states: Record<string, string> = {};

@@ -33,6 +33,34 @@ describe("plan limits: what an account may reserve", () => {
     expect(big.status).toBe(201);
   });
 
+  it("app count and the apps' total memory are bounded, even for creations made at once (issue 28)", async () => {
+    const { apps, totalAppMemoryMb, appMemoryMb } = PLAN_LIMITS.pro;
+    const { adminKey: key } = await newAccount("pro");
+    // Four apps at the plan's largest memory, made at once: only what the plan's total holds is made.
+    const fit = Math.floor(totalAppMemoryMb / appMemoryMb);
+    const made = await statuses(
+      Array.from({ length: fit + 2 }, () => call("/v1/apps", { method: "POST", key, body: { name: unique("big"), runtime: "node", memoryMb: appMemoryMb } })),
+    );
+    expect(made.filter((s) => s === 201)).toHaveLength(fit);
+    expect(made.filter((s) => s === 403)).toHaveLength(2);
+    const over = await call("/v1/apps", { method: "POST", key, body: { name: unique("one-more"), runtime: "python", memoryMb: 128 } });
+    await expectPlanLimit(
+      over,
+      new RegExp(`apps may reserve ${totalAppMemoryMb} MB of memory in all; ${fit * appMemoryMb} MB are reserved and this app asks for 128 MB`),
+    );
+    // Static sites run no process: they reserve no memory, and count as apps.
+    const listed = await json<{ data: unknown[] }>(await call("/v1/apps", { key }));
+    const statics = await statuses(
+      Array.from({ length: apps - listed.data.length + 1 }, () => call("/v1/apps", { method: "POST", key, body: { name: unique("site"), runtime: "static" } })),
+    );
+    expect(statics.filter((s) => s === 403)).toHaveLength(1);
+    await expectPlanLimit(
+      await call("/v1/apps", { method: "POST", key, body: { name: unique("site"), runtime: "static" } }),
+      new RegExp(`may have ${apps} apps and has ${apps}`),
+    );
+    expect((await json<{ data: unknown[] }>(await call("/v1/apps", { key }))).data).toHaveLength(apps);
+  });
+
   it("a disk larger than the plan allows is refused before anything is made", async () => {
     const { adminKey: key } = await newAccount("free");
     const max = PLAN_LIMITS.free.diskSizeGb;

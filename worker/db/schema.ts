@@ -204,14 +204,51 @@ export const nodes = sqliteTable(
     /** Jobs running or queued and app processes on the node, at its last heartbeat. */
     runningJobs: integer("running_jobs").notNull().default(0),
     processes: integer("processes").notNull().default(0),
+    /** Memory the node may still promise to app processes, at its last heartbeat. */
+    memoryFreeMb: integer("memory_free_mb").notNull().default(0),
     /** The node's process id on its host (shown for nodes `npm start` runs). */
     pid: integer("pid"),
     joinedAt: integer("joined_at").notNull(),
     lastHeartbeatAt: integer("last_heartbeat_at").notNull(),
     lostAt: integer("lost_at"),
+    /**
+     * What the operator allows the node to claim (its join token's caps, or
+     * `PATCH /v1/operator/nodes/{node}`); null: the fleet's defaults
+     * (NODE_MAX_*). Placement never believes more than this, whatever the node reports.
+     */
+    maxCores: integer("max_cores"),
+    maxMemoryMb: integer("max_memory_mb"),
+    maxDiskBytes: integer("max_disk_bytes"),
   },
   (t) => [uniqueIndex("nodes_name_idx").on(t.name)],
 );
+
+/**
+ * Tokens that admit new nodes (docs/fleet.md, "Joining"): minted by the
+ * operator, each good for `usesLeft` more joins until `expiresAt`, stored
+ * hashed. A join only ever makes a new node: a node that joined before
+ * proves itself with its own key, never with a token.
+ */
+export const nodeJoinTokens = sqliteTable(
+  "node_join_tokens",
+  {
+    id: text("id").primaryKey(),
+    /** SHA-256 (hex) of the token; the token itself is shown once. */
+    hash: text("hash").notNull(),
+    usesLeft: integer("uses_left").notNull(),
+    /** Caps given to the nodes it admits (nodes.max_*); null: the fleet's defaults. */
+    maxCores: integer("max_cores"),
+    maxMemoryMb: integer("max_memory_mb"),
+    maxDiskBytes: integer("max_disk_bytes"),
+    note: text("note"),
+    createdAt: integer("created_at").notNull(),
+    expiresAt: integer("expires_at").notNull(),
+    lastUsedAt: integer("last_used_at"),
+  },
+  (t) => [uniqueIndex("node_join_tokens_hash_idx").on(t.hash)],
+);
+
+export type NodeJoinTokenRow = typeof nodeJoinTokens.$inferSelect;
 
 export type NodeRow = typeof nodes.$inferSelect;
 

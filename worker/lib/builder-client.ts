@@ -50,7 +50,7 @@ async function builderFetch(config: Config, node: NodeRef, method: string, path:
       ...(signal ? { signal } : {}),
     });
   } catch (err) {
-    throw new ApiError("BUILDER_UNAVAILABLE", `node ${node.id} could not be reached: ${err instanceof Error ? err.message : err}`);
+    throw new ApiError("BUILDER_UNAVAILABLE", `node ${node.id} (${node.address}) could not be reached: ${err instanceof Error ? err.message : err}`);
   }
 }
 
@@ -65,8 +65,8 @@ async function submit(config: Config, node: NodeRef, path: string, spec: { key?:
     if (pause > 0) await new Promise((resolve) => setTimeout(resolve, pause));
     try {
       const res = await builderFetch(config, node, "POST", path, spec);
-      if (res.ok) return { ok: true, value: JobStatus.parse(await res.json()) };
-      if (res.status < 500 || spec.key === undefined) return failure(res);
+      if (res.ok) return { ok: true, value: await answer(node, res, JobStatus, "a job's status") };
+      if (res.status < 500 || spec.key === undefined) return failure(node, res);
       lastError = new ApiError("BUILDER_UNAVAILABLE", `the builder answered HTTP ${res.status}`);
       await res.body?.cancel();
     } catch (err) {
@@ -77,25 +77,41 @@ async function submit(config: Config, node: NodeRef, path: string, spec: { key?:
   throw lastError;
 }
 
-async function failure(res: Response): Promise<{ ok: false; status: number; code: string; message: string }> {
+/**
+ * A node's answer read as `schema`; anything else (a node out of date, or one
+ * that is not what it claims) is the node failing, 502 with the node named,
+ * never an internal error of ours.
+ */
+async function answer<T>(node: NodeRef, res: Response, schema: z.ZodType<T>, what: string): Promise<T> {
+  const parsed = schema.safeParse(await res.json().catch(() => undefined));
+  if (parsed.success) return parsed.data;
+  throw new ApiError("BUILDER_UNAVAILABLE", `node ${node.id} (${node.address}) answered something that is not ${what}`);
+}
+
+/**
+ * A node's refusal as a value: its own code and words for what it refused
+ * (DISK_BUSY, INSUFFICIENT_STORAGE…); a node failing (5xx, or an answer that
+ * is not one of ours) is named, so the operator knows which.
+ */
+async function failure(node: NodeRef, res: Response): Promise<{ ok: false; status: number; code: string; message: string }> {
   const parsed = BuilderError.safeParse(await res.json().catch(() => null));
-  return parsed.success
-    ? { ok: false, status: res.status, code: parsed.data.error.code, message: parsed.data.error.message }
-    : { ok: false, status: res.status, code: "INTERNAL", message: `builder answered HTTP ${res.status}` };
+  if (parsed.success && res.status < 500) return { ok: false, status: res.status, code: parsed.data.error.code, message: parsed.data.error.message };
+  const said = parsed.success ? `: ${parsed.data.error.message}` : "";
+  return { ok: false, status: res.status, code: parsed.success ? parsed.data.error.code : "INTERNAL", message: `node ${node.id} (${node.address}) answered HTTP ${res.status}${said}` };
 }
 
 /** Creates the disk's directory on the builder, or changes its quota. */
 export async function provisionDisk(config: Config, node: NodeRef, id: string, spec: DiskSpec): Promise<BuilderResult<DiskInfo>> {
   const res = await builderFetch(config, node, "PUT", `/v1/disks/${id}`, spec);
-  if (!res.ok) return failure(res);
-  return { ok: true, value: DiskInfo.parse(await res.json()) };
+  if (!res.ok) return failure(node, res);
+  return { ok: true, value: await answer(node, res, DiskInfo, "a disk's description") };
 }
 
 /** Removes the disk's data on the builder; an unknown disk counts as removed. */
 export async function destroyDisk(config: Config, node: NodeRef, id: string): Promise<BuilderResult<null>> {
   const res = await builderFetch(config, node, "DELETE", `/v1/disks/${id}`);
   if (res.ok || res.status === 404) return { ok: true, value: null };
-  return failure(res);
+  return failure(node, res);
 }
 
 /** Starts a job on the builder (or, by its key, finds the one a lost reply already started). */
@@ -106,34 +122,34 @@ export function submitJob(config: Config, node: NodeRef, spec: JobSpec): Promise
 /** The job submitted with this idempotency key (404 when the builder never got it). */
 export async function findJob(config: Config, node: NodeRef, key: string): Promise<BuilderResult<JobStatus>> {
   const res = await builderFetch(config, node, "GET", `/v1/jobs?key=${encodeURIComponent(key)}`);
-  if (!res.ok) return failure(res);
-  return { ok: true, value: JobStatus.parse(await res.json()) };
+  if (!res.ok) return failure(node, res);
+  return { ok: true, value: await answer(node, res, JobStatus, "a job's status") };
 }
 
 export async function getJob(config: Config, node: NodeRef, id: string): Promise<BuilderResult<JobStatus>> {
   const res = await builderFetch(config, node, "GET", `/v1/jobs/${encodeURIComponent(id)}`);
-  if (!res.ok) return failure(res);
-  return { ok: true, value: JobStatus.parse(await res.json()) };
+  if (!res.ok) return failure(node, res);
+  return { ok: true, value: await answer(node, res, JobStatus, "a job's status") };
 }
 
 export async function cancelJob(config: Config, node: NodeRef, id: string): Promise<BuilderResult<JobStatus>> {
   const res = await builderFetch(config, node, "POST", `/v1/jobs/${encodeURIComponent(id)}/cancel`);
-  if (!res.ok) return failure(res);
-  return { ok: true, value: JobStatus.parse(await res.json()) };
+  if (!res.ok) return failure(node, res);
+  return { ok: true, value: await answer(node, res, JobStatus, "a job's status") };
 }
 
 /** The job's complete log so far (the builder keeps at most 10 MiB). */
 export async function jobLog(config: Config, node: NodeRef, id: string): Promise<BuilderResult<string>> {
   const res = await builderFetch(config, node, "GET", `/v1/jobs/${encodeURIComponent(id)}/logs?offset=0`);
-  if (!res.ok) return failure(res);
+  if (!res.ok) return failure(node, res);
   return { ok: true, value: await res.text() };
 }
 
 /** The disk's size and current usage on the builder; `signal` bounds the wait (a display can do without). */
 export async function diskUsage(config: Config, node: NodeRef, id: string, signal?: AbortSignal): Promise<BuilderResult<DiskInfo>> {
   const res = await builderFetch(config, node, "GET", `/v1/disks/${encodeURIComponent(id)}`, undefined, signal);
-  if (!res.ok) return failure(res);
-  return { ok: true, value: DiskInfo.parse(await res.json()) };
+  if (!res.ok) return failure(node, res);
+  return { ok: true, value: await answer(node, res, DiskInfo, "a disk's description") };
 }
 
 /** Starts a snapshot (tar.gz of the disk streamed in parts to presigned URLs). */
@@ -174,15 +190,15 @@ export function describeWait(status: Pick<JobStatus, "status" | "waiting">): str
 /** Starts an app process on `node` (or, by its key, finds the one a lost reply already started). */
 export async function startProcess(config: Config, node: NodeRef, spec: ProcessSpec): Promise<BuilderResult<ProcessStatus>> {
   const res = await builderFetch(config, node, "POST", "/v1/processes", spec);
-  if (!res.ok) return failure(res);
-  return { ok: true, value: ProcessStatus.parse(await res.json()) };
+  if (!res.ok) return failure(node, res);
+  return { ok: true, value: await answer(node, res, ProcessStatus, "a process's status") };
 }
 
 /** A process's status; 404 (PROCESS_NOT_FOUND) when the node has no such process. */
 export async function getProcess(config: Config, node: NodeRef, id: string): Promise<BuilderResult<ProcessStatus>> {
   const res = await builderFetch(config, node, "GET", `/v1/processes/${encodeURIComponent(id)}`);
-  if (!res.ok) return failure(res);
-  return { ok: true, value: ProcessStatus.parse(await res.json()) };
+  if (!res.ok) return failure(node, res);
+  return { ok: true, value: await answer(node, res, ProcessStatus, "a process's status") };
 }
 
 /** Stops a process after serving `drainSeconds` more; stopping one that is gone counts as done. */
@@ -192,7 +208,7 @@ export async function stopProcess(config: Config, node: NodeRef, id: string, dra
     await res.body?.cancel();
     return { ok: true, value: null };
   }
-  return failure(res);
+  return failure(node, res);
 }
 
 /** The app's runtime log on `node`: its last `tailBytes`, and with `follow` what is written next. */
@@ -203,13 +219,13 @@ export async function appLogStream(config: Config, node: NodeRef, appId: string,
 /** Stale disk copies the node set aside (fencing). */
 export async function listQuarantine(config: Config, node: NodeRef): Promise<BuilderResult<QuarantinedDisk[]>> {
   const res = await builderFetch(config, node, "GET", "/v1/quarantine");
-  if (!res.ok) return failure(res);
-  return { ok: true, value: z.object({ quarantined: z.array(QuarantinedDisk) }).parse(await res.json()).quarantined };
+  if (!res.ok) return failure(node, res);
+  return { ok: true, value: (await answer(node, res, z.object({ quarantined: z.array(QuarantinedDisk) }), "a quarantine listing")).quarantined };
 }
 
 /** Deletes a quarantined copy (the operator's decision). */
 export async function removeQuarantined(config: Config, node: NodeRef, name: string): Promise<BuilderResult<null>> {
   const res = await builderFetch(config, node, "DELETE", `/v1/quarantine/${encodeURIComponent(name)}`);
-  if (!res.ok) return failure(res);
+  if (!res.ok) return failure(node, res);
   return { ok: true, value: null };
 }

@@ -34,6 +34,7 @@ export const ID_PREFIXES = {
   restore: "rst",
   deployment: "dep",
   node: "node",
+  joinToken: "njt",
 } as const;
 
 export type IdKind = keyof typeof ID_PREFIXES;

@@ -24,6 +24,13 @@ export type PlanLimits = {
   totalDiskGb: number;
   /** Highest memory limit of one app (its builds, runs and processes). */
   appMemoryMb: number;
+  /** Apps the account may have (static sites included). */
+  apps: number;
+  /**
+   * The memory limits of all the account's apps that run a process, together:
+   * what it may reserve of the fleet's memory, whatever the hosts have free.
+   */
+  totalAppMemoryMb: number;
   /** Cron jobs the account may have. */
   cronJobs: number;
   /**
@@ -52,6 +59,8 @@ export const PLAN_LIMITS: Record<Plan, PlanLimits> = {
     diskSizeGb: 10,
     totalDiskGb: 10,
     appMemoryMb: 2048,
+    apps: 10,
+    totalAppMemoryMb: 4096,
     cronJobs: 20,
     concurrentJobs: 2,
     manualRunQueueLimit: 8,
@@ -64,6 +73,8 @@ export const PLAN_LIMITS: Record<Plan, PlanLimits> = {
     diskSizeGb: 250,
     totalDiskGb: 1000,
     appMemoryMb: 8192,
+    apps: 50,
+    totalAppMemoryMb: 16_384,
     cronJobs: 200,
     concurrentJobs: 4,
     manualRunQueueLimit: 16,
@@ -76,6 +87,8 @@ export const PLAN_LIMITS: Record<Plan, PlanLimits> = {
     diskSizeGb: 1000,
     totalDiskGb: 10_000,
     appMemoryMb: 16_384,
+    apps: 200,
+    totalAppMemoryMb: 65_536,
     cronJobs: 5000,
     concurrentJobs: 6,
     manualRunQueueLimit: 24,

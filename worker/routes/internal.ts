@@ -5,6 +5,7 @@ import {
   JobStatus,
   NODE_ID_PATTERN,
   NodeHeartbeat,
+  NodeRejoin,
   NonceCache,
   PartUrlRequest,
   ProcessStatus,
@@ -17,7 +18,7 @@ import { appRuntimeStub } from "../services/app-runtime";
 import { backupStub, restoreStub } from "../services/backups";
 import { cronStub } from "../services/crons";
 import { deploymentStub } from "../services/deployments";
-import { fleetStub, nodeRef } from "../services/fleet";
+import { fleetStub, forgetFleet, nodeRef } from "../services/fleet";
 
 /** Nonces of accepted callbacks, per isolate; handlers are idempotent, so this only trims replays. */
 const seen = new NonceCache(10_000);
@@ -78,6 +79,22 @@ internalRoutes.post("/builder/callback", async (c) => {
   else if (kind === "restore" && restoreId) await restoreStub(c.env, restoreId).jobFinished(status);
   else if (kind === "deployment" && deploymentId) await deploymentStub(c.env, deploymentId).jobFinished(status);
   return c.body(null, 204);
+});
+
+/**
+ * A node that joined before joins again as itself (after a restart, or from
+ * a new address): its signature is the proof, never a token.
+ */
+internalRoutes.post("/nodes/rejoin", async (c) => {
+  const parsed = NodeRejoin.safeParse(c.get("signedBody"));
+  if (!parsed.success) throw new ApiError("VALIDATION_ERROR", `rejoin body is not a node's description: ${parsed.error.issues[0]?.message ?? ""}`);
+  const node = c.get("node");
+  if (node === LONE_BUILDER_ID) throw new ApiError("FORBIDDEN", "a lone builder does not join; nodes rejoin with their own id");
+  const result = await fleetStub(c.env).rejoin(node, parsed.data);
+  if (!result.ok) throw new ApiError(result.code, result.message);
+  forgetFleet();
+  const config = c.get("config");
+  return c.json({ nodeId: node, heartbeatSeconds: config.NODE_HEARTBEAT_SECONDS, appsDomain: config.APPS_DOMAIN }, 200);
 });
 
 /** A node's heartbeat: capacity, load and the disks it holds; the answer names copies to set aside. */

@@ -1,4 +1,4 @@
-import { and, asc, desc, eq, inArray } from "drizzle-orm";
+import { and, asc, desc, eq, inArray, sql } from "drizzle-orm";
 import { type Db, isUniqueViolation } from "../db/client";
 import { type AppRow, apps, type DiskRow, disks, type Runtime } from "../db/schema";
 import { type Config, configOf, type Env } from "../env";
@@ -106,11 +106,29 @@ export async function createApp(
     createdAt: now,
     updatedAt: now,
   };
+  // The plan's limits are checked by the statement that inserts, so concurrent creations cannot both squeeze in.
+  const owned = sql`(select count(*) from apps where account_id = ${accountId})`;
+  const reserved = sql`(select coalesce(sum(memory_mb), 0) from apps where account_id = ${accountId} and runtime != 'static')`;
+  const reserves = runsProcess(row.runtime) ? row.memoryMb : 0;
+  let inserted: D1Result;
   try {
-    await db.insert(apps).values(row);
+    inserted = await db.run(sql`
+      insert into apps (id, account_id, name, runtime, status, memory_mb, active_deployment_id, live_process_id, live_node,
+                        restarted_at, created_at, updated_at)
+      select ${row.id}, ${accountId}, ${row.name}, ${row.runtime}, ${row.status}, ${row.memoryMb}, null, null, null, ${now}, ${now}, ${now}
+      where ${owned} < ${limits.apps} and ${reserved} + ${reserves} <= ${limits.totalAppMemoryMb}`);
   } catch (err) {
     if (isUniqueViolation(err)) throw new ApiError("NAME_TAKEN", `the app name "${input.name}" is already taken`);
     throw err;
+  }
+  if (inserted.meta.changes !== 1) {
+    const usage = await db.get<{ count: number; mb: number }>(sql`select ${owned} as count, ${reserved} as mb`);
+    if (usage.count >= limits.apps) throw planLimitError(plan, `an account may have ${limits.apps} apps and has ${usage.count}`, "delete one");
+    throw planLimitError(
+      plan,
+      `an account's apps may reserve ${limits.totalAppMemoryMb} MB of memory in all; ${usage.mb} MB are reserved and this app asks for ${row.memoryMb} MB`,
+      "give it less memory or delete an app",
+    );
   }
   return row;
 }

@@ -45,11 +45,16 @@ function loneBuilder(address: string, now: number): FleetNode {
     diskFreeBytes: 0,
     runningJobs: 0,
     processes: 0,
+    memoryFreeMb: 0,
     pid: null,
     joinedAt: now,
     lastHeartbeatAt: now,
     lostAt: null,
+    maxCores: null,
+    maxMemoryMb: null,
+    maxDiskBytes: null,
     quarantined: [],
+    claimed: null,
   };
 }
 

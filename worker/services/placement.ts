@@ -3,7 +3,7 @@ import type { FleetNode } from "../../durable-objects/fleet";
 import type { Db } from "../db/client";
 import { disks, nodes } from "../db/schema";
 import type { Env } from "../env";
-import type { NodeRef } from "../lib/builder-client";
+import { LONE_BUILDER_ID, type NodeRef } from "../lib/builder-client";
 import { ApiError } from "../lib/errors";
 import { fleet, nodeRef, notePlaced } from "./fleet";
 
@@ -59,14 +59,30 @@ export async function placeDiskAmong(db: Db, all: FleetNode[], sizeBytes: number
   return { id: best.node.id, address: best.node.address };
 }
 
-/** The least loaded ready node, for work that touches no disk. */
-export async function placeStateless(env: Env): Promise<NodeRef> {
+/** What a piece of stateless work needs of its node. */
+export type StatelessNeed = {
+  /** A process's memory limit: nodes that reported less free memory are passed over while another has room. */
+  memoryMb?: number;
+  /** Nodes already tried (they refused it): never chosen again for this work. */
+  exclude?: ReadonlySet<string>;
+};
+
+/**
+ * The least loaded ready node, for work that touches no disk; for a process,
+ * among the nodes that reported room for its memory when any did (else the
+ * least loaded: the node itself has the last word, and refuses with 507).
+ */
+export async function placeStateless(env: Env, need: StatelessNeed = {}): Promise<NodeRef> {
   const view = await fleet(env);
-  const ready = view.nodes.filter((node) => node.state === "ready");
-  if (ready.length === 0) throw noReadyNode(view.nodes);
+  const ready = view.nodes.filter((node) => node.state === "ready" && !need.exclude?.has(node.id));
+  if (ready.length === 0) throw need.exclude?.size ? noRoomLeft(view.nodes, need) : noReadyNode(view.nodes);
+  const memory = need.memoryMb;
+  // The lone builder reports no capacity (memoryFreeMb 0): it is never passed over.
+  const roomy = memory === undefined ? ready : ready.filter((node) => node.id === LONE_BUILDER_ID || node.memoryFreeMb >= memory);
+  const candidates = roomy.length > 0 ? roomy : ready;
   const load = (node: FleetNode) => (node.runningJobs + node.processes + (view.picks.get(node.id) ?? 0)) / Math.max(1, node.cores);
-  let best = ready[0]!;
-  for (const node of ready) if (load(node) < load(best) || (load(node) === load(best) && Math.random() < 0.5)) best = node;
+  let best = candidates[0]!;
+  for (const node of candidates) if (load(node) < load(best) || (load(node) === load(best) && Math.random() < 0.5)) best = node;
   notePlaced(view, best.id);
   return { id: best.id, address: best.address };
 }
@@ -76,9 +92,17 @@ export async function diskNode(env: Env, disk: { nodeId: string | null }): Promi
   return disk.nodeId ? nodeRef(env, disk.nodeId) : placeStateless(env);
 }
 
-/** The node an app's process runs on: its disk's node when it has one, else the least loaded. */
-export async function placeProcess(env: Env, app: { disk: { nodeId: string | null } | null }): Promise<NodeRef> {
-  return app.disk ? diskNode(env, app.disk) : placeStateless(env);
+/** The node an app's process runs on: its disk's node when it has one, else the least loaded with room for it. */
+export async function placeProcess(env: Env, app: { disk: { nodeId: string | null } | null }, need: StatelessNeed = {}): Promise<NodeRef> {
+  return app.disk ? diskNode(env, app.disk) : placeStateless(env, need);
+}
+
+function noRoomLeft(all: FleetNode[], need: StatelessNeed): ApiError {
+  const ready = all.filter((node) => node.state === "ready");
+  return new ApiError(
+    "INSUFFICIENT_STORAGE",
+    `no node can hold it${need.memoryMb === undefined ? "" : ` (a process with a memory limit of ${need.memoryMb} MiB)`}: every ready node (${ready.map((n) => n.name).join(", ")}) refused`,
+  );
 }
 
 function noReadyNode(all: FleetNode[]): ApiError {

@@ -16,6 +16,14 @@
  * An app that writes faster than the file takes it is slowed down, not cut:
  * its pipes are paused while more than {@link QUEUE_HIGH_BYTES} wait, so it
  * blocks on its writes like on a slow terminal.
+ *
+ * Bounded in rate too ({@link LOG_RATE}): the node's agent also proxies other
+ * accounts' traffic, so what one app prints costs it a bounded amount of
+ * work, whatever the app prints. Past the rate (per app and node: its
+ * processes share it) output is dropped, not processed: its newlines are
+ * counted and the app's pipes are read at most every {@link DROP_PAUSE_MS}
+ * (so a spamming app blocks on its writes, paying for its own output), and a
+ * `svc` line says how much was dropped once lines are kept again.
  */
 import { mkdir, open, readdir, rename, rm, stat } from "node:fs/promises";
 import type { ServerResponse } from "node:http";
@@ -25,6 +33,65 @@ import { LOG_LIMIT_BYTES, LOG_MAX_LINE_BYTES, PROCESS_LAST_LINES } from "../prot
 import { type OutputLog, withoutAnsi } from "../sandbox.js";
 import { Changes } from "../changes.js";
 import { drained } from "../logs.js";
+
+/**
+ * What one app's output may cost the node: lines and bytes a second,
+ * sustained, with a burst (a stack trace, a start-up banner) let through whole.
+ */
+export const LOG_RATE = { linesPerSecond: 500, burstLines: 2_000, bytesPerSecond: 1024 * 1024, burstBytes: 4 * 1024 * 1024 } as const;
+/** While an app is over its rate, its pipes are read (and the output dropped) at most this often. */
+const DROP_PAUSE_MS = 100;
+
+/**
+ * Token buckets of one app's output (lines and bytes). A chunk is taken whole
+ * while both have tokens, which may leave them in debt; the debt is paid back
+ * at the sustained rate before the next chunk is taken, so over any second the
+ * app gets its rate and no more.
+ */
+export class LogBudget {
+  #lines: number = LOG_RATE.burstLines;
+  #bytes: number = LOG_RATE.burstBytes;
+  #at: number;
+  /** Output dropped since the last kept lines. */
+  droppedLines = 0;
+  droppedBytes = 0;
+
+  constructor(now = Date.now()) {
+    this.#at = now;
+  }
+
+  /** Whether the next chunk may be kept (both buckets hold tokens). */
+  open(now = Date.now()): boolean {
+    const seconds = (now - this.#at) / 1000;
+    this.#at = now;
+    this.#lines = Math.min(LOG_RATE.burstLines, this.#lines + seconds * LOG_RATE.linesPerSecond);
+    this.#bytes = Math.min(LOG_RATE.burstBytes, this.#bytes + seconds * LOG_RATE.bytesPerSecond);
+    return this.#lines > 0 && this.#bytes > 0;
+  }
+
+  /** Charges kept output. */
+  take(lines: number, bytes: number): void {
+    this.#lines -= lines;
+    this.#bytes -= bytes;
+  }
+
+  /** Counts dropped output. */
+  drop(chunk: Buffer): void {
+    let lines = 0;
+    for (let at = chunk.indexOf(0x0a); at !== -1; at = chunk.indexOf(0x0a, at + 1)) lines++;
+    this.droppedLines += lines;
+    this.droppedBytes += chunk.length;
+  }
+
+  /** The notice of what was dropped since lines were last kept (and forgets it), or null. */
+  takeNotice(): string | null {
+    if (this.droppedBytes === 0) return null;
+    const notice = `log rate limit: dropped ${this.droppedLines} lines (${this.droppedBytes} bytes) of output written faster than ${LOG_RATE.linesPerSecond} lines or ${LOG_RATE.bytesPerSecond / 1024} KiB a second`;
+    this.droppedLines = 0;
+    this.droppedBytes = 0;
+    return notice;
+  }
+}
 
 /** Size at which the current file becomes the previous one. */
 export const APP_LOG_FILE_BYTES = LOG_LIMIT_BYTES / 2;
@@ -37,6 +104,8 @@ const PREVIOUS = "log.1";
 
 /** One app's log: appends in order through one queue, rotation, and reads by logical offset. */
 export class AppLog {
+  /** What the app's output may cost the node, shared by all its processes here. */
+  readonly budget = new LogBudget();
   readonly #dir: string;
   readonly #changes = new Changes();
   #queue: Buffer[] = [];
@@ -251,11 +320,26 @@ export class ProcessOutput implements OutputLog {
   }
 
   capture(stream: "out" | "err", source: Readable): void {
+    const budget = this.#log.budget;
     source.on("data", (chunk: Buffer) => {
-      this.#ingest(stream, chunk);
+      if (!budget.open()) {
+        // Over the app's rate: counted, not processed, and the pipe read again only after a pause.
+        this.#flushPartial(stream);
+        budget.drop(chunk);
+        source.pause();
+        setTimeout(() => source.resume(), DROP_PAUSE_MS).unref();
+        return;
+      }
+      const notice = budget.takeNotice();
+      if (notice) this.note(notice);
+      budget.take(this.#ingest(stream, chunk), chunk.length);
       this.#log.throttle(source);
     });
-    source.on("end", () => this.#flushPartial(stream));
+    source.on("end", () => {
+      this.#flushPartial(stream);
+      const notice = budget.takeNotice();
+      if (notice) this.note(notice);
+    });
   }
 
   /** The process's last lines in the log (at most PROCESS_LAST_LINES), oldest first. */
@@ -268,7 +352,8 @@ export class ProcessOutput implements OutputLog {
     return this.#log.settled();
   }
 
-  #ingest(stream: "out" | "err", chunk: Buffer): void {
+  /** Splits the chunk into records and writes them; how many lines it wrote. */
+  #ingest(stream: "out" | "err", chunk: Buffer): number {
     const pending = this.#partial.get(stream);
     const data = pending ? Buffer.concat([pending, chunk]) : chunk;
     const lines: Buffer[] = [];
@@ -287,6 +372,7 @@ export class ProcessOutput implements OutputLog {
     }
     this.#partial.set(stream, Buffer.from(data.subarray(start)));
     this.#write(stream, lines);
+    return lines.length;
   }
 
   #flushPartial(stream: "out" | "err"): void {

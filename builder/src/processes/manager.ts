@@ -22,16 +22,19 @@ import { join } from "node:path";
 import { deliverCallback } from "../callback.js";
 import type { DiskLeases } from "../disk-leases.js";
 import type { DiskStore } from "../disks.js";
+import { type HostRoom, InsufficientMemory } from "../host-room.js";
 import { isId, newId } from "../ids.js";
 import { type ProcessSpec, ProcessStatus, TENANT_PATTERN, type NodeCredentials } from "../protocol.js";
 import type { SandboxHost } from "../sandbox-host.js";
+import { formatBytes } from "../sandbox.js";
 import type { TenantUsers } from "../tenants.js";
 import { AppLogs, ProcessOutput } from "./app-log.js";
 import type { ProxiedProcess } from "./proxy.js";
 import { ReleaseStore } from "./releases.js";
 import { IN_FLIGHT_WAIT_MS, STOP_GRACE_MS, Supervisor } from "./supervisor.js";
-import { removeWorkTree } from "./worktree.js";
+import { promisedTreeBytes, removeWorkTree, workTreeBytes } from "./worktree.js";
 
+const MIB = 1024 * 1024;
 /** How long records of stopped and failed processes (and unused app logs) stay. */
 const RETENTION_MS = 24 * 60 * 60 * 1000;
 const PRUNE_INTERVAL_MS = 60 * 60 * 1000;
@@ -43,6 +46,8 @@ export interface ProcessManagerOptions {
   dataDir: string;
   credentials: NodeCredentials;
   host: SandboxHost;
+  /** The host's room: every process's memory limit and working tree are promised through it. */
+  room: HostRoom;
   tenants: TenantUsers;
   disks: DiskStore;
   leases: DiskLeases;
@@ -51,7 +56,7 @@ export interface ProcessManagerOptions {
 /** Answer to `POST /v1/processes` (`existing`: its key named a process already); refusals are values. */
 export type ProcessAdmission =
   | { ok: true; status: ProcessStatus; existing: boolean }
-  | { ok: false; code: "DISK_BUSY" | "UNAVAILABLE"; message: string };
+  | { ok: false; code: "DISK_BUSY" | "UNAVAILABLE" | "INSUFFICIENT_MEMORY" | "INSUFFICIENT_STORAGE"; message: string };
 
 interface Entry {
   dir: string;
@@ -88,6 +93,7 @@ export class ProcessManager {
     this.#dir = join(options.dataDir, "processes");
     this.#releases = releases;
     this.appLogs = new AppLogs(join(options.dataDir, "app-logs"));
+    options.room.addDiskPromises(() => promisedTreeBytes(this.#dir));
   }
 
   /** Loads what an earlier builder left (its processes are gone: reported failed), then starts pruning. */
@@ -122,7 +128,7 @@ export class ProcessManager {
 
   async #admit(spec: ProcessSpec): Promise<ProcessAdmission> {
     if (this.#closing) return { ok: false, code: "UNAVAILABLE", message: "builder is shutting down; start the process on another node" };
-    const { disks, leases, tenants, host } = this.#options;
+    const { disks, leases, tenants, host, room } = this.#options;
     if (spec.disk) {
       const owner = await disks.tenantOf(spec.disk.id);
       if (owner !== null && owner !== spec.tenant) return { ok: false, code: "DISK_BUSY", message: `disk ${spec.disk.id} belongs to another tenant` };
@@ -130,11 +136,28 @@ export class ProcessManager {
     const user = await tenants.userOf(spec.tenant);
     const appLog = await this.appLogs.get(spec.appId);
     if (this.#closing) return { ok: false, code: "UNAVAILABLE", message: "builder is shutting down; start the process on another node" };
+    // Its working tree is at least a workTreeBytes() image of the unpacked release (at least as big as the archive):
+    // refused now when even that cannot fit, so the control plane tries another node (the exact size is checked when it is made).
+    const tree = workTreeBytes(spec.release.sizeBytes);
+    const disk = await room.diskRoom();
+    if (disk.promisedBytes + tree > disk.freeBytes - disk.reserveBytes) {
+      const message = `the builder's host cannot hold a working tree of ${formatBytes(tree)}: ${formatBytes(disk.freeBytes)} free, ${formatBytes(disk.reserveBytes)} kept in reserve, ${formatBytes(disk.promisedBytes)} promised`;
+      return { ok: false, code: "INSUFFICIENT_STORAGE", message };
+    }
     const id = newId("prc");
+    try {
+      room.promiseMemory(id, spec.memoryMb * MIB, `a process with a memory limit of ${spec.memoryMb} MiB`);
+    } catch (error) {
+      if (error instanceof InsufficientMemory) return { ok: false, code: "INSUFFICIENT_MEMORY", message: error.message };
+      throw error;
+    }
     let releaseDisk = () => {};
     if (spec.disk) {
       const lease = leases.acquire(spec.disk.id, { kind: "process", id }, false);
-      if (!lease.ok) return { ok: false, code: "DISK_BUSY", message: lease.message };
+      if (!lease.ok) {
+        room.releaseMemory(id);
+        return { ok: false, code: "DISK_BUSY", message: lease.message };
+      }
       releaseDisk = lease.release;
     }
     const dir = join(this.#dir, id);
@@ -142,6 +165,7 @@ export class ProcessManager {
       await mkdir(dir, { mode: 0o711 });
     } catch (error) {
       releaseDisk();
+      room.releaseMemory(id);
       throw error;
     }
     const supervisor = new Supervisor(
@@ -149,6 +173,7 @@ export class ProcessManager {
       spec,
       {
         host,
+        room,
         disks,
         releases: this.#releases,
         user,
@@ -226,6 +251,8 @@ export class ProcessManager {
 
   #changed(entry: Entry, status: ProcessStatus): void {
     entry.status = status;
+    // A process that ended holds no memory of the host any more.
+    if (isFinal(status.state)) this.#options.room.releaseMemory(status.id);
     void this.#persist(entry);
     this.#report(entry, status);
   }

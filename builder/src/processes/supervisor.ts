@@ -32,6 +32,7 @@ import type { ProcessExitReason, ProcessSpec, ProcessState, ProcessStatus } from
 import type { SandboxHost } from "../sandbox-host.js";
 import { type JobUser, type SandboxOutcome, formatBytes, runInSandbox } from "../sandbox.js";
 import { ArchiveRejected, TarFormatError } from "../tar/extract.js";
+import type { HostRoom } from "../host-room.js";
 import type { ProcessOutput } from "./app-log.js";
 import { type ProbeResult, probe } from "./health.js";
 import { type ReleaseHandle, type ReleaseStore, ReleaseUnavailable } from "./releases.js";
@@ -90,6 +91,7 @@ export function afterExit(previousExits: number, ranMs: number): { exits: number
 /** What the supervisor needs from the manager. */
 export interface SupervisorContext {
   host: SandboxHost;
+  room: HostRoom;
   disks: DiskStore;
   releases: ReleaseStore;
   /** The tenant's user. */
@@ -252,7 +254,7 @@ export class Supervisor {
   // -------------------------------------------------------------------------
 
   async #boot(): Promise<void> {
-    const { host, disks, releases, user, dir } = this.#context;
+    const { host, room, disks, releases, user, dir } = this.#context;
     const { spec } = this;
     try {
       if (host.failure !== null) return this.#fail(`the sandbox cannot be created on this builder: ${host.failure}`);
@@ -264,6 +266,7 @@ export class Supervisor {
       if (this.#stop) return;
       const tree = await createWorkTree({
         host,
+        room,
         processDir: dir,
         archive: this.#release.path,
         expandedBytes: this.#release.expandedBytes,
@@ -485,6 +488,11 @@ export class Supervisor {
     update?.();
     this.#routing.notify();
     this.#context.changed(this.status());
+  }
+
+  /** A line of the platform's about this process in its app's runtime log (the proxy's too: a cookie it dropped). */
+  note(text: string): void {
+    this.#note(text);
   }
 
   #note(text: string): void {

@@ -16,13 +16,14 @@
  * is judged by the same rules as a restore.
  */
 import { createReadStream } from "node:fs";
-import { chown, mkdir, rm } from "node:fs/promises";
+import { chown, mkdir, readdir, rm, stat } from "node:fs/promises";
 import { join } from "node:path";
 import { pipeline } from "node:stream/promises";
 import { createGunzip } from "node:zlib";
 import { FsImages, IMAGE_DATA_DIR } from "../fs-image.js";
+import type { HostRoom } from "../host-room.js";
 import type { SandboxHost } from "../sandbox-host.js";
-import type { JobUser } from "../sandbox.js";
+import { formatBytes, type JobUser } from "../sandbox.js";
 import { extractTar } from "../tar/extract.js";
 
 const GIB = 1024 * 1024 * 1024;
@@ -58,6 +59,8 @@ function paths(processDir: string): { image: string; root: string } & WorkTree {
  */
 export async function createWorkTree(input: {
   host: SandboxHost;
+  /** The host's room: the tree's image is made only where it fits beside every other promise. */
+  room: HostRoom;
   processDir: string;
   archive: string;
   expandedBytes: number;
@@ -66,7 +69,7 @@ export async function createWorkTree(input: {
   const { image, root, work, home } = paths(input.processDir);
   const sizeBytes = workTreeBytes(input.expandedBytes);
   if (input.host.images) {
-    await FsImages.create(image, root, sizeBytes, input.user);
+    await input.room.withDiskRoom(sizeBytes, `a working tree of ${formatBytes(sizeBytes)}`, () => FsImages.create(image, root, sizeBytes, input.user));
   } else {
     await mkdir(work, { recursive: true, mode: 0o700 });
     await chown(work, input.user.uid, input.user.gid);
@@ -89,6 +92,16 @@ export async function createWorkTree(input: {
   } finally {
     gunzip.destroy();
   }
+}
+
+/** What the working trees under `processesDir` may still take from the host: the unallocated part of each sparse image. */
+export async function promisedTreeBytes(processesDir: string): Promise<number> {
+  let total = 0;
+  for (const id of await readdir(processesDir).catch(() => [] as string[])) {
+    const image = await stat(join(processesDir, id, "tree.img")).catch(() => null);
+    if (image) total += Math.max(0, image.size - image.blocks * 512);
+  }
+  return total;
 }
 
 /** Unmounts and deletes a process's tree (whatever of it exists). */
