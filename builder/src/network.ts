@@ -4,8 +4,12 @@
  * bridge of this builder by a veth pair and NATed to the outside; nftables
  * rules on the host then drop whatever a job sends to the host itself (the
  * builder's control port, wrangler, sshd, … on any address) and to private,
- * loopback and link-local ranges (cloud metadata, the host's LAN), except DNS to
- * the host's resolvers. Loopback inside the namespace is the job's own. The
+ * loopback and link-local ranges (cloud metadata, the host's LAN), and to every
+ * subnet the host is directly connected to (its LAN or a provider's network on
+ * a public-looking range) and its own addresses, read from its interfaces and
+ * read again every {@link HOST_NETWORKS_REFRESH_MS} (an interface added later
+ * is blocked as soon), except DNS to the host's resolvers. Loopback inside the
+ * namespace is the job's own. The
  * host itself may open connections into a namespace (an app's health check and
  * its proxied traffic, processes/): only replies to those come back in, every
  * connection a namespace opens towards the host is still refused.
@@ -31,6 +35,7 @@
  */
 import { execFile } from "node:child_process";
 import { mkdir, open, readFile, readdir, rm } from "node:fs/promises";
+import { networkInterfaces } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
 
@@ -54,6 +59,27 @@ const BLOCKED_RANGES = [
   "198.18.0.0/15",
   "224.0.0.0/3",
 ];
+
+/** How often the host's own networks are read again (an interface that came up since is blocked from then on). */
+const HOST_NETWORKS_REFRESH_MS = 30_000;
+
+/** `a.b.c.d/n` of each IPv4 network the host is directly connected to (its interfaces' subnets, loopback aside), and its addresses. */
+export function hostNetworks(interfaces = networkInterfaces()): string[] {
+  const networks = new Set<string>();
+  for (const addresses of Object.values(interfaces)) {
+    for (const address of addresses ?? []) {
+      if (address.family !== "IPv4" || address.internal || !address.cidr) continue;
+      const [ip, bits] = address.cidr.split("/");
+      const prefix = Number(bits);
+      const value = ip!.split(".").reduce((sum, part) => sum * 256 + Number(part), 0);
+      const mask = prefix === 0 ? 0 : (0xffffffff << (32 - prefix)) >>> 0;
+      const network = (value & mask) >>> 0;
+      networks.add(`${[24, 16, 8, 0].map((shift) => (network >>> shift) & 255).join(".")}/${prefix}`);
+      networks.add(`${ip}/32`);
+    }
+  }
+  return [...networks].sort();
+}
 
 /** A namespace lent to one job; `release` returns it to the pool. */
 export interface NetworkSlot {
@@ -101,6 +127,9 @@ export class RunNetwork {
   #created = 0;
   #closed = false;
   #filling: Promise<void> = Promise.resolve();
+  /** The host's networks as last written into the blocked set. */
+  #hostNetworks = "";
+  #refresh: NodeJS.Timeout | undefined;
 
   private constructor(index: number) {
     this.#index = index;
@@ -123,6 +152,11 @@ export class RunNetwork {
       const network = new RunNetwork(index);
       await network.#removeLeftovers();
       await network.#createBridge(resolvers);
+      await network.#blockHostNetworks();
+      const refresh = () =>
+        network.#blockHostNetworks().catch((error: unknown) => console.error(`builder: could not update the blocked host networks: ${String(error)}`));
+      network.#refresh = setInterval(() => void refresh(), HOST_NETWORKS_REFRESH_MS);
+      network.#refresh.unref();
       return network;
     } catch (error) {
       return { reason: `runs have no network: ${error instanceof Error ? error.message.split("\n")[0] : String(error)}` };
@@ -130,7 +164,7 @@ export class RunNetwork {
   }
 
   get description(): string {
-    return `own network namespace per run, NAT through bridge ${this.#bridge} (10.213.${this.#index}.0/24, isolated ports); host, private addresses and other runs blocked`;
+    return `own network namespace per run, NAT through bridge ${this.#bridge} (10.213.${this.#index}.0/24, isolated ports); host, its own networks (${this.#hostNetworks || "none"}), private addresses and other runs blocked`;
   }
 
   get #bridge(): string {
@@ -187,9 +221,19 @@ export class RunNetwork {
   /** Removes the namespaces, bridge, rules and the claim. */
   async close(): Promise<void> {
     this.#closed = true;
+    clearInterval(this.#refresh);
     await this.#filling;
     await this.#removeLeftovers();
     await rm(join(STATE_DIR, `net-${this.#index}.pid`), { force: true });
+  }
+
+  /** Writes the host's networks into the blocked set when they changed (auto-merge folds them into overlapping ranges). */
+  async #blockHostNetworks(): Promise<void> {
+    const networks = hostNetworks().join(", ");
+    if (networks === this.#hostNetworks || this.#closed) return;
+    const table = `inet svc_${this.#index}`;
+    await nft(`flush set ${table} host\n${networks ? `add element ${table} host { ${networks} }\n` : ""}`);
+    this.#hostNetworks = networks;
   }
 
   async #createBridge(resolvers: string[]): Promise<void> {
@@ -200,6 +244,13 @@ export class RunNetwork {
     const dns = resolvers.length > 0 ? `iifname "${bridge}" ip daddr { ${resolvers.join(", ")} } meta l4proto { tcp, udp } th dport 53 accept` : "";
     await nft(`
 table inet svc_${this.#index} {
+  set blocked {
+    type ipv4_addr; flags interval; auto-merge;
+    elements = { ${BLOCKED_RANGES.join(", ")} }
+  }
+  set host {
+    type ipv4_addr; flags interval; auto-merge;
+  }
   chain input {
     type filter hook input priority -10; policy accept;
     iifname "${bridge}" ct state established,related accept
@@ -211,8 +262,10 @@ table inet svc_${this.#index} {
     oifname "${bridge}" ct state established,related accept
     oifname "${bridge}" drop
     ${dns}
-    iifname "${bridge}" ip daddr { ${BLOCKED_RANGES.join(", ")} } meta l4proto tcp reject with tcp reset
-    iifname "${bridge}" ip daddr { ${BLOCKED_RANGES.join(", ")} } reject
+    iifname "${bridge}" ip daddr @blocked meta l4proto tcp reject with tcp reset
+    iifname "${bridge}" ip daddr @blocked reject
+    iifname "${bridge}" ip daddr @host meta l4proto tcp reject with tcp reset
+    iifname "${bridge}" ip daddr @host reject
     iifname "${bridge}" meta nfproto ipv6 drop
   }
   chain postrouting {

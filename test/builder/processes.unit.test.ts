@@ -7,7 +7,7 @@ import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { DiskLeases } from "../../builder/src/disk-leases.js";
 import { isId, newId } from "../../builder/src/ids.js";
 import { APP_LOG_FILE_BYTES, AppLog, ProcessOutput } from "../../builder/src/processes/app-log.js";
-import { forwardedRequestHeaders, forwardedResponseHeaders, parseProxyPath } from "../../builder/src/processes/proxy.js";
+import { cookieDomainProblem, forwardedRequestHeaders, forwardedResponseHeaders, parseProxyPath } from "../../builder/src/processes/proxy.js";
 import { RESTART_POLICY, TRANSITIONS, afterExit } from "../../builder/src/processes/supervisor.js";
 import { workTreeBytes } from "../../builder/src/processes/worktree.js";
 import { LOG_LIMIT_BYTES, type ProcessSpec, ProcessState, parseLogLine, processSpecProblems } from "../../builder/src/protocol.js";
@@ -120,6 +120,40 @@ describe("proxy paths and headers", () => {
     expect(
       forwardedResponseHeaders(["Content-Type", "text/plain", "Transfer-Encoding", "chunked", "Connection", "close", "X-Svc-Anything", "1", "Set-Cookie", "a=1", "Set-Cookie", "b=2"]),
     ).toEqual(["Content-Type", "text/plain", "Set-Cookie", "a=1", "Set-Cookie", "b=2"]);
+  });
+
+  it("drops an app's cookie whose Domain reaches other apps' visitors, whatever its spelling, and says why", () => {
+    const apps = "apps.example.com";
+    const host = "shop.apps.example.com";
+    for (const cookie of [
+      "sid=1; Domain=apps.example.com",
+      "sid=1; domain=.APPS.example.com; Path=/",
+      "sid=1; Path=/; DOMAIN = apps.example.com ; HttpOnly",
+      "sid=1; Domain=example.com",
+      "sid=1; Domain=.com",
+      "sid=1; Domain=other.apps.example.com",
+      "sid=1; Domain=shop.apps.example.com; Domain=apps.example.com",
+    ]) {
+      expect(cookieDomainProblem(cookie, apps, host), cookie).toMatch(/^dropped the app's cookie "sid": its Domain=/);
+    }
+    for (const cookie of ["sid=1", "sid=1; Path=/; HttpOnly", "sid=1; Domain=shop.apps.example.com", "sid=1; Domain=.Shop.Apps.Example.Com", "sid=1; Domain="]) {
+      expect(cookieDomainProblem(cookie, apps, host), cookie).toBeNull();
+    }
+    // A custom domain's own parent is its owner's to use; the apps domain never is.
+    expect(cookieDomainProblem("a=1; Domain=example.org", apps, "www.example.org")).toBeNull();
+    expect(cookieDomainProblem("a=1; Domain=apps.example.com", apps, "www.example.org")).toMatch(/every app on this platform/);
+    // The local stack's host carries a port; cookies never do.
+    expect(cookieDomainProblem("a=1; Domain=localhost", "localhost", "shop.localhost:8787")).toMatch(/top-level name/);
+    expect(cookieDomainProblem("a=1; Domain=shop.localhost", "localhost", "shop.localhost:8787")).toBeNull();
+
+    const refused: string[] = [];
+    const headers = forwardedResponseHeaders(["Set-Cookie", "a=1; Domain=apps.example.com", "Set-Cookie", "b=2", "Content-Type", "text/plain"], {
+      appsDomain: apps,
+      host,
+      refused: (why) => refused.push(why),
+    });
+    expect(headers).toEqual(["Set-Cookie", "b=2", "Content-Type", "text/plain"]);
+    expect(refused).toEqual([expect.stringContaining('"a": its Domain=apps.example.com would reach the visitors of every app on this platform; set it without Domain')]);
   });
 });
 

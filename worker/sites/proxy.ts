@@ -1,17 +1,27 @@
-import { HEADER_PROXY_ERROR, MAX_PROXY_BODY_BYTES, signProxy } from "../../builder/src/protocol";
+import { HEADER_APPS_DOMAIN, HEADER_PROXY_ERROR, MAX_PROXY_BODY_BYTES, signProxy } from "../../builder/src/protocol";
 import type { Config } from "../env";
 import { type NodeRef, signingKey } from "../lib/builder-client";
 
 /** An app that runs, as the edge knows it: the process serving it and its node (apps.live_*, the node from the fleet). */
 export type ProcessTarget = { processId: string; node: NodeRef };
 
-/** Headers a client may not send on to an app: ours, and hop-by-hop ones the fetch to the node sets itself. */
-const DROPPED = /^(x-svc-|x-forwarded-|cf-|connection$|keep-alive$|proxy-|te$|trailer$|transfer-encoding$)/i;
+/**
+ * Headers a client may not send on to an app: ours; hop-by-hop ones the fetch
+ * to the node sets itself; `Expect` (the edge answers it: a 100 Continue is
+ * not the app's answer); and every header that claims the client's address or
+ * where the request was meant to go, which only the edge may say (a client's
+ * `Forwarded`, `X-Real-IP`, `True-Client-IP`… would otherwise reach the app
+ * as if a proxy had vouched for them).
+ */
+const DROPPED =
+  /^(x-svc-|x-forwarded|cf-|forwarded$|via$|x-real-ip$|true-client-ip$|x-client-ip$|x-cluster-client-ip$|client-ip$|fastly-client-ip$|x-originating-ip$|x-remote-ip$|x-remote-addr$|x-proxyuser-ip$|wl-proxy-client-ip$|x-original-url$|x-rewrite-url$|x-original-host$|x-host$|connection$|keep-alive$|proxy-|te$|trailer$|transfer-encoding$|expect$)/i;
 
 /**
  * The request for the node: `ANY /v1/proxy/<process>/<path>?<query>`, signed
  * (protocol.ts, "Proxied traffic"), with the client's body streamed through
- * and X-Forwarded-* set by the edge alone (a client's own are dropped).
+ * and X-Forwarded-* set by the edge alone (a client's own are dropped): the
+ * client's address only where the edge knows it (CLIENT_IP_HEADER, set by
+ * Cloudflare in production; locally a client could send any value there).
  */
 async function forwarded(request: Request, config: Config, target: ProcessTarget): Promise<Request> {
   const url = new URL(request.url);
@@ -20,8 +30,9 @@ async function forwarded(request: Request, config: Config, target: ProcessTarget
   if (/^websocket$/i.test(request.headers.get("Upgrade") ?? "")) headers.set("Upgrade", "websocket");
   headers.set("X-Forwarded-Host", request.headers.get("Host") ?? url.host);
   headers.set("X-Forwarded-Proto", url.protocol.replace(/:$/, ""));
-  const client = request.headers.get("CF-Connecting-IP");
+  const client = config.CLIENT_IP_HEADER ? request.headers.get(config.CLIENT_IP_HEADER) : null;
   if (client) headers.set("X-Forwarded-For", client);
+  headers.set(HEADER_APPS_DOMAIN, config.APPS_DOMAIN.replace(/:\d+$/, ""));
   for (const [name, value] of Object.entries(await signProxy(await signingKey(config, target.node.id), target.processId))) headers.set(name, value);
   const bodyless = request.method === "GET" || request.method === "HEAD";
   return new Request(new URL(`/v1/proxy/${target.processId}${url.pathname}${url.search}`, target.node.address), {

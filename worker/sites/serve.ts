@@ -8,6 +8,7 @@ import { BlobCache } from "./blob-cache";
 import { compressible, gzip, MIN_GZIP_BYTES, prefersGzip } from "./encoding";
 import { HEADERS_LIMITS, type HeaderRule, headersFor } from "./headers";
 import { cacheControl, type Decision, decidePath, type ManifestEntry, matchesEtag, normalisePath } from "./resolve";
+import { takeSlot } from "./fair-share";
 import { type ProcessTarget, proxyToProcess } from "./proxy";
 import { logRequest } from "./request-log";
 
@@ -33,7 +34,7 @@ export const blobPrefix = (accountId: string) => `blobs/${accountId}/`;
 const LEGACY_BLOB_PREFIX = "blobs/";
 export const blobKey = (prefix: string, sha256: string) => `${prefix}${sha256}`;
 
-type SiteApp = Pick<AppRow, "id" | "runtime" | "status" | "activeDeploymentId" | "liveProcessId" | "liveNode">;
+type SiteApp = Pick<AppRow, "id" | "accountId" | "runtime" | "status" | "activeDeploymentId" | "liveProcessId" | "liveNode">;
 
 /** How long an app's active deployment is trusted per isolate: a switch is visible within seconds. */
 const APP_TTL_MS = 2_000;
@@ -71,6 +72,7 @@ async function siteApp(env: Env, name: string, now: number, fresh = false): Prom
     (await openDb(env.DB)
       .select({
         id: apps.id,
+        accountId: apps.accountId,
         runtime: apps.runtime,
         status: apps.status,
         activeDeploymentId: apps.activeDeploymentId,
@@ -254,12 +256,18 @@ async function serveFrom(
  */
 /** An app that runs: its requests go to the process serving it (proxy.ts). */
 async function serveProcess(request: Request, env: Env, name: string, app: SiteApp): Promise<Response> {
-  const target = await liveTarget(env, app);
-  if (!target) return page(app.activeDeploymentId ? 503 : 404, app.activeDeploymentId ? "This app is starting" : "Nothing deployed yet");
-  return proxyToProcess(request, configOf(env), target, async () => {
-    const fresh = await siteApp(env, name, Date.now(), true);
-    return fresh && fresh.status === "running" ? liveTarget(env, fresh) : null;
-  });
+  const slot = takeSlot(app.id, app.accountId);
+  if (slot instanceof Response) return slot;
+  try {
+    const target = await liveTarget(env, app);
+    if (!target) return page(app.activeDeploymentId ? 503 : 404, app.activeDeploymentId ? "This app is starting" : "Nothing deployed yet");
+    return await proxyToProcess(request, configOf(env), target, async () => {
+      const fresh = await siteApp(env, name, Date.now(), true);
+      return fresh && fresh.status === "running" ? liveTarget(env, fresh) : null;
+    });
+  } finally {
+    slot();
+  }
 }
 
 /** The live process and where its node is reached (the fleet's view, cached per isolate); null while none serves. */

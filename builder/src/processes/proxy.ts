@@ -22,10 +22,20 @@
  * - A WebSocket (any `Connection: Upgrade`) is a byte stream both ways after
  *   the request head is written to a fresh connection to the app.
  *
+ * - A cookie the app sets for the apps domain, a parent of it, or another
+ *   app's host (`Set-Cookie: …; Domain=…`) is dropped, with a line in the
+ *   app's runtime log: every app's visitors would send it (the apps domain is
+ *   not on the Public Suffix List locally). A cookie without Domain, or for the
+ *   request's own host, passes.
+ * - Fair shares ({@link NODE_SHARE}): one process, and one account over all
+ *   its processes here, has at most so many requests in flight and WebSockets
+ *   open; past them the node answers 503 with Retry-After at once, so one
+ *   account's flood cannot take every connection of the node.
+ *
  * Answers of its own, as JSON errors (BuilderError): 401 bad signature, 404
  * PROCESS_NOT_FOUND (unknown or stopped process: the edge looks the app's
  * process up again), 503 UNAVAILABLE (not ready within a few seconds, failed,
- * or a worker), 502 UNAVAILABLE (the app did not answer), 413
+ * a worker, or past its share), 502 UNAVAILABLE (the app did not answer), 413
  * PAYLOAD_TOO_LARGE. A request for an instance that dies under it (a
  * connection refused before its body went out) waits for the restart like
  * one that arrived during it.
@@ -36,6 +46,7 @@ import { type Socket, connect } from "node:net";
 import type { Duplex } from "node:stream";
 import { setTimeout as sleep } from "node:timers/promises";
 import {
+  HEADER_APPS_DOMAIN,
   HEADER_PROXY_ERROR,
   type BuilderError,
   type BuilderErrorCode,
@@ -78,10 +89,24 @@ const HOP_BY_HOP = new Set([
   "http2-settings",
 ]);
 
+/** What one process, and one account over its processes on this node, may have at once. */
+export const NODE_SHARE = {
+  requestsPerProcess: 512,
+  requestsPerTenant: 1_024,
+  upgradesPerProcess: 500,
+  upgradesPerTenant: 1_000,
+  retryAfterSeconds: 1,
+} as const;
+
+const APPS_DOMAIN = HEADER_APPS_DOMAIN.toLowerCase();
+
 /** What the proxy needs of a process. */
 export interface ProxiedProcess {
+  readonly spec: { tenant: string };
   route(): Route;
   status(): { state: ProcessState };
+  /** Writes a line about the process into its app's runtime log. */
+  note(text: string): void;
 }
 
 /** What the proxy needs from the node. */
@@ -137,16 +162,54 @@ export function forwardedRequestHeaders(raw: string[], upgrade: boolean): string
   return out;
 }
 
-/** The app's response headers as the visitor gets them: hop-by-hop and X-Svc-* headers gone. */
-export function forwardedResponseHeaders(raw: string[]): string[] {
+/**
+ * The app's response headers as the visitor gets them: hop-by-hop and X-Svc-*
+ * headers gone, and every Set-Cookie that `cookies` refuses (it is told why).
+ */
+export function forwardedResponseHeaders(raw: string[], cookies?: { appsDomain: string | null; host: string | null; refused(why: string): void }): string[] {
   const named = connectionTokens(raw);
   const out: string[] = [];
   for (let i = 0; i + 1 < raw.length; i += 2) {
     const lower = raw[i]!.toLowerCase();
     if (HOP_BY_HOP.has(lower) || named.has(lower) || lower.startsWith("x-svc-")) continue;
+    if (cookies && lower === "set-cookie") {
+      const why = cookieDomainProblem(raw[i + 1]!, cookies.appsDomain, cookies.host);
+      if (why) {
+        cookies.refused(why);
+        continue;
+      }
+    }
     out.push(raw[i]!, raw[i + 1]!);
   }
   return out;
+}
+
+/**
+ * Why a Set-Cookie must not reach the visitor, or null when it may: a
+ * `Domain` naming the apps domain or a parent of it (every app's visitors
+ * would send the cookie), another app's host, or a bare suffix. A cookie
+ * without Domain (host-only), or for the request's own host or a custom
+ * domain's own parent, passes.
+ */
+export function cookieDomainProblem(setCookie: string, appsDomain: string | null, host: string | null): string | null {
+  let domain: string | null = null;
+  for (const attribute of setCookie.split(";").slice(1)) {
+    const equals = attribute.indexOf("=");
+    if (equals === -1 || attribute.slice(0, equals).trim().toLowerCase() !== "domain") continue;
+    // The last Domain attribute wins (RFC 6265 §5.3); a leading dot is ignored.
+    domain = attribute.slice(equals + 1).trim().replace(/^\./, "").toLowerCase();
+  }
+  if (domain === null || domain === "") return null;
+  const name = setCookie.slice(0, Math.max(0, setCookie.indexOf("="))).trim().slice(0, 100);
+  const ownHost = host?.toLowerCase().replace(/:\d+$/, "") ?? null;
+  const apps = appsDomain?.toLowerCase() ?? null;
+  if (domain === ownHost) return null;
+  const why = (what: string) => `dropped the app's cookie "${name}": its Domain=${domain} ${what}; set it without Domain (it then belongs to ${ownHost ?? "the app's host"} alone)`;
+  if (!domain.includes(".")) return why("is a top-level name every site shares");
+  if (apps !== null && (domain === apps || apps.endsWith(`.${domain}`))) return why("would reach the visitors of every app on this platform");
+  if (apps !== null && domain.endsWith(`.${apps}`)) return why("is another app's host");
+  if (ownHost !== null && !ownHost.endsWith(`.${domain}`)) return why("does not cover the app's host, so browsers would refuse it anyway");
+  return null;
 }
 
 /** Header names listed in Connection (themselves hop-by-hop). */
@@ -180,11 +243,44 @@ function sendError(response: ServerResponse, status: number, code: BuilderErrorC
 }
 
 /** An error answer written straight to an upgrade's socket (there is no ServerResponse there). */
-function rawError(socket: Duplex, status: number, code: BuilderErrorCode, message: string): void {
+function rawError(socket: Duplex, status: number, code: BuilderErrorCode, message: string, retry = false): void {
   const text = errorBody(code, message);
+  const retryAfter = retry ? `Retry-After: ${NODE_SHARE.retryAfterSeconds}\r\n` : "";
   socket.end(
-    `HTTP/1.1 ${status} ${STATUS_CODES[status] ?? ""}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(text)}\r\n${HEADER_PROXY_ERROR}: ${code}\r\nConnection: close\r\n\r\n${text}`,
+    `HTTP/1.1 ${status} ${STATUS_CODES[status] ?? ""}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(text)}\r\n${retryAfter}${HEADER_PROXY_ERROR}: ${code}\r\nConnection: close\r\n\r\n${text}`,
   );
+}
+
+/** Counts held per process and per tenant, each bounded. */
+class Shares {
+  readonly #byProcess = new Map<string, number>();
+  readonly #byTenant = new Map<string, number>();
+
+  constructor(
+    readonly perProcess: number,
+    readonly perTenant: number,
+  ) {}
+
+  /** Takes one for `id` of `tenant`: the function that gives it back, or which holder is full ("the app has 512"). */
+  take(id: string, tenant: string): (() => void) | string {
+    const held = this.#byProcess.get(id) ?? 0;
+    const tenantHeld = this.#byTenant.get(tenant) ?? 0;
+    if (held >= this.perProcess) return `the app has ${held}`;
+    if (tenantHeld >= this.perTenant) return `the app's account has ${tenantHeld}`;
+    this.#byProcess.set(id, held + 1);
+    this.#byTenant.set(tenant, tenantHeld + 1);
+    let given = false;
+    return () => {
+      if (given) return;
+      given = true;
+      const left = (this.#byProcess.get(id) ?? 1) - 1;
+      if (left > 0) this.#byProcess.set(id, left);
+      else this.#byProcess.delete(id);
+      const tenantLeft = (this.#byTenant.get(tenant) ?? 1) - 1;
+      if (tenantLeft > 0) this.#byTenant.set(tenant, tenantLeft);
+      else this.#byTenant.delete(tenant);
+    };
+  }
 }
 
 /** Where a request for a process goes, after waiting a little for one that is (re)starting. */
@@ -204,12 +300,17 @@ interface Exchange {
   attempts: number;
   /** Until when it may wait for a ready instance. */
   deadline: number;
+  /** The domain apps are served under ({@link HEADER_APPS_DOMAIN}), for the cookies the app sets. */
+  appsDomain: string | null;
 }
 
 export class AppProxy {
   readonly #options: ProxyOptions;
   /** `<id>\n<timestamp>` → the signature verified for it, and until when it may be used. */
   readonly #verified = new Map<string, { signature: Buffer; until: number }>();
+  /** Requests in flight and WebSockets open, per process and per tenant ({@link NODE_SHARE}). */
+  readonly #requests = new Shares(NODE_SHARE.requestsPerProcess, NODE_SHARE.requestsPerTenant);
+  readonly #upgrades = new Shares(NODE_SHARE.upgradesPerProcess, NODE_SHARE.upgradesPerTenant);
 
   constructor(options: ProxyOptions) {
     this.#options = options;
@@ -246,11 +347,15 @@ export class AppProxy {
     const resolved = await this.#resolve(target.id);
     if (!resolved.ok) return rawError(socket, resolved.status, resolved.code, resolved.message);
     const { route } = resolved;
+    const tenant = this.#options.lookup(target.id)?.spec.tenant ?? "";
+    const share = this.#upgrades.take(target.id, tenant);
+    if (typeof share === "string") return rawError(socket, 503, "UNAVAILABLE", `${share} WebSockets open, as many as it may; retry in a moment`, true);
     const upstream = connect({ host: route.address, port: route.port });
     let connected = false;
     const client = socket as Socket;
     route.upgrades.add(client);
     const teardown = () => {
+      share();
       route.upgrades.delete(client);
       upstream.destroy();
       socket.destroy();
@@ -269,6 +374,7 @@ export class AppProxy {
     });
     upstream.on("error", (error: NodeJS.ErrnoException) => {
       if (!connected) {
+        share();
         route.upgrades.delete(client);
         rawError(socket, 502, "UNAVAILABLE", `the app's process ${target.id} could not be reached: ${error.code ?? error.message}`);
       } else {
@@ -287,8 +393,26 @@ export class AppProxy {
       response.once("finish", () => request.destroy());
       return sendError(response, 413, "PAYLOAD_TOO_LARGE", `request body exceeds ${MAX_PROXY_BODY_BYTES} bytes`);
     }
+    const process = this.#options.lookup(target.id);
+    const share = this.#requests.take(target.id, process?.spec.tenant ?? "");
+    if (typeof share === "string") {
+      response.setHeader("Retry-After", String(NODE_SHARE.retryAfterSeconds));
+      return sendError(response, 503, "UNAVAILABLE", `${share} requests in flight, as many as it may; retry in a moment`);
+    }
+    response.once("close", share);
     const hasBody = request.headers["transfer-encoding"] !== undefined || Number(request.headers["content-length"] ?? 0) > 0;
-    this.#dispatch({ request, response, ...target, hasBody, bodySent: false, attempts: 0, deadline: Date.now() + PROXY_READY_WAIT_MS }, null);
+    const appsDomain = request.headers[APPS_DOMAIN];
+    const exchange: Exchange = {
+      request,
+      response,
+      ...target,
+      hasBody,
+      bodySent: false,
+      attempts: 0,
+      deadline: Date.now() + PROXY_READY_WAIT_MS,
+      appsDomain: typeof appsDomain === "string" ? appsDomain : null,
+    };
+    this.#dispatch(exchange, null);
   }
 
   /**
@@ -342,7 +466,12 @@ export class AppProxy {
     upstream.once("response", (answer) => {
       answered = true;
       const status = answer.statusCode ?? 502;
-      const headers = forwardedResponseHeaders(answer.rawHeaders) as unknown as OutgoingHttpHeaders;
+      const cookies = {
+        appsDomain: exchange.appsDomain,
+        host: typeof request.headers["x-forwarded-host"] === "string" ? request.headers["x-forwarded-host"] : (request.headers.host ?? null),
+        refused: (why: string) => this.#options.lookup(id)?.note(why),
+      };
+      const headers = forwardedResponseHeaders(answer.rawHeaders, cookies) as unknown as OutgoingHttpHeaders;
       answer.once("error", () => response.destroy());
       const length = answer.headers["content-length"];
       if (length !== undefined && Number(length) <= SMALL_BODY_BYTES) {
