@@ -90,12 +90,13 @@ async function answer<T>(node: NodeRef, res: Response, schema: z.ZodType<T>, wha
 
 /**
  * A node's refusal as a value: its own code and words for what it refused
- * (DISK_BUSY, INSUFFICIENT_STORAGE…); a node failing (5xx, or an answer that
- * is not one of ours) is named, so the operator knows which.
+ * (DISK_BUSY, INSUFFICIENT_STORAGE, UNAVAILABLE…); a node failing (an
+ * internal error, or an answer that is not one of ours) is named, so the
+ * operator knows which.
  */
 async function failure(node: NodeRef, res: Response): Promise<{ ok: false; status: number; code: string; message: string }> {
   const parsed = BuilderError.safeParse(await res.json().catch(() => null));
-  if (parsed.success && res.status < 500) return { ok: false, status: res.status, code: parsed.data.error.code, message: parsed.data.error.message };
+  if (parsed.success && parsed.data.error.code !== "INTERNAL") return { ok: false, status: res.status, code: parsed.data.error.code, message: parsed.data.error.message };
   const said = parsed.success ? `: ${parsed.data.error.message}` : "";
   return { ok: false, status: res.status, code: parsed.success ? parsed.data.error.code : "INTERNAL", message: `node ${node.id} (${node.address}) answered HTTP ${res.status}${said}` };
 }

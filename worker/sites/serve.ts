@@ -256,7 +256,7 @@ async function serveFrom(
  */
 /** An app that runs: its requests go to the process serving it (proxy.ts). */
 async function serveProcess(request: Request, env: Env, name: string, app: SiteApp): Promise<Response> {
-  const slot = takeSlot(app.id, app.accountId);
+  const slot = takeSlot(app.id, app.accountId, request.signal);
   if (slot instanceof Response) return slot;
   try {
     const target = await liveTarget(env, app);
