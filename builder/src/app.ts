@@ -11,6 +11,8 @@ import { DiskFenced, DiskOwnedElsewhere, DiskStore } from "./disks.js";
 import { InsufficientStorage } from "./host-room.js";
 import type { Admission, JobManager } from "./job-manager.js";
 import { streamLog } from "./logs.js";
+import { isId } from "./ids.js";
+import type { LogWindow } from "./processes/app-log.js";
 import type { ProcessAdmission, ProcessManager } from "./processes/manager.js";
 import { type AppProxy, PROXY_PREFIX } from "./processes/proxy.js";
 import {
@@ -321,11 +323,20 @@ function routes({ jobs, disks, leases, processes }: BuilderServices): Route[] {
         if (!TENANT_PATTERN.test(appId)) {
           return sendError(response, 400, "VALIDATION_ERROR", "app id must match ^[A-Za-z0-9_-]{1,64}$", [{ path: "appId", message: "invalid app id" }]);
         }
-        const tailParam = url.searchParams.get("tail");
-        if (tailParam !== null && !/^\d{1,15}$/.test(tailParam)) {
-          return sendError(response, 400, "VALIDATION_ERROR", "tail must be a non-negative integer (bytes)", [
-            { path: "tail", message: "expected a non-negative integer" },
-          ]);
+        const window: LogWindow = {};
+        for (const [name, key] of [["tail", "tailBytes"], ["lines", "tailLines"], ["since", "since"]] as const) {
+          const value = url.searchParams.get(name);
+          if (value === null) continue;
+          if (!/^\d{1,15}$/.test(value)) {
+            const what = name === "since" ? "epoch milliseconds" : name === "lines" ? "lines" : "bytes";
+            return sendError(response, 400, "VALIDATION_ERROR", `${name} must be a non-negative integer (${what})`, [{ path: name, message: "expected a non-negative integer" }]);
+          }
+          window[key] = Number(value);
+        }
+        const process = url.searchParams.get("process");
+        if (process !== null) {
+          if (!isId("prc", process)) return sendError(response, 400, "VALIDATION_ERROR", "process must be a process id (prc_…)", [{ path: "process", message: "invalid process id" }]);
+          window.process = process;
         }
         const follow = ["1", "true"].includes(url.searchParams.get("follow") ?? "");
         const log = await processes.appLogs.get(appId);
@@ -336,7 +347,7 @@ function routes({ jobs, disks, leases, processes }: BuilderServices): Route[] {
         });
         // Followers must see lines the moment they are written.
         if (follow) response.flushHeaders();
-        await log.stream(tailParam === null ? null : Number(tailParam), follow, response);
+        await log.stream(window, follow, response);
       },
     },
   ];

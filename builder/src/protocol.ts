@@ -466,6 +466,19 @@ export type LogStream = "out" | "err" | "svc";
 
 const LOG_LINE = /^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z) (out|err|svc) (.*)$/s;
 
+const APP_LOG_LINE = /^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z) (out|err|svc) ([A-Za-z0-9_-]+)\/([A-Za-z0-9_]+) (.*)$/s;
+
+/**
+ * One line of an app's runtime log (`<time> <stream> <deployment>/<process>
+ * <text>`: which release and which process wrote it; `-` for a process started
+ * without a deployment), split into its parts; null when it is not one.
+ */
+export function parseAppLogLine(line: string): { time: string; stream: LogStream; release: string; process: string; text: string } | null {
+  const match = APP_LOG_LINE.exec(line);
+  if (!match) return null;
+  return { time: match[1]!, stream: match[2] as LogStream, release: match[3]!, process: match[4]!, text: match[5]! };
+}
+
 /**
  * Splits one log line (without its newline) into its parts, so the Worker can
  * render run logs without re-deriving the format; null when it is not a record.
@@ -796,6 +809,9 @@ export const ProcessType = z.enum(["web", "worker"]);
 export type ProcessType = z.infer<typeof ProcessType>;
 
 /** Port a web app is given in PORT when svc.json names none. */
+/** Seconds a web process has to pass its health check when svc.json does not say (`startTimeoutSeconds`). */
+export const DEFAULT_START_TIMEOUT_SECONDS = 60;
+
 export const DEFAULT_APP_PORT = 8080;
 
 /**
@@ -836,6 +852,14 @@ export const ReleaseResult = z.object({
   port: z.int().min(1).max(65_535).nullable(),
   /** Null: the process is ready once its port accepts connections. */
   healthCheckPath: healthCheckPath.nullable(),
+  /** A web process: seconds it has to pass its health check (null: the platform's default). */
+  startTimeoutSeconds: z.int().min(1).max(600).nullable().default(null),
+  /** Seconds a new process must stay up once ready before it counts as deployed. */
+  minReadySeconds: z.int().min(0).max(600).default(0),
+  /** A worker: its new release may run beside the old one during a deploy. */
+  overlap: z.boolean().default(false),
+  /** Regular files in the release (what its build log and the deployment say). */
+  files: z.int().nonnegative().default(0),
   /** Bytes of the whole `.tar.gz` (the sum of the parts). */
   sizeBytes: z.int().positive(),
   /** SHA-256 of the whole `.tar.gz`, hex. */
@@ -896,7 +920,7 @@ export const ProcessState = z.enum(["starting", "running", "backoff", "crash_loo
 export type ProcessState = z.infer<typeof ProcessState>;
 
 /** Why the last instance of a process ended (or never became ready). */
-export const ProcessExitReason = z.enum(["exit_code", "OOMKilled", "health_check", "start_timeout", "error"]);
+export const ProcessExitReason = z.enum(["exit_code", "OOMKilled", "health_check", "start_timeout", "port", "error"]);
 export type ProcessExitReason = z.infer<typeof ProcessExitReason>;
 
 /** Most lines of the runtime log a status carries when something went wrong. */
@@ -972,6 +996,8 @@ export const ProcessStatus = z.object({
   /** The last lines of the runtime log (at most {@link PROCESS_LAST_LINES}) when the last instance ended badly; else empty. */
   lastLines: z.array(z.string()),
   memoryLimitBytes: z.int().positive(),
+  /** A web process: the port its traffic goes to (its spec's, or the one it was found listening on instead); null for a worker. */
+  port: z.int().min(1).max(65_535).nullable().default(null),
   createdAt: z.iso.datetime(),
   /** Start of the current (or last) instance. */
   startedAt: z.iso.datetime().nullable(),

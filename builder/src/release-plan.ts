@@ -21,7 +21,7 @@ import {
   hasDependencies,
   readPackageJson,
 } from "./detect.js";
-import { DEFAULT_APP_PORT, type ProcessType, type ServerRuntime } from "./protocol.js";
+import { DEFAULT_APP_PORT, DEFAULT_START_TIMEOUT_SECONDS, type ProcessType, type ServerRuntime } from "./protocol.js";
 import { type Runtime, type SvcJson, runtimeMismatch } from "./static/project-config.js";
 
 /** How dependencies are installed: a node package manager from its lockfile, or pip from requirements.txt / pyproject.toml. */
@@ -42,6 +42,14 @@ export interface ReleasePlan {
   /** The port a web process listens on (it gets it in PORT); null for a worker. */
   port: number | null;
   healthCheckPath: string | null;
+  /** Seconds a new process must stay up once ready before it counts as deployed: svc.json's, else 10 for a worker, 0 for a web app. */
+  /** Web: seconds to pass the health check; null for a worker. */
+  startTimeoutSeconds: number | null;
+  minReadySeconds: number;
+  /** A worker's new release runs beside the old one during a deploy (svc.json `overlap`); false: the old one stops first. */
+  overlap: boolean;
+  /** Node apps: devDependencies stay in the release (svc.json `keepDevDependencies`); false: pruned after the build. */
+  keepDevDependencies: boolean;
   /** One line saying each choice and where it came from. */
   summary: string;
   /** Why nothing is installed; null when something is. */
@@ -54,6 +62,9 @@ export interface ReleaseOverrides {
 }
 
 type Decision<T> = { ok: true; value: T } | { ok: false; error: string };
+
+/** A worker's new release counts as deployed once it stayed up this long (it has no health check to pass). */
+export const DEFAULT_WORKER_MIN_READY_SECONDS = 10;
 
 /** Files a node app is started from, in order, when package.json names no start script or main. */
 export const NODE_ENTRY_FILES = ["server.js", "index.js", "app.js"] as const;
@@ -190,15 +201,38 @@ export async function planRelease(
     overrides.buildCommand !== undefined ? "app settings" : config?.buildCommand !== undefined ? "svc.json" : (conventionalBuild?.from ?? null);
   const port = type === "web" ? (config?.port ?? DEFAULT_APP_PORT) : null;
   const healthCheckPath = type === "web" ? (config?.healthCheckPath ?? null) : null;
+  const startTimeoutSeconds = type === "web" ? (config?.startTimeoutSeconds ?? DEFAULT_START_TIMEOUT_SECONDS) : null;
+  const minReadySeconds = config?.minReadySeconds ?? (type === "worker" ? DEFAULT_WORKER_MIN_READY_SECONDS : 0);
+  const overlap = type === "worker" && config?.overlap === true;
+  const keepDevDependencies = config?.keepDevDependencies === true;
 
   const parts = [`start ${JSON.stringify(start.command)} (${start.from})`];
   parts.push(buildCommand === null ? "build none" : `build ${JSON.stringify(buildCommand)} (${buildFrom})`);
   if (port !== null) parts.push(`port ${port} (${config?.port !== undefined ? "svc.json" : "default"})`);
-  if (type === "web") parts.push(`health check ${healthCheckPath === null ? "the port accepting connections" : `GET ${healthCheckPath}`}`);
+  if (type === "web") {
+    parts.push(`health check ${healthCheckPath === null ? "the port accepting connections" : `GET ${healthCheckPath}`} within ${startTimeoutSeconds} s`);
+  }
+  if (minReadySeconds > 0) parts.push(`deployed once up ${minReadySeconds} s`);
+  if (type === "worker") parts.push(overlap ? "a redeploy runs the new release beside the old one" : "a redeploy stops the old release first");
   const summary = `${runtime} app (${type}): ${parts.join(", ")}`;
   return {
     ok: true,
-    value: { runtime, type, startCommand: start.command, startFrom: start.from, buildCommand, install, port, healthCheckPath, summary, nothingToInstall },
+    value: {
+      runtime,
+      type,
+      startCommand: start.command,
+      startFrom: start.from,
+      buildCommand,
+      install,
+      port,
+      healthCheckPath,
+      startTimeoutSeconds,
+      minReadySeconds,
+      overlap,
+      keepDevDependencies,
+      summary,
+      nothingToInstall,
+    },
   };
 }
 

@@ -387,6 +387,9 @@ function jobEnvironment(options: SandboxOptions): Record<string, string> {
     PATH: DEFAULT_PATH,
     HOME: home,
     TMPDIR: "/tmp",
+    // No "a new version is available" notes in every build and run log: the platform chooses the versions.
+    NPM_CONFIG_UPDATE_NOTIFIER: "false",
+    PIP_DISABLE_PIP_VERSION_CHECK: "1",
     ...options.env,
     ...(options.network === "registry" ? PROXY_ENV : {}),
     SVC_JOB_ID: options.jobId,

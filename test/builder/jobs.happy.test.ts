@@ -68,7 +68,7 @@ describe("POST /v1/jobs", () => {
 });
 
 describe("job environment", () => {
-  it("holds exactly the job's variables plus PATH, HOME and SVC_JOB_ID, never the builder's secret", async () => {
+  it("holds exactly the job's variables plus PATH, HOME, TMPDIR, SVC_JOB_ID and the version-check switches, never the builder's secret", async () => {
     const { status, log } = await runToEnd(builder, { command: "env", env: { GREETING: "hello world", DATABASE_URL: "postgres://db" } });
     const env = Object.fromEntries(lines(log, "out").map((line) => [line.slice(0, line.indexOf("=")), line.slice(line.indexOf("=") + 1)]));
     expect(env).toMatchObject({
@@ -78,7 +78,19 @@ describe("job environment", () => {
       SVC_JOB_ID: status.id,
     });
     expect(env).toMatchObject({ HOME: "/work", PWD: "/work", TMPDIR: "/tmp" });
-    expect(Object.keys(env).sort()).toEqual(["DATABASE_URL", "GREETING", "HOME", "PATH", "PWD", "SVC_JOB_ID", "TMPDIR"]);
+    // No package manager's "new version available" note in every log.
+    expect(env).toMatchObject({ NPM_CONFIG_UPDATE_NOTIFIER: "false", PIP_DISABLE_PIP_VERSION_CHECK: "1" });
+    expect(Object.keys(env).sort()).toEqual([
+      "DATABASE_URL",
+      "GREETING",
+      "HOME",
+      "NPM_CONFIG_UPDATE_NOTIFIER",
+      "PATH",
+      "PIP_DISABLE_PIP_VERSION_CHECK",
+      "PWD",
+      "SVC_JOB_ID",
+      "TMPDIR",
+    ]);
     expect(log).not.toContain("BUILDER_");
     expect(log).not.toContain(builder.secret);
   });

@@ -1,7 +1,7 @@
 import { createHash, randomBytes } from "node:crypto";
 import { connect } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { ProcessStatus, parseLogLine } from "../../builder/src/protocol.js";
+import { ProcessStatus, parseAppLogLine } from "../../builder/src/protocol.js";
 import { type BuilderProcess, signedFetch, startBuilder } from "./builder-process.js";
 import {
   APP_SERVER,
@@ -257,19 +257,19 @@ describe("runtime log", () => {
     await waitFor(builder, started.id, (status) => status.restarts >= 2 && status.state === "backoff", 20_000);
     await stopProcess(builder, started.id);
     await waitFor(builder, started.id, (status) => status.state === "stopped");
-    await expect.poll(() => followed.includes(`${started.id} stopped: stopped`), { timeout: 5_000 }).toBe(true);
+    await expect.poll(() => followed.includes(`/${started.id} stopped: stopped`), { timeout: 5_000 }).toBe(true);
     await reader.cancel();
     await reading.catch(() => undefined);
 
     const lines = followed.trimEnd().split("\n");
-    for (const line of lines) expect(parseLogLine(line), line).not.toBeNull();
-    const texts = lines.map((line) => parseLogLine(line)!).map(({ stream, text }) => `${stream} ${text}`);
+    for (const line of lines) expect(parseAppLogLine(line), line).toMatchObject({ process: started.id });
+    const texts = lines.map((line) => parseAppLogLine(line)!).map(({ stream, text }) => `${stream} ${text}`);
     expect(texts.filter((text) => text === "out run on out").length).toBe(3);
     expect(texts.filter((text) => text === "err run on err").length).toBe(3);
-    expect(texts).toContain(`svc ${started.id} backoff: exited with code 3; restarting in 0.5 s`);
-    expect(texts).toContain(`svc ${started.id} backoff: exited with code 3; restarting in 1 s`);
-    expect(texts).toContain(`svc ${started.id} starting: restarting (instance 3)`);
-    expect(texts.some((text) => text.startsWith(`svc ${started.id} running: ready after`))).toBe(true);
+    expect(texts).toContain("svc backoff: exited with code 3; restarting in 0.5 s");
+    expect(texts).toContain("svc backoff: exited with code 3; restarting in 1 s");
+    expect(texts).toContain("svc starting: restarting (instance 3)");
+    expect(texts.some((text) => text.startsWith("svc running: ready after"))).toBe(true);
 
     // A tail starts at a whole line; the whole log is what was followed.
     const whole = await (await signedFetch(builder, `/v1/app-logs/${appId}`)).text();
@@ -277,16 +277,20 @@ describe("runtime log", () => {
     const tail = await (await signedFetch(builder, `/v1/app-logs/${appId}?tail=300`)).text();
     expect(tail.length).toBeLessThanOrEqual(300);
     expect(whole.endsWith(tail)).toBe(true);
-    expect(parseLogLine(tail.split("\n")[0]!)).not.toBeNull();
+    expect(parseAppLogLine(tail.split("\n")[0]!)).not.toBeNull();
 
     // The next process of the app (a deploy) writes to the same log.
     const next = await startProcess(builder, { ...spec, key: `${spec.key}-next`, command: "echo second release; sleep 30" });
     await waitFor(builder, next.id, (status) => status.ready);
     await expect
-      .poll(async () => (await (await signedFetch(builder, `/v1/app-logs/${appId}`)).text()).includes("out second release"), { timeout: 5_000 })
+      .poll(async () => (await (await signedFetch(builder, `/v1/app-logs/${appId}`)).text()).includes(`out -/${next.id} second release`), { timeout: 5_000 })
       .toBe(true);
     const both = await (await signedFetch(builder, `/v1/app-logs/${appId}`)).text();
     expect(both.startsWith(whole)).toBe(true);
+    // One process's lines, as svc deploy follows a new release's.
+    const ofNext = (await (await signedFetch(builder, `/v1/app-logs/${appId}?process=${next.id}`)).text()).trimEnd().split("\n");
+    expect(ofNext.length).toBeGreaterThan(0);
+    for (const line of ofNext) expect(parseAppLogLine(line)?.process).toBe(next.id);
     await stopProcess(builder, next.id);
   });
 });

@@ -6,11 +6,11 @@ import { PassThrough } from "node:stream";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { DiskLeases } from "../../builder/src/disk-leases.js";
 import { isId, newId } from "../../builder/src/ids.js";
-import { APP_LOG_FILE_BYTES, AppLog, ProcessOutput } from "../../builder/src/processes/app-log.js";
+import { APP_LOG_FILE_BYTES, AppLog, type LogWindow, ProcessOutput } from "../../builder/src/processes/app-log.js";
 import { cookieDomainProblem, forwardedRequestHeaders, forwardedResponseHeaders, parseProxyPath } from "../../builder/src/processes/proxy.js";
 import { RESTART_POLICY, TRANSITIONS, afterExit } from "../../builder/src/processes/supervisor.js";
 import { workTreeBytes } from "../../builder/src/processes/worktree.js";
-import { LOG_LIMIT_BYTES, type ProcessSpec, ProcessState, parseLogLine, processSpecProblems } from "../../builder/src/protocol.js";
+import { LOG_LIMIT_BYTES, type ProcessSpec, ProcessState, parseAppLogLine, processSpecProblems } from "../../builder/src/protocol.js";
 
 describe("restart policy", () => {
   it("backs off 0.5, 1, 2, 4 s, then calls the fifth exit a crash loop retried every 60 s", () => {
@@ -196,33 +196,64 @@ describe("the runtime log", () => {
   });
 
   /** Reads the log as the route does, into a string. */
-  async function read(log: AppLog, tail: number | null): Promise<string> {
+  async function read(log: AppLog, window: LogWindow = {}): Promise<string> {
     const sink = new PassThrough();
     const chunks: Buffer[] = [];
     sink.on("data", (chunk: Buffer) => chunks.push(chunk));
-    await log.stream(tail, false, sink as unknown as ServerResponse);
+    await log.stream(window, false, sink as unknown as ServerResponse);
     return Buffer.concat(chunks).toString("utf8");
   }
 
-  it("writes records in the job log format, splitting streams into lines and keeping the last lines of the process", async () => {
+  it("writes records in the app log format, naming the release and process of each line, and keeps the process's last lines", async () => {
     const log = await AppLog.open(join(dir, "app"));
-    const output = new ProcessOutput(log);
+    const output = new ProcessOutput(log, "prc_x", "dep_y");
     const out = new PassThrough();
     output.capture("out", out);
-    output.note("prc_x starting: release abc");
+    output.note("starting: release abc");
     out.write("one\ntw");
     out.end("o\n\u001b[31mred\u001b[0m");
     await new Promise((resolve) => setImmediate(resolve));
     await log.settled();
-    const text = await read(log, null);
-    const records = text.trimEnd().split("\n").map((line) => parseLogLine(line));
-    expect(records.map((r) => r && `${r.stream} ${r.text}`)).toEqual(["svc prc_x starting: release abc", "out one", "out two", "out red"]);
-    expect(output.lastLines().map((line) => line.slice(25))).toEqual(["svc prc_x starting: release abc", "out one", "out two", "out red"]);
+    const text = await read(log);
+    const records = text.trimEnd().split("\n").map((line) => parseAppLogLine(line));
+    expect(records.map((r) => r && `${r.stream} ${r.release} ${r.process} ${r.text}`)).toEqual([
+      "svc dep_y prc_x starting: release abc",
+      "out dep_y prc_x one",
+      "out dep_y prc_x two",
+      "out dep_y prc_x red",
+    ]);
+    // Its own last lines need not name it.
+    expect(output.lastLines().map((line) => line.slice(25))).toEqual(["svc starting: release abc", "out one", "out two", "out red"]);
+  });
+
+  it("reads the last lines, the lines since a time, and one process's lines", async () => {
+    const log = await AppLog.open(join(dir, "app"));
+    const first = new ProcessOutput(log, "prc_first", "dep_a");
+    const second = new ProcessOutput(log, "prc_second", "dep_b");
+    for (let i = 0; i < 300; i++) (i % 3 === 0 ? second : first).note(`line ${i} ${"x".repeat(i % 7 === 0 ? 400 : 10)}`);
+    await log.settled();
+    const middle = Date.now();
+    await new Promise((resolve) => setTimeout(resolve, 5));
+    for (let i = 300; i < 310; i++) first.note(`line ${i}`);
+    await log.settled();
+    const lines = (text: string) => text.trimEnd().split("\n").filter(Boolean);
+    expect(lines(await read(log, { tailLines: 3 })).map((l) => l.split(" ").at(-1))).toEqual(["307", "308", "309"]);
+    expect(lines(await read(log, { tailLines: 0 }))).toEqual([]);
+    expect(lines(await read(log, { tailLines: 10_000 }))).toHaveLength(310);
+    const since = lines(await read(log, { since: middle }));
+    expect(since).toHaveLength(10);
+    expect(since[0]).toContain("line 300");
+    expect(lines(await read(log, { since: 0 }))).toHaveLength(310);
+    expect(lines(await read(log, { since: Date.now() + 60_000 }))).toEqual([]);
+    const ofSecond = lines(await read(log, { process: "prc_second" }));
+    expect(ofSecond).toHaveLength(100);
+    for (const line of ofSecond) expect(parseAppLogLine(line)).toMatchObject({ release: "dep_b", process: "prc_second" });
+    expect(lines(await read(log, { process: "prc_first", since: middle }))).toHaveLength(10);
   });
 
   it("stays within LOG_LIMIT_BYTES in two files, keeping the newest lines, and a tail starts at a whole line", async () => {
     const log = await AppLog.open(join(dir, "app"));
-    const output = new ProcessOutput(log);
+    const output = new ProcessOutput(log, "prc_x", "dep_y");
     const line = "x".repeat(1000);
     const total = Math.ceil((LOG_LIMIT_BYTES * 1.6) / 1030);
     for (let i = 0; i < total; i++) output.note(`${i} ${line}`);
@@ -231,17 +262,17 @@ describe("the runtime log", () => {
     expect(files.sort()).toEqual(["log", "log.1"]);
     const sizes = await Promise.all(files.map(async (name) => (await readFile(join(dir, "app", name))).length));
     for (const size of sizes) expect(size).toBeLessThanOrEqual(APP_LOG_FILE_BYTES);
-    const kept = await read(log, null);
+    const kept = await read(log);
     expect(kept.length).toBeLessThanOrEqual(LOG_LIMIT_BYTES);
     expect(kept.length).toBeGreaterThanOrEqual(LOG_LIMIT_BYTES / 2);
-    expect(kept.trimEnd().split("\n").at(-1)).toContain(`svc ${total - 1} x`);
-    const tail = await read(log, 2500);
+    expect(kept.trimEnd().split("\n").at(-1)).toContain(`svc dep_y/prc_x ${total - 1} x`);
+    const tail = await read(log, { tailBytes: 2500 });
     expect(tail.length).toBeLessThanOrEqual(2500);
     expect(tail.split("\n")[0]).toMatch(/^\d{4}-\d{2}-\d{2}T/);
     expect(kept.endsWith(tail)).toBe(true);
 
     // A reopened log (a builder restart) continues where the files end.
     const reopened = await AppLog.open(join(dir, "app"));
-    expect(await read(reopened, null)).toBe(kept);
+    expect(await read(reopened)).toBe(kept);
   });
 });

@@ -74,8 +74,34 @@ describe("planRelease for node", () => {
     const overridden = await planRelease(files(project), svc, "node", { buildCommand: "npm run compile" });
     expect(overridden.ok && overridden.value.buildCommand).toBe("npm run compile");
     expect(overridden.ok && overridden.value.summary).toBe(
-      'node app (web): start "node b.js" (svc.json), build "npm run compile" (app settings), port 3000 (svc.json), health check GET /healthz',
+      'node app (web): start "node b.js" (svc.json), build "npm run compile" (app settings), port 3000 (svc.json), health check GET /healthz within 60 s',
     );
+  });
+
+  it("takes a web app's start timeout and a worker's minimum uptime and overlap from svc.json, and refuses them where they mean nothing", async () => {
+    const project = { "package.json": pkg({ scripts: { start: "node a.js" } }) };
+    expect(await plan(project, "node")).toMatchObject({ startTimeoutSeconds: 60, minReadySeconds: 0, overlap: false, keepDevDependencies: false });
+    const web = await plan(project, "node", config({ runtime: "node", startTimeoutSeconds: 5, minReadySeconds: 3, keepDevDependencies: true }));
+    expect(web).toMatchObject({ startTimeoutSeconds: 5, minReadySeconds: 3, keepDevDependencies: true });
+    expect(web.summary).toContain("health check the port accepting connections within 5 s, deployed once up 3 s");
+    const worker = await plan(project, "node", config({ runtime: "node", type: "worker" }));
+    expect(worker).toMatchObject({ startTimeoutSeconds: null, minReadySeconds: 10, overlap: false });
+    expect(worker.summary).toContain("deployed once up 10 s, a redeploy stops the old release first");
+    expect((await plan(project, "node", config({ runtime: "node", type: "worker", overlap: true, minReadySeconds: 0 }))).summary).toMatch(
+      /a redeploy runs the new release beside the old one$/,
+    );
+    for (const [fields, error] of [
+      [{ runtime: "node", startTimeoutSeconds: 4 }, '"startTimeoutSeconds" must be 5–600'],
+      [{ runtime: "node", startTimeoutSeconds: 1.5 }, '"startTimeoutSeconds" must be an integer'],
+      [{ runtime: "node", minReadySeconds: 601 }, '"minReadySeconds" must be 0–600'],
+      [{ runtime: "node", type: "worker", startTimeoutSeconds: 30 }, '"startTimeoutSeconds"'],
+      [{ runtime: "static", minReadySeconds: 5 }, '"minReadySeconds" is for apps that run'],
+      [{ runtime: "node", overlap: "yes" }, '"overlap" must be true or false'],
+    ] as const) {
+      const parsed = parseSvcJson(JSON.stringify(fields));
+      expect(parsed.ok, JSON.stringify(fields)).toBe(false);
+      if (!parsed.ok) expect(parsed.error).toContain(error);
+    }
   });
 
   it("refuses no package.json, dependencies without a lockfile, and nothing to start", async () => {
@@ -161,7 +187,7 @@ describe("svc.json fields by runtime", () => {
         'field "healthCheckPath" must be a path starting with / (no spaces or control characters), e.g. /healthz',
     );
     expect(error({ runtime: "node", start: "x" })).toBe(
-      'svc.json: unknown field "start" (allowed: name, runtime, type, buildCommand, startCommand, outputDir, spa, port, healthCheckPath)',
+      'svc.json: unknown field "start" (allowed: name, runtime, type, buildCommand, startCommand, outputDir, spa, port, healthCheckPath, startTimeoutSeconds, minReadySeconds, overlap, keepDevDependencies)',
     );
   });
 });

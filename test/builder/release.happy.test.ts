@@ -87,7 +87,7 @@ describe("a node app (Express, package-lock.json, a start script)", () => {
     expect(result!.peakMemoryBytes).toBe(status.peakMemoryBytes);
     expect(result!.peakMemoryBytes).toBeGreaterThan(0);
     const lines = svcLines(log);
-    expect(lines).toContain('node app (web): start "npm start" (package.json\'s start script), build none, port 8080 (default), health check the port accepting connections');
+    expect(lines).toContain('node app (web): start "npm start" (package.json\'s start script), build none, port 8080 (default), health check the port accepting connections within 60 s');
     expect(lines).toContain(`installing dependencies from package-lock.json with npm from the registry mirror ${REGISTRY} (the only host builds can reach)`);
     expect(lines).toContain("$ npm ci --no-audit --no-fund");
     expect(lines).toContainEqual(expect.stringMatching(/^release: \d{1,3}(,\d{3})* files, [\d.]+ MiB \([\d.]+ [KM]iB compressed, 1 part\), start: npm start, port 8080$/));

@@ -232,6 +232,19 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
       }
     }
 
+    const prune = plan.kind === "release" && !plan.release.keepDevDependencies ? pruneCommand(plan.install?.packageManager) : null;
+    if (prune !== null && plan.install) {
+      // The build needed them; the running app does not: the package manager's own prune keeps the release lean.
+      log.note(`dropping devDependencies from the release (keep them with "keepDevDependencies": true in svc.json)`);
+      log.note(`$ ${prune}`);
+      const { NODE_ENV: _omitted, ...appEnv } = spec.env;
+      const { failed } = await step("pruning devDependencies", prune, { CI: "true", ...appEnv, ...registry, ...plan.install.env, PATH: toolsPath });
+      if (failed) {
+        if (failed.reason === "exit_code") failed.error = `pruning devDependencies failed: ${failed.error} (set "keepDevDependencies": true in svc.json to keep them)`;
+        return finish(log, failed);
+      }
+    }
+
     if (plan.kind === "release") {
       const published = await publishRelease({ root, plan, spec, jobDir: input.jobDir, credentials: input.credentials, user: input.user, log, signal, peakMemoryBytes });
       if (!published.ok) return fail(published.error);
@@ -305,6 +318,14 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
     await removeScratch(input.host, scratch);
     await rm(toolsDir, { recursive: true, force: true });
   }
+}
+
+/** The package manager's own command that drops devDependencies from an installed tree; null when there is none to drop. */
+function pruneCommand(packageManager: "npm" | "yarn" | "pnpm" | "pip" | undefined): string | null {
+  if (packageManager === "npm") return "npm prune --omit=dev";
+  if (packageManager === "yarn") return "yarn install --production --frozen-lockfile --ignore-scripts --prefer-offline";
+  if (packageManager === "pnpm") return "pnpm prune --prod";
+  return null;
 }
 
 /**

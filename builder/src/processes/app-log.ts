@@ -1,8 +1,10 @@
 /**
  * The runtime log of each app on this node: its processes' stdout and stderr
- * and the supervisor's `svc` lines, in the job log's line format (protocol.ts),
- * kept across the app's restarts and deploys (every process of the app writes
- * to the same log) and across builder restarts (it is a file).
+ * and the supervisor's `svc` lines, in the app log's line format (protocol.ts,
+ * `<time> <stream> <deployment>/<process> <text>`: every line says which
+ * release and which process wrote it), kept across the app's restarts and
+ * deploys (every process of the app writes to the same log) and across
+ * builder restarts (it is a file).
  *
  * Bounded: the log is two files, `app-logs/<appId>/log` (being written) and
  * `log.1` (the one before). When `log` would pass half of LOG_LIMIT_BYTES it
@@ -102,6 +104,36 @@ const NEWLINE = Buffer.from("\n");
 const CURRENT = "log";
 const PREVIOUS = "log.1";
 
+/** Which part of an app's log a read wants. */
+export type LogWindow = {
+  /** The last bytes (from the first whole line in them). */
+  tailBytes?: number;
+  /** The last lines. */
+  tailLines?: number;
+  /** Lines written at or after this time (epoch ms). */
+  since?: number;
+  /** Only the lines of this process (`prc_…`). */
+  process?: string;
+};
+
+/** Keeps the whole lines of `chunk` whose writer is `processId` (app log format: `<time> <stream> <dep>/<prc> …`). */
+function lineFilter(processId: string): (chunk: Buffer) => Buffer {
+  const tag = Buffer.from(`/${processId} `);
+  return (chunk) => {
+    const kept: Buffer[] = [];
+    for (let at = 0; at < chunk.length; ) {
+      const newline = chunk.indexOf(0x0a, at);
+      const end = newline === -1 ? chunk.length : newline + 1;
+      const line = chunk.subarray(at, end);
+      // The tag comes right after `<time> <stream> <deployment>`: within the line's first 120 bytes.
+      const found = line.subarray(0, 120).indexOf(tag);
+      if (found !== -1) kept.push(line);
+      at = end;
+    }
+    return Buffer.concat(kept);
+  };
+}
+
 /** One app's log: appends in order through one queue, rotation, and reads by logical offset. */
 export class AppLog {
   /** What the app's output may cost the node, shared by all its processes here. */
@@ -175,11 +207,13 @@ export class AppLog {
   }
 
   /**
-   * Writes the log to `response`: the last `tail` bytes (from the first line
-   * that starts in them; everything kept when null), then, with `follow`, new
-   * lines as they are written, until the client goes away or the log closes.
+   * Writes the log to `response`: from where `from` says (the last bytes or
+   * lines, or the first line written at or after a time; everything kept
+   * when it says nothing), only the lines of `from.process` when it names one,
+   * then, with `follow`, new lines as they are written, until the client goes
+   * away or the log closes.
    */
-  async stream(tail: number | null, follow: boolean, response: ServerResponse): Promise<void> {
+  async stream(from: LogWindow, follow: boolean, response: ServerResponse): Promise<void> {
     let gone = false;
     const disconnected = new Promise<void>((resolve) =>
       response.once("close", () => {
@@ -187,13 +221,24 @@ export class AppLog {
         resolve();
       }),
     );
-    let position = tail === null ? this.start : await this.#lineStart(Math.max(this.start, this.end - tail));
+    let position = await this.#startOf(from);
+    const keep = from.process ? lineFilter(from.process) : null;
     for (;;) {
       const changed = follow && !this.#closed ? this.#changes.wait() : null;
       while (!gone && position < this.end) {
         position = Math.max(position, this.start); // fell behind a rotation: what it missed is gone
-        const chunk = await this.#read(position, Math.min(CHUNK_BYTES, this.end - position));
+        let chunk = await this.#read(position, Math.min(CHUNK_BYTES, this.end - position));
         if (chunk.length === 0) break;
+        if (keep) {
+          // Whole lines only (the rest is read again with the next chunk), those of the process asked for.
+          const last = chunk.lastIndexOf(0x0a);
+          if (last === -1 && chunk.length < CHUNK_BYTES) break;
+          chunk = last === -1 ? chunk : chunk.subarray(0, last + 1);
+          position += chunk.length;
+          const kept = keep(chunk);
+          if (kept.length > 0 && !response.write(kept)) await drained(response);
+          continue;
+        }
         position += chunk.length;
         if (!response.write(chunk)) await drained(response);
       }
@@ -201,6 +246,68 @@ export class AppLog {
       await Promise.race([changed, disconnected]);
     }
     if (!gone) response.end();
+  }
+
+  /** Where a read of `from` starts. */
+  async #startOf(from: LogWindow): Promise<number> {
+    if (from.since !== undefined) return this.#firstAt(from.since);
+    if (from.tailLines !== undefined) return this.#lastLines(from.tailLines);
+    if (from.tailBytes !== undefined) return this.#lineStart(Math.max(this.start, this.end - from.tailBytes));
+    return this.start;
+  }
+
+  /** The offset of the last `count` lines (0: the end). */
+  async #lastLines(count: number): Promise<number> {
+    if (count === 0) return this.end;
+    let position = this.end;
+    let seen = 0;
+    while (position > this.start) {
+      const from = Math.max(this.start, position - CHUNK_BYTES);
+      const chunk = await this.#read(from, position - from);
+      if (chunk.length === 0) break;
+      // Each newline but the log's very last ends a line before the ones counted so far.
+      for (let at = chunk.length - 1; at >= 0; at--) {
+        if (chunk[at] !== 0x0a || from + at === this.end - 1) continue;
+        if (++seen === count) return from + at + 1;
+      }
+      position = from;
+    }
+    return this.start;
+  }
+
+  /** The offset of the first line whose time is at or after `since` (epoch ms): lines are in time order, so a search. */
+  async #firstAt(since: number): Promise<number> {
+    let low = this.start;
+    let high = this.end;
+    while (high - low > CHUNK_BYTES) {
+      const middle = await this.#lineStart(Math.floor((low + high) / 2));
+      const time = await this.#timeAt(middle);
+      if (time === null || middle >= high) break;
+      if (time < since) low = middle;
+      else high = middle;
+    }
+    for (let position = await this.#lineStart(low); position < this.end; ) {
+      const chunk = await this.#read(position, Math.min(CHUNK_BYTES, this.end - position));
+      if (chunk.length === 0) break;
+      let at = 0;
+      while (at < chunk.length) {
+        const newline = chunk.indexOf(0x0a, at);
+        if (newline === -1) break;
+        const time = Date.parse(chunk.toString("latin1", at, at + 24));
+        if (!Number.isNaN(time) && time >= since) return position + at;
+        at = newline + 1;
+      }
+      if (at === 0) break;
+      position += at;
+    }
+    return this.end;
+  }
+
+  /** The time of the line starting at `offset`, or null. */
+  async #timeAt(offset: number): Promise<number | null> {
+    const head = await this.#read(offset, Math.min(24, this.end - offset));
+    const time = Date.parse(head.toString("latin1"));
+    return Number.isNaN(time) ? null : time;
   }
 
   /** The offset of the first line starting at or after `offset`. */
@@ -307,12 +414,15 @@ export class AppLog {
  */
 export class ProcessOutput implements OutputLog {
   readonly #log: AppLog;
+  /** `<deployment>/<process>`: which release and which process wrote a line. */
+  readonly #writer: string;
   readonly #partial = new Map<"out" | "err", Buffer>();
   /** The last records (without newline), oldest first. */
   #last: Buffer[] = [];
 
-  constructor(log: AppLog) {
+  constructor(log: AppLog, processId: string, deploymentId: string | null) {
     this.#log = log;
+    this.#writer = `${deploymentId ?? "-"}/${processId}`;
   }
 
   note(text: string): void {
@@ -381,14 +491,20 @@ export class ProcessOutput implements OutputLog {
     if (pending && pending.length > 0) this.#write(stream, [withoutAnsi(pending)]);
   }
 
-  /** Appends the lines as records (one time stamp for all: they arrived together) and remembers the last ones. */
+  /**
+   * Appends the lines as records (one time stamp for all: they arrived
+   * together) and remembers the last ones, as `<time> <stream> <text>` (all
+   * are this process's: the writer's tag would say nothing there).
+   */
   #write(stream: "out" | "err" | "svc", lines: Buffer[]): void {
     if (lines.length === 0) return;
-    const prefix = Buffer.from(`${new Date().toISOString()} ${stream} `);
+    const head = `${new Date().toISOString()} ${stream} `;
+    const prefix = Buffer.from(`${head}${this.#writer} `);
     const parts: Buffer[] = [];
     for (const line of lines) parts.push(prefix, line, NEWLINE);
     this.#log.append(Buffer.concat(parts));
-    const kept = lines.slice(-PROCESS_LAST_LINES).map((line) => Buffer.concat([prefix, line]));
+    const short = Buffer.from(head);
+    const kept = lines.slice(-PROCESS_LAST_LINES).map((line) => Buffer.concat([short, line]));
     this.#last = [...this.#last, ...kept].slice(-PROCESS_LAST_LINES);
   }
 }

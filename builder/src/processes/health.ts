@@ -3,6 +3,7 @@
  * sandbox's address on the run network: an HTTP GET of the health-check path
  * that must answer 2xx, or (no path) a TCP connection the port accepts.
  */
+import { readFileSync } from "node:fs";
 import { request } from "node:http";
 import { connect } from "node:net";
 
@@ -58,4 +59,64 @@ function probeTcp(address: string, port: number, timeoutMs: number): Promise<Pro
       resolve({ ok: false, answered: false, detail: `port ${port}: ${error.code ?? error.message}` });
     });
   });
+}
+
+/** A TCP socket an instance listens on, read from its network namespace. */
+export type Listener = {
+  /** `0.0.0.0`, `::`, `127.0.0.1`, `::1`, or a specific address. */
+  address: string;
+  port: number;
+  /** Loopback only: nothing outside the sandbox reaches it. */
+  loopback: boolean;
+};
+
+const LISTEN = "0A";
+
+/**
+ * The TCP sockets listening in the network namespace of process `pid` (any
+ * process of the instance's sandbox), from /proc/<pid>/net/tcp and tcp6;
+ * null when they cannot be read (the process is gone).
+ */
+export function listeners(pid: number): Listener[] | null {
+  const found = new Map<string, Listener>();
+  let readAny = false;
+  for (const family of ["tcp", "tcp6"] as const) {
+    let text: string;
+    try {
+      text = readFileSync(`/proc/${pid}/net/${family}`, "latin1");
+      readAny = true;
+    } catch {
+      continue;
+    }
+    for (const line of text.split("\n").slice(1)) {
+      const fields = line.trim().split(/\s+/);
+      if (fields.length < 4 || fields[3] !== LISTEN) continue;
+      const [hexAddress, hexPort] = fields[1]!.split(":");
+      const address = family === "tcp" ? ipv4(hexAddress!) : ipv6(hexAddress!);
+      const port = Number.parseInt(hexPort!, 16);
+      found.set(`${address}:${port}`, { address, port, loopback: address.startsWith("127.") || address === "::1" || address.startsWith("::ffff:127.") });
+    }
+  }
+  return readAny ? [...found.values()] : null;
+}
+
+/** /proc's little-endian hex of an IPv4 address. */
+function ipv4(hex: string): string {
+  const value = Number.parseInt(hex, 16);
+  return [0, 8, 16, 24].map((shift) => (value >>> shift) & 255).join(".");
+}
+
+/** /proc's hex of an IPv6 address (four little-endian 32-bit words), in short form where it matters here. */
+function ipv6(hex: string): string {
+  const bytes: number[] = [];
+  for (let word = 0; word < 4; word++) {
+    const value = Number.parseInt(hex.slice(word * 8, word * 8 + 8), 16);
+    bytes.push(value & 255, (value >>> 8) & 255, (value >>> 16) & 255, (value >>> 24) & 255);
+  }
+  if (bytes.every((b) => b === 0)) return "::";
+  if (bytes.slice(0, 15).every((b) => b === 0) && bytes[15] === 1) return "::1";
+  if (bytes.slice(0, 10).every((b) => b === 0) && bytes[10] === 255 && bytes[11] === 255) return `::ffff:${bytes.slice(12).join(".")}`;
+  const groups: string[] = [];
+  for (let i = 0; i < 16; i += 2) groups.push(((bytes[i]! << 8) | bytes[i + 1]!).toString(16));
+  return groups.join(":");
 }

@@ -177,7 +177,7 @@ export class ProcessManager {
         disks,
         releases: this.#releases,
         user,
-        output: new ProcessOutput(appLog),
+        output: new ProcessOutput(appLog, id, spec.labels?.deploymentId ?? null),
         dir,
         releaseDisk,
         changed: (status) => this.#changed(entry, status),
@@ -322,7 +322,7 @@ export class ProcessManager {
       const now = new Date().toISOString();
       if (TENANT_PATTERN.test(record.status.appId)) {
         const log = await this.appLogs.get(record.status.appId).catch(() => null);
-        log?.append(Buffer.from(`${now} svc ${id} failed: ${message}\n`));
+        log?.append(Buffer.from(`${now} svc ${record.status.labels.deploymentId ?? "-"}/${id} failed: ${message}\n`));
       }
       this.#changed(entry, {
         ...record.status,

@@ -28,13 +28,13 @@ import type { Socket } from "node:net";
 import { constants } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { DiskStore } from "../disks.js";
-import type { ProcessExitReason, ProcessSpec, ProcessState, ProcessStatus } from "../protocol.js";
+import { DEFAULT_START_TIMEOUT_SECONDS, type ProcessExitReason, type ProcessSpec, type ProcessState, type ProcessStatus } from "../protocol.js";
 import type { SandboxHost } from "../sandbox-host.js";
 import { type JobUser, type SandboxOutcome, formatBytes, runInSandbox } from "../sandbox.js";
 import { ArchiveRejected, TarFormatError } from "../tar/extract.js";
 import type { HostRoom } from "../host-room.js";
 import type { ProcessOutput } from "./app-log.js";
-import { type ProbeResult, probe } from "./health.js";
+import { type Listener, listeners, type ProbeResult, probe } from "./health.js";
 import { type ReleaseHandle, type ReleaseStore, ReleaseUnavailable } from "./releases.js";
 import { type WorkTree, createWorkTree, removeWorkTree } from "./worktree.js";
 import { Changes } from "../changes.js";
@@ -53,10 +53,14 @@ export const RESTART_POLICY = {
 export const STOP_GRACE_MS = 10_000;
 /** Longest wait, once draining is over, for proxied requests in flight to finish. */
 export const IN_FLIGHT_WAIT_MS = 30_000;
-/** A web process with no health check at all: ready once its port accepts connections, within this. */
-const DEFAULT_START_TIMEOUT_SECONDS = 60;
 /** Health checks: every 100 ms for the first 2 s of an instance (a restart should take traffic fast), then every 250 ms. */
 const FAST_PROBE_MS = 100;
+/** While an instance is not ready, the log says it still waits this often. */
+const WAITING_NOTE_MS = 5_000;
+/** The first of those notes: a start that takes a second is already worth saying. */
+const FIRST_WAITING_NOTE_MS = 1_000;
+/** An instance listening only on loopback (other ports than its own) has this long to listen on its port too. */
+const LOOPBACK_GRACE_MS = 3_000;
 const FAST_PROBE_PERIOD_MS = 2_000;
 const SLOW_PROBE_MS = 250;
 const PROBE_TIMEOUT_MS = 2_000;
@@ -128,8 +132,12 @@ interface Instance {
   number: number;
   abort: AbortController;
   /** Set when the supervisor ends the instance itself, and why. */
-  endedBy: { reason: "stop" | "start_timeout" | "health_check"; message: string } | null;
+  endedBy: { reason: "stop" | "start_timeout" | "health_check" | "port"; message: string } | null;
   address: string | null;
+  /** The sandbox's first process (its network namespace is the instance's). */
+  pid: number | null;
+  /** Where traffic goes: the spec's port, or the one the app was found listening on instead. */
+  port: number | null;
   agent: Agent;
   startedAt: number;
   readyAt: number | null;
@@ -179,6 +187,7 @@ export class Supervisor {
       lastExit: null,
       lastLines: [],
       memoryLimitBytes: spec.memoryMb * MIB,
+      port: spec.port,
       createdAt,
       startedAt: null,
       readyAt: null,
@@ -242,7 +251,7 @@ export class Supervisor {
     if (this.spec.type === "worker") return { kind: "unavailable", message: "a worker process takes no HTTP traffic" };
     const instance = this.#instance;
     if (instance?.readyAt != null && !instance.exited && instance.address !== null && this.spec.port !== null) {
-      return { kind: "ready", address: instance.address, port: this.spec.port, agent: instance.agent, track: () => this.#track(), upgrades: instance.upgrades };
+      return { kind: "ready", address: instance.address, port: instance.port ?? this.spec.port, agent: instance.agent, track: () => this.#track(), upgrades: instance.upgrades };
     }
     // A stopping process never starts again: send the edge to look the app up.
     if (state === "stopping") return { kind: "gone" };
@@ -319,8 +328,9 @@ export class Supervisor {
       log: output,
       signal: instance.abort.signal,
       killGraceMs: STOP_GRACE_MS,
-      onStart: ({ address }) => {
+      onStart: ({ address, pid }) => {
         instance.address = address;
+        instance.pid = pid;
         void this.#awaitReady(instance);
       },
     });
@@ -337,6 +347,8 @@ export class Supervisor {
       abort: new AbortController(),
       endedBy: null,
       address: null,
+      pid: null,
+      port: this.spec.port,
       // Idle connections close after 4 s, before the app's own keep-alive timeout (Node's default is 5 s) can race a request.
       agent: new Agent({ keepAlive: true, scheduling: "lifo", timeout: 4_000, noDelay: true } as AgentOptions),
       startedAt: now,
@@ -349,32 +361,91 @@ export class Supervisor {
     this.#status.readyAt = null;
   }
 
-  /** Health-checks a web instance until it is ready or its start timeout passes (then ends it); a worker is ready at once. */
+  /**
+   * Health-checks a web instance until it is ready or its start timeout
+   * passes (then ends it); a worker is ready at once. While nothing answers,
+   * what the instance listens on is read from its network namespace
+   * ({@link #listening}): a wrong interface ends it within seconds, another
+   * single port is adopted, and every few seconds the log says it still waits.
+   */
   async #awaitReady(instance: Instance): Promise<void> {
     const { spec } = this;
     if (spec.type === "worker") return this.#ready(instance, "started (a worker is ready once it runs)");
     const address = instance.address;
-    if (address === null || spec.port === null) return;
+    if (address === null || instance.port === null) return;
     const path = spec.healthCheck ? spec.healthCheck.path : null;
     const timeoutSeconds = spec.healthCheck?.timeoutSeconds ?? DEFAULT_START_TIMEOUT_SECONDS;
     const deadline = instance.startedAt + timeoutSeconds * 1000;
     /** The last answer the app gave (an HTTP status): once it answers, a timeout is the health check's failure. */
     let answered: ProbeResult | null = null;
+    let nextNote = instance.startedAt + FIRST_WAITING_NOTE_MS;
+    const listening = { loopbackSince: null as number | null };
     while (!instance.exited && !this.#stop) {
-      const last = await probe(address, spec.port, path, Math.max(MIN_PROBE_TIMEOUT_MS, Math.min(PROBE_TIMEOUT_MS, deadline - Date.now())));
+      const port = instance.port;
+      const last = await probe(address, port, path, Math.max(MIN_PROBE_TIMEOUT_MS, Math.min(PROBE_TIMEOUT_MS, deadline - Date.now())));
       if (instance.exited || this.#stop) return;
       if (last.ok) return this.#ready(instance, last.detail);
       if (last.answered) answered = last;
-      if (Date.now() >= deadline) {
+      else if (this.#listening(instance, listening) === "ended") return;
+      const now = Date.now();
+      if (now >= deadline) {
         instance.endedBy = answered
           ? { reason: "health_check", message: `health check failed for ${timeoutSeconds} s: ${answered.detail}` }
-          : { reason: "start_timeout", message: `not ready within ${timeoutSeconds} s: ${last.detail}` };
+          : { reason: "start_timeout", message: `not ready within ${timeoutSeconds} s: ${this.#listeningSummary(instance) ?? last.detail}` };
         instance.abort.abort("cancelled");
         return;
       }
-      const pause = Date.now() - instance.startedAt < FAST_PROBE_PERIOD_MS ? FAST_PROBE_MS : SLOW_PROBE_MS;
-      await sleep(Math.min(pause, Math.max(0, deadline - Date.now())));
+      if (now >= nextNote) {
+        this.#note(`waiting for ${path === null ? `port ${instance.port}` : `GET ${path} on port ${instance.port} to answer 2xx`} (${Math.round((now - instance.startedAt) / 1000)} s)`);
+        nextNote += WAITING_NOTE_MS;
+      }
+      const pause = now - instance.startedAt < FAST_PROBE_PERIOD_MS ? FAST_PROBE_MS : SLOW_PROBE_MS;
+      await sleep(Math.min(pause, Math.max(0, deadline - now)));
     }
+  }
+
+  /**
+   * What the instance listens on, while its port refuses connections: on its
+   * port but only on loopback ends it at once (nothing outside the sandbox
+   * could ever reach it); on exactly one other port of all interfaces, that
+   * port is adopted (and the log says so); on other ports on loopback alone,
+   * for {@link LOOPBACK_GRACE_MS}, it is ended too.
+   */
+  #listening(instance: Instance, seen: { loopbackSince: number | null }): "waiting" | "adopted" | "ended" {
+    const found = instance.pid === null ? null : listeners(instance.pid);
+    if (!found || found.length === 0 || instance.port === null) return "waiting";
+    const expected = instance.port;
+    const end = (message: string) => {
+      instance.endedBy = { reason: "port", message };
+      instance.abort.abort("cancelled");
+      return "ended" as const;
+    };
+    const onPort = found.filter((listener) => listener.port === expected);
+    if (onPort.length > 0) {
+      if (onPort.every((listener) => listener.loopback)) {
+        return end(`listens on ${where(onPort[0]!)} only; listen on 0.0.0.0 (all interfaces), e.g. listen(PORT, "0.0.0.0"), or nothing outside the app can reach it`);
+      }
+      return "waiting";
+    }
+    const reachable = [...new Set(found.filter((listener) => !listener.loopback).map((listener) => listener.port))];
+    if (reachable.length === 1) {
+      instance.port = reachable[0]!;
+      this.#status.port = instance.port;
+      this.#note(`PORT is ${expected} but the app listens on ${instance.port}: sending traffic to ${instance.port} (set "port": ${instance.port} in svc.json to say so)`);
+      return "adopted";
+    }
+    if (reachable.length > 0) return "waiting";
+    seen.loopbackSince ??= Date.now();
+    if (Date.now() - seen.loopbackSince < LOOPBACK_GRACE_MS) return "waiting";
+    return end(`listens on ${found.map(where).join(", ")} only, not on port ${expected}; listen on 0.0.0.0:$PORT (all interfaces)`);
+  }
+
+  /** What the instance listens on, in words, for a start that timed out; null when it cannot be read. */
+  #listeningSummary(instance: Instance): string | null {
+    const found = instance.pid === null ? null : listeners(instance.pid);
+    if (!found) return null;
+    if (found.length === 0) return `nothing listens on port ${instance.port} (nor on any other port)`;
+    return `nothing listens on port ${instance.port}; the app listens on ${found.map(where).join(", ")} (set "port" in svc.json to the one it serves on)`;
   }
 
   #ready(instance: Instance, detail: string): void {
@@ -496,7 +567,7 @@ export class Supervisor {
   }
 
   #note(text: string): void {
-    this.#context.output.note(`${this.id} ${text}`);
+    this.#context.output.note(text);
   }
 }
 
@@ -524,6 +595,11 @@ function describeCode(code: number | null, signal: string | null): string {
   if (code === 127) return "exited with code 127 (command not found)";
   if (code > 128 && code <= 128 + 64) return `exited with code ${code} (killed by ${SIGNAL_NAMES.get(code - 128) ?? `signal ${code - 128}`})`;
   return `exited with code ${code}`;
+}
+
+/** `127.0.0.1:8080`, `[::1]:8080`. */
+function where(listener: Listener): string {
+  return listener.address.includes(":") ? `[${listener.address}]:${listener.port}` : `${listener.address}:${listener.port}`;
 }
 
 /** What stopped the release from becoming a working tree, for lastExit and the log. */

@@ -8,8 +8,8 @@
  * the `ignore` package's, the one eslint and prettier use; this file is the
  * policy around it: one rule set per `.gitignore` file, applied below its
  * folder, deeper files winning over higher ones as in git, matched
- * case-sensitively as git does on Linux, and `node_modules` and `.git` never
- * packed. The caller walks top-down and does not enter ignored directories,
+ * case-sensitively as git does on Linux, and what ALWAYS_EXCLUDED names
+ * (`node_modules`, `.git`, `.venv`, `__pycache__`, …) never packed. The caller walks top-down and does not enter ignored directories,
  * which is what makes excluded folders final (git does not look inside them).
  */
 import ignore, { type Ignore } from "ignore";
@@ -17,8 +17,17 @@ import ignore, { type Ignore } from "ignore";
 /** The rules of one `.gitignore`, with the folder (relative to the source root, "" for the root) they apply under. */
 export type RuleSet = { base: string; rules: Ignore };
 
-/** Names never packed, whatever `.gitignore` says: dependencies are installed by the build, and history is not source. */
-export const ALWAYS_EXCLUDED = new Set(["node_modules", ".git"]);
+/**
+ * Names never packed, whatever `.gitignore` says: dependencies are installed
+ * by the build (node_modules, a python virtualenv), history is not source,
+ * and caches of the machine that packs are not the app's.
+ */
+export const ALWAYS_EXCLUDED = new Set(["node_modules", ".git", ".venv", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".tox"]);
+
+/** Whether `path` is left out by {@link ALWAYS_EXCLUDED}, whatever the rules say. */
+export function alwaysExcluded(path: string): boolean {
+  return ALWAYS_EXCLUDED.has(path.slice(path.lastIndexOf("/") + 1));
+}
 
 /** Parses a whole `.gitignore` file. */
 export function parseIgnoreFile(text: string): Ignore {
@@ -31,8 +40,7 @@ export function parseIgnoreFile(text: string): Ignore {
  * `.gitignore` to the deepest: the last file with a rule that matches decides.
  */
 export function isIgnored(path: string, isDir: boolean, sets: readonly RuleSet[]): boolean {
-  const name = path.slice(path.lastIndexOf("/") + 1);
-  if (ALWAYS_EXCLUDED.has(name)) return true;
+  if (alwaysExcluded(path)) return true;
   let ignored = false;
   for (const { base, rules } of sets) {
     let relative: string;

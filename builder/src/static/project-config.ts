@@ -10,7 +10,21 @@
 import { z } from "zod";
 import { ProcessType, ServerRuntime, siteDir } from "../protocol.js";
 
-const FIELDS = ["name", "runtime", "type", "buildCommand", "startCommand", "outputDir", "spa", "port", "healthCheckPath"] as const;
+const FIELDS = [
+  "name",
+  "runtime",
+  "type",
+  "buildCommand",
+  "startCommand",
+  "outputDir",
+  "spa",
+  "port",
+  "healthCheckPath",
+  "startTimeoutSeconds",
+  "minReadySeconds",
+  "overlap",
+  "keepDevDependencies",
+] as const;
 
 /** Every runtime svc.json may name: `static`, or one that runs a process. */
 export const RUNTIMES = ["static", ...ServerRuntime.options] as const;
@@ -19,10 +33,14 @@ export type Runtime = (typeof RUNTIMES)[number];
 const RUNTIME_LIST = RUNTIMES.map((runtime) => `"${runtime}"`).join(", ");
 const command = z.string({ error: "must be a string" }).min(1, "must not be empty").max(100_000).refine((value) => !value.includes("\0"), "must not contain NUL");
 
+/** How long a web process may take to become ready (svc.json `startTimeoutSeconds`). */
+export const MIN_START_TIMEOUT_SECONDS = 5;
+export const MAX_START_TIMEOUT_SECONDS = 600;
+
 /** Fields only a static site has, and fields only a server app has (and, of those, only a web process). */
 const STATIC_ONLY = ["outputDir", "spa"] as const;
-const SERVER_ONLY = ["type", "startCommand", "healthCheckPath"] as const;
-const WEB_ONLY = ["port", "healthCheckPath"] as const;
+const SERVER_ONLY = ["type", "startCommand", "healthCheckPath", "startTimeoutSeconds", "minReadySeconds", "overlap"] as const;
+const WEB_ONLY = ["port", "healthCheckPath", "startTimeoutSeconds"] as const;
 
 /** The fields svc.json may hold; `runtime` is the only required one. */
 export const SvcJson = z
@@ -53,6 +71,22 @@ export const SvcJson = z
       .max(1024)
       .regex(/^\/[\x21-\x7e]*$/, "must be a path starting with / (no spaces or control characters), e.g. /healthz")
       .optional(),
+    /** Web apps: seconds a starting process has to pass its health check (default 60). */
+    startTimeoutSeconds: z
+      .int({ error: "must be an integer" })
+      .min(MIN_START_TIMEOUT_SECONDS, `must be ${MIN_START_TIMEOUT_SECONDS}–${MAX_START_TIMEOUT_SECONDS}`)
+      .max(MAX_START_TIMEOUT_SECONDS, `must be ${MIN_START_TIMEOUT_SECONDS}–${MAX_START_TIMEOUT_SECONDS}`)
+      .optional(),
+    /**
+     * Seconds a new release's process must stay up once ready before it counts
+     * as deployed (default 10 for a worker, 0 for a web app); one that dies
+     * sooner fails its deploy.
+     */
+    minReadySeconds: z.int({ error: "must be an integer" }).min(0, "must be 0–600").max(600, "must be 0–600").optional(),
+    /** Workers: run the new release beside the old one during a deploy (default: the old one stops first). */
+    overlap: z.boolean({ error: "must be true or false" }).optional(),
+    /** Node apps: keep devDependencies in the release (default: pruned after the build). */
+    keepDevDependencies: z.boolean({ error: "must be true or false" }).optional(),
   })
   .superRefine((config, ctx) => {
     const misplaced = (field: string, why: string) => ctx.addIssue({ code: "custom", path: [field], message: why });
@@ -69,7 +103,10 @@ export const SvcJson = z
       for (const field of WEB_ONLY) {
         if (config[field] !== undefined) misplaced(field, 'is for web processes; a worker ("type": "worker") listens on no port and has no health check');
       }
+    } else if (config.overlap !== undefined) {
+      misplaced("overlap", 'is for workers ("type": "worker"); a web app\'s new release always starts beside the old one');
     }
+    if (config.keepDevDependencies !== undefined && config.runtime !== "node") misplaced("keepDevDependencies", 'is for node apps (runtime "node")');
   });
 export type SvcJson = z.infer<typeof SvcJson>;
 
