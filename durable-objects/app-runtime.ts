@@ -1,6 +1,6 @@
 import { DurableObject } from "cloudflare:workers";
 import { and, eq } from "drizzle-orm";
-import type { ProcessSpec, ProcessStatus } from "../builder/src/protocol";
+import { DEFAULT_START_TIMEOUT_SECONDS, type ProcessSpec, type ProcessStatus } from "../builder/src/protocol";
 import { openDb } from "../worker/db/client";
 import { type AppRow, apps, type DeploymentRow, deployments, disks } from "../worker/db/schema";
 import { configOf, type Env } from "../worker/env";
@@ -10,6 +10,8 @@ import { GIB } from "../worker/services/disks";
 import { envOf } from "../worker/services/env-vars";
 import { forgetFleet, lostNode, nodeRef } from "../worker/services/fleet";
 import { placeProcess } from "../worker/services/placement";
+import { noteProgress } from "../worker/services/deployments";
+import { EDGE_APP_TTL_MS } from "../worker/sites/serve";
 import { presign } from "../worker/storage/presign";
 
 /** One process the object started: where it runs (the node's id), and what for. */
@@ -21,12 +23,19 @@ type Pending = Instance & {
   reason: "deploy" | "start";
   /** Past this the release is given up (its health check's own timeout plus the release download). */
   deadline: number;
+  /** When it became ready, while it must stay up `minReadySeconds` before it counts as deployed. */
+  readySince?: number;
+  /** The release that ran before, stopped first (an app with a disk, a worker without overlap): started again if this one fails. */
+  previous?: string;
+  /** The app's configuration version it was started with: changes up to it run once it serves. */
+  configVersion: number;
 };
+
+/** A deploy whose new process serves now, counted deployed once no edge can still hold the old one. */
+type Settling = { deploymentId: string; at: number };
 
 /** A new release that exits this many times before it was ever ready fails its deploy (the old one keeps serving). */
 const EXITS_BEFORE_READY = 3;
-/** Seconds a web release has from each start to pass its health check. */
-export const HEALTH_CHECK_TIMEOUT_SECONDS = 60;
 /** Seconds a replaced process keeps serving: longer than the edge trusts its copy of the app (2 s). */
 const DRAIN_SECONDS = 5;
 /** Polling a starting process (its callbacks usually come first). */
@@ -37,19 +46,28 @@ const LIVE_CHECK_MS = 60_000;
 const START_RETRY_MS = 3_000;
 /** Fetching a release and extracting it comes on top of the health check's time. */
 const START_GRACE_MS = 120_000;
+/** After the switch, until every edge isolate has dropped its copy of the app's old process. */
+const SETTLE_MS = EDGE_APP_TTL_MS + 250;
 
 /**
  * One object per app that runs (runtimes node, python, custom): the app's
  * desired state and the processes that realise it (DESIGN §9). Deploy, start,
- * stop, restart, restore and a lost process all go through it; it drives the
- * node (placement.ts says which) and records in D1 which process serves the
- * app (`apps.live_process_id`, `live_node`), which the edge forwards to.
+ * stop, restart, restore, a configuration change and a lost process all go
+ * through it; it drives the node (placement.ts says which) and records in D1
+ * which process serves the app (`apps.live_process_id`, `live_node`, and its
+ * state), which the edge forwards to, and what a deployment went through
+ * (`deployments.progress`), which `svc deploy` narrates.
  *
- * A new release starts beside the old one and takes the traffic only once its
- * health check passed; the old one then drains and stops. A release that never
- * gets ready fails its deployment with the reason and the last log lines, and
- * the old one keeps serving. An app with a disk is stopped before its new
- * process starts (one writer per disk).
+ * A new release of a web app without a disk starts beside the old one and
+ * takes the traffic only once its health check passed (and it stayed up
+ * `minReadySeconds`); the old one then drains and stops. An app with a disk,
+ * and a worker unless its release says `overlap`, is stopped before its new
+ * process starts (one writer per disk, one consumer per queue); when the new
+ * one fails, the previous release starts again. A deployment is `ready` only
+ * once no edge can still route to the process it replaced: `svc deploy` says
+ * "Deployed" when every request goes to the new release. A release that never
+ * gets ready fails its deployment with a one-line reason and the process's
+ * last lines, and the old one keeps serving.
  *
  * Every step is repeatable: callbacks and alarms arrive more than once, and a
  * step that failed half-way is taken again by the next alarm.
@@ -71,6 +89,10 @@ export class AppRuntime extends DurableObject<Env> {
     return this.ctx.storage.kv.get<Pending>("pending") ?? null;
   }
 
+  private get settling(): Settling | null {
+    return this.ctx.storage.kv.get<Settling>("settling") ?? null;
+  }
+
   /**
    * Makes a deployment's release the app's: started beside the live process
    * and switched to once ready. A stopped app only records it (it runs when
@@ -84,9 +106,10 @@ export class AppRuntime extends DurableObject<Env> {
     await this.abandonPending(`replaced by deployment ${deploymentId}`);
     if (app.status === "stopped") {
       await this.db.batch([
-        this.db.update(deployments).set({ status: "ready", finishedAt: Date.now() }).where(eq(deployments.id, deploymentId)),
+        this.db.update(deployments).set({ status: "ready", finishedAt: Date.now(), configVersion: app.configVersion }).where(eq(deployments.id, deploymentId)),
         this.db.update(apps).set({ activeDeploymentId: deploymentId, updatedAt: Date.now() }).where(eq(apps.id, appId)),
       ]);
+      await noteProgress(this.db, deploymentId, "the app is stopped: the release runs when it starts");
       await appChanged(this.env, this.db, appId);
       return;
     }
@@ -109,9 +132,10 @@ export class AppRuntime extends DurableObject<Env> {
     this.ctx.storage.kv.put("appId", appId);
     this.ctx.storage.kv.delete("retryStartAt");
     await this.abandonPending("the app was stopped");
+    await this.settle(true);
     const live = this.live;
     this.ctx.storage.kv.delete("live");
-    await this.db.update(apps).set({ liveProcessId: null, liveNode: null }).where(eq(apps.id, appId));
+    await this.db.update(apps).set({ liveProcessId: null, liveNode: null, processState: null }).where(eq(apps.id, appId));
     if (live) await this.retire(live, 0);
   }
 
@@ -124,17 +148,37 @@ export class AppRuntime extends DurableObject<Env> {
     if (this.live?.node === nodeId) await this.replaceLost(why);
   }
 
-  /** A process's state changed (the node's callback, or a poll). */
-  async processChanged(status: ProcessStatus): Promise<void> {
+  /**
+   * The node holding the runtime log of `processId` (else of the app): a
+   * process starting (a first deploy has no live one yet), the live one, or
+   * the last node a process of the app was started on (a failed first deploy's
+   * output is there); null when none ever ran.
+   */
+  async logNode(processId?: string): Promise<string | null> {
     const pending = this.pending;
-    if (pending?.processId === status.id) await this.advance(pending, status);
-    else if (this.live?.processId === status.id && (status.state === "failed" || status.state === "stopped")) {
-      await this.replaceLost(`process ${status.id} ${status.state}`);
+    const live = this.live;
+    if (processId !== undefined && pending?.processId === processId) return pending.node;
+    if (processId !== undefined && live?.processId === processId) return live.node;
+    return live?.node ?? pending?.node ?? this.ctx.storage.kv.get<string>("logNode") ?? null;
+  }
+
+  /** A process's state changed (the node's callback, or a poll); `from` is the node that said so. */
+  async processChanged(status: ProcessStatus, from?: string): Promise<void> {
+    const pending = this.pending;
+    if (pending?.processId === status.id && (from === undefined || from === pending.node)) {
+      await this.advance(pending, status);
+      return;
     }
+    const live = this.live;
+    if (live?.processId !== status.id || (from !== undefined && from !== live.node)) return;
+    const appId = this.ctx.storage.kv.get<string>("appId");
+    if (appId) await this.db.update(apps).set({ processState: status.state }).where(and(eq(apps.id, appId), eq(apps.liveProcessId, status.id)));
+    if (status.state === "failed" || status.state === "stopped") await this.replaceLost(`process ${status.id} ${status.state}`);
   }
 
   override async alarm(): Promise<void> {
     await this.retryStops();
+    await this.settle(false);
     const retryAt = this.ctx.storage.kv.get<number>("retryStartAt");
     const appId = this.ctx.storage.kv.get<string>("appId");
     if (retryAt !== undefined && retryAt <= Date.now() && appId && !this.pending && !this.live) {
@@ -165,15 +209,26 @@ export class AppRuntime extends DurableObject<Env> {
     return (await this.db.select().from(apps).where(eq(apps.id, appId)).get()) ?? null;
   }
 
-  /** Starts a process of the deployment's release; an app with a disk first stops its live one (one writer per disk). */
+  /**
+   * Starts a process of the deployment's release, with the app's current
+   * configuration (env vars, disk, memory, start settings). An app with a disk
+   * and a worker without overlap first stop their live process.
+   */
   private async launch(app: AppRow, deployment: DeploymentRow, reason: Pending["reason"]): Promise<void> {
     const config = this.config;
     const disk = await this.db.select().from(disks).where(eq(disks.appId, app.id)).get();
     const live = this.live;
-    if (disk && live) {
+    const web = deployment.processType !== "worker";
+    const stopFirst = disk !== undefined || (!web && deployment.overlap !== true);
+    let previous: string | undefined;
+    if (stopFirst && live) {
+      previous = live.deploymentId;
       this.ctx.storage.kv.delete("live");
-      await this.db.update(apps).set({ liveProcessId: null, liveNode: null }).where(eq(apps.id, app.id));
+      await this.db.update(apps).set({ liveProcessId: null, liveNode: null, processState: null }).where(eq(apps.id, app.id));
       await this.retire(live, 0);
+      if (reason === "deploy") {
+        await noteProgress(this.db, deployment.id, disk ? "stopped the running release first: one process writes a disk at a time" : "stopped the running worker first (set \"overlap\": true in svc.json to run both during a deploy)");
+      }
     }
     const sequence = (this.ctx.storage.kv.get<number>("sequence") ?? 0) + 1;
     this.ctx.storage.kv.put("sequence", sequence);
@@ -182,16 +237,15 @@ export class AppRuntime extends DurableObject<Env> {
       key: deployment.releaseKey!,
       expiresInSeconds: config.PRESIGNED_URL_TTL_SECONDS,
     });
-    const web = deployment.processType !== "worker";
     const spec: ProcessSpec = {
       key: `${app.id}/${deployment.id}/${sequence}`,
       tenant: app.accountId,
       appId: app.id,
       release: { url: release.url, sha256: deployment.releaseSha256!, sizeBytes: deployment.releaseBytes! },
       type: web ? "web" : "worker",
-      command: deployment.startCommand!,
+      command: app.startCommand ?? deployment.startCommand!,
       port: web ? deployment.port : null,
-      healthCheck: web ? { path: deployment.healthCheckPath, timeoutSeconds: HEALTH_CHECK_TIMEOUT_SECONDS } : null,
+      healthCheck: web ? { path: app.healthCheckPath ?? deployment.healthCheckPath, timeoutSeconds: startTimeout(deployment) } : null,
       env: await envOf(this.db, config, app.id),
       memoryMb: app.memoryMb,
       disk: disk ? { id: disk.id, mountPath: disk.mountPath, sizeBytes: disk.sizeGb * GIB, generation: disk.generation } : undefined,
@@ -209,11 +263,7 @@ export class AppRuntime extends DurableObject<Env> {
         node = await placeProcess(this.env, { disk: disk ?? null }, { memoryMb: app.memoryMb, exclude: refusedBy });
       } catch (err) {
         const why = [...refusals, err instanceof Error ? err.message : String(err)].join("; ");
-        if (reason === "deploy") await this.failDeployment(deployment.id, `the new process could not be placed: ${why}`, []);
-        else {
-          console.error(JSON.stringify({ event: "app.unplaced", appId: app.id, why }));
-          if (!this.live) await this.retryStartSoon();
-        }
+        await this.couldNotStart(app, deployment, reason, previous, `the new process could not be placed: ${why}`);
         return;
       }
       started = await startProcess(config, node, spec).catch((err: unknown) => ({
@@ -227,9 +277,7 @@ export class AppRuntime extends DurableObject<Env> {
       refusals.push(`node ${node.id}: ${started.message}`);
     }
     if (!started.ok) {
-      if (reason === "deploy") await this.failDeployment(deployment.id, `the node refused the new process: ${started.message}`, []);
-      // The app should run and nothing serves it: try again shortly (placement may choose another node).
-      else if (!this.live) await this.retryStartSoon();
+      await this.couldNotStart(app, deployment, reason, previous, `the node refused the new process: ${started.message}`);
       return;
     }
     const pending: Pending = {
@@ -237,68 +285,145 @@ export class AppRuntime extends DurableObject<Env> {
       node: node.id,
       deploymentId: deployment.id,
       reason,
-      deadline: Date.now() + HEALTH_CHECK_TIMEOUT_SECONDS * 1000 + START_GRACE_MS,
+      deadline: Date.now() + startTimeout(deployment) * 1000 + START_GRACE_MS,
+      ...(previous ? { previous } : {}),
+      configVersion: app.configVersion,
     };
     this.ctx.storage.kv.put("pending", pending);
+    this.ctx.storage.kv.put("logNode", node.id);
+    if (reason === "deploy") {
+      await this.db
+        .update(deployments)
+        .set({ processId: pending.processId, configVersion: app.configVersion })
+        .where(eq(deployments.id, deployment.id));
+      const name = (await nodeRef(this.env, node.id).catch(() => null))?.id ?? node.id;
+      await noteProgress(this.db, deployment.id, `starting process ${pending.processId} of the release on node ${name}`);
+    }
     // Nothing serves the app (first start, or its disk's process was stopped): this process serves it from now,
     // the node holding requests until it is ready.
-    if (!this.live && reason === "start") await this.promote(pending);
+    if (!this.live && reason === "start") await this.promote(pending, started.value);
     else await this.advance(pending, started.value);
     await this.schedule();
   }
 
-  /** Takes a starting process's status: promote it once ready, fail its release when it cannot get there. */
+  /** A launch that could not even start a process: a deploy fails with why; an app that should run tries again soon. */
+  private async couldNotStart(app: AppRow, deployment: DeploymentRow, reason: Pending["reason"], previous: string | undefined, why: string): Promise<void> {
+    if (reason === "deploy") await this.failDeployment(deployment.id, why, []);
+    else console.error(JSON.stringify({ event: "app.unplaced", appId: app.id, why }));
+    if (previous && reason === "deploy") await this.restorePrevious(app.id, previous);
+    else if (!this.live) await this.retryStartSoon();
+  }
+
+  /**
+   * Takes a starting process's status: counts it deployed once ready and up
+   * `minReadySeconds`, fails its release when it cannot get there (or dies
+   * within them).
+   */
   private async advance(pending: Pending, status: ProcessStatus): Promise<void> {
+    const deployment = await this.db.select({ minReadySeconds: deployments.minReadySeconds }).from(deployments).where(eq(deployments.id, pending.deploymentId)).get();
+    const minReadySeconds = pending.reason === "deploy" ? (deployment?.minReadySeconds ?? 0) : 0;
     if (status.ready && status.state === "running") {
-      await this.promote(pending);
+      const readyAt = status.readyAt ? Date.parse(status.readyAt) : Date.now();
+      if (minReadySeconds > 0 && Date.now() < readyAt + minReadySeconds * 1000) {
+        if (pending.readySince === undefined) {
+          this.ctx.storage.kv.put("pending", { ...pending, readySince: readyAt });
+          await noteProgress(this.db, pending.deploymentId, `ready after ${readyTime(status)}; it counts as deployed once up ${minReadySeconds} s`);
+        }
+        await this.schedule(readyAt + minReadySeconds * 1000);
+        return;
+      }
+      await this.promote(pending, status);
       return;
     }
+    // Ready once, then gone before its minReadySeconds were up: it is not the release to keep.
+    const diedWhileCounted = pending.readySince !== undefined && status.state !== "running";
     const hopeless =
+      diedWhileCounted ||
       status.state === "crash_loop" ||
       status.state === "failed" ||
       status.state === "stopped" ||
       status.lastExit?.reason === "start_timeout" ||
       status.lastExit?.reason === "health_check" ||
+      status.lastExit?.reason === "port" ||
       // A release that exited {@link EXITS_BEFORE_READY} times without ever being ready will not get there: say so now.
       (status.state === "backoff" && status.readyAt === null && status.restarts + 1 >= EXITS_BEFORE_READY);
-    if (hopeless) await this.failPending(pending, status.lastExit?.message ?? `the process is ${status.state}`, status.lastLines);
-    else if (Date.now() > pending.deadline) await this.failPending(pending, "the new release did not get ready in time", status.lastLines);
+    if (hopeless) await this.failPending(pending, startFailure(status, diedWhileCounted ? minReadySeconds : null), status.lastLines); else if (Date.now() > pending.deadline) await this.failPending(pending, "it did not get ready in time", status.lastLines);
   }
 
-  /** The pending process serves the app from now on; the one it replaces drains and stops. */
-  private async promote(pending: Pending): Promise<void> {
+  /**
+   * The pending process serves the app from now on; the one it replaces
+   * drains and stops. A deploy counts as done once no edge can still hold
+   * the old process ({@link SETTLE_MS}), which {@link settle} marks.
+   */
+  private async promote(pending: Pending, status: ProcessStatus): Promise<void> {
     const appId = this.ctx.storage.kv.get<string>("appId")!;
     const previous = this.live;
     const now = Date.now();
-    const switchApp = this.db
+    const app = await this.app(appId);
+    // The changes this process was started with are running now.
+    const pendingChanges = (app?.pendingChanges ?? []).filter((change) => change.version > pending.configVersion);
+    await this.db
       .update(apps)
-      .set({ liveProcessId: pending.processId, liveNode: pending.node, activeDeploymentId: pending.deploymentId, updatedAt: now })
+      .set({
+        liveProcessId: pending.processId,
+        liveNode: pending.node,
+        processState: status.state,
+        activeDeploymentId: pending.deploymentId,
+        pendingChanges: pendingChanges.length > 0 ? pendingChanges : null,
+        updatedAt: now,
+      })
       .where(eq(apps.id, appId));
-    const markReady = this.db
-      .update(deployments)
-      .set({ status: "ready", error: null, finishedAt: now })
-      .where(and(eq(deployments.id, pending.deploymentId), eq(deployments.status, "deploying")));
-    if (pending.reason === "deploy") await this.db.batch([switchApp, markReady]);
-    else await switchApp;
     this.ctx.storage.kv.put("live", { processId: pending.processId, node: pending.node, deploymentId: pending.deploymentId });
     this.ctx.storage.kv.delete("pending");
-    if (previous && previous.processId !== pending.processId) await this.retire(previous, DRAIN_SECONDS);
+    if (pending.reason === "deploy") {
+      await noteProgress(this.db, pending.deploymentId, status.ready ? `healthy after ${readyTime(status)}; switching traffic to it` : "switching traffic to it");
+      this.ctx.storage.kv.put("settling", { deploymentId: pending.deploymentId, at: now + SETTLE_MS } satisfies Settling);
+    }
+    if (previous && previous.processId !== pending.processId) {
+      if (pending.reason === "deploy") await noteProgress(this.db, pending.deploymentId, `the previous release drains for ${DRAIN_SECONDS} s, then stops`);
+      await this.retire(previous, DRAIN_SECONDS);
+    }
     // The app's cron runs work in the active release.
     await appChanged(this.env, this.db, appId);
+    await this.schedule();
   }
 
-  /** A release that cannot get ready: its deployment fails with why, its process stops, the live one keeps serving. */
+  /** A deploy that switched: `ready` once the edges' copies of the old process have expired (or at once, `now`). */
+  private async settle(now: boolean): Promise<void> {
+    const settling = this.settling;
+    if (!settling || (!now && Date.now() < settling.at)) return;
+    this.ctx.storage.kv.delete("settling");
+    const done = await this.db
+      .update(deployments)
+      .set({ status: "ready", error: null, finishedAt: Date.now() })
+      .where(and(eq(deployments.id, settling.deploymentId), eq(deployments.status, "deploying")))
+      .returning({ id: deployments.id });
+    if (done.length > 0) await noteProgress(this.db, settling.deploymentId, "serving: every request goes to the new release");
+  }
+
+  /** A release that cannot get ready: its deployment fails with why, its process stops, the live one keeps serving (or the previous one runs again). */
   private async failPending(pending: Pending, why: string, lastLines: string[]): Promise<void> {
     this.ctx.storage.kv.delete("pending");
     await this.retire(pending, 0);
-    if (pending.reason === "deploy") await this.failDeployment(pending.deploymentId, `the new release never became ready: ${why}`, lastLines);
+    if (pending.reason === "deploy") await this.failDeployment(pending.deploymentId, why, lastLines);
+    const appId = this.ctx.storage.kv.get<string>("appId");
+    if (appId && pending.previous && pending.reason === "deploy") await this.restorePrevious(appId, pending.previous);
+  }
+
+  /** A release stopped to make room for one that failed runs again. */
+  private async restorePrevious(appId: string, previous: string): Promise<void> {
+    const app = await this.app(appId);
+    const deployment = await this.db.select().from(deployments).where(eq(deployments.id, previous)).get();
+    if (!app || app.status === "stopped" || !deployment?.releaseKey || this.live) return;
+    console.warn(JSON.stringify({ event: "app.previous_restarted", appId, deploymentId: previous }));
+    await this.launch(app, deployment, "start");
   }
 
   private async failDeployment(deploymentId: string, error: string, lastLines: string[]): Promise<void> {
-    const message = lastLines.length > 0 ? `${error}\nlast log lines:\n${lastLines.join("\n")}` : error;
+    const line = error.split("\n")[0]!.slice(0, 1_000);
     await this.db
       .update(deployments)
-      .set({ status: "failed", error: message.slice(0, 8_000), finishedAt: Date.now() })
+      .set({ status: "failed", error: line, logExcerpt: lastLines.length > 0 ? lastLines : null, finishedAt: Date.now() })
       .where(and(eq(deployments.id, deploymentId), eq(deployments.status, "deploying")));
   }
 
@@ -350,12 +475,49 @@ export class AppRuntime extends DurableObject<Env> {
     await this.schedule();
   }
 
-  private async schedule(): Promise<void> {
+  /** The next alarm: the earliest of what is due (`at`, a settle, a pending poll, a retry, the live check). */
+  private async schedule(at?: number): Promise<void> {
     const now = Date.now();
+    const due: number[] = [];
+    if (at !== undefined) due.push(at);
+    const settling = this.settling;
+    if (settling) due.push(settling.at);
     const retryAt = this.ctx.storage.kv.get<number>("retryStartAt");
-    if (this.pending || (this.ctx.storage.kv.get<Instance[]>("stops") ?? []).length > 0) await this.ctx.storage.setAlarm(now + PENDING_POLL_MS);
-    else if (retryAt !== undefined && !this.live) await this.ctx.storage.setAlarm(Math.max(retryAt, now));
-    else if (this.live) await this.ctx.storage.setAlarm(now + LIVE_CHECK_MS);
-    else await this.ctx.storage.deleteAlarm();
+    if (this.pending || (this.ctx.storage.kv.get<Instance[]>("stops") ?? []).length > 0) due.push(now + PENDING_POLL_MS);
+    else if (retryAt !== undefined && !this.live) due.push(Math.max(retryAt, now));
+    else if (this.live) due.push(now + LIVE_CHECK_MS);
+    if (due.length === 0) {
+      await this.ctx.storage.deleteAlarm();
+      return;
+    }
+    const next = Math.max(now, Math.min(...due));
+    const current = await this.ctx.storage.getAlarm();
+    if (current !== null && current > now && current <= next) return;
+    await this.ctx.storage.setAlarm(next);
   }
+}
+
+/** `2.1 s` from a status's start to its readiness. */
+function readyTime(status: ProcessStatus): string {
+  if (!status.startedAt || !status.readyAt) return "its health check";
+  return `${((Date.parse(status.readyAt) - Date.parse(status.startedAt)) / 1000).toFixed(1)} s`;
+}
+
+/** Seconds a web release has from each start to pass its health check: svc.json's `startTimeoutSeconds`, else the default. */
+function startTimeout(deployment: Pick<DeploymentRow, "startTimeoutSeconds">): number {
+  return deployment.startTimeoutSeconds ?? DEFAULT_START_TIMEOUT_SECONDS;
+}
+
+/**
+ * Why a starting process will not be the app's, in one line: `process exited
+ * with code 3 during start` (or `within its first 10 s` when it died while
+ * its `minReadySeconds` were counted), or the node's own reason
+ * (`listens on 127.0.0.1:8080 only; …`, `not ready within 60 s: …`).
+ */
+function startFailure(status: ProcessStatus, countedSeconds: number | null): string {
+  const exit = status.lastExit;
+  if (!exit) return `the process is ${status.state}`;
+  if (exit.reason !== "exit_code" && exit.reason !== "OOMKilled") return exit.message;
+  const when = countedSeconds === null ? "during start" : `within its first ${countedSeconds} s`;
+  return exit.reason === "OOMKilled" ? `${exit.message} (${when})` : `process ${exit.message} ${when}`;
 }

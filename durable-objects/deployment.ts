@@ -1,4 +1,4 @@
-import { and, desc, eq, inArray, ne } from "drizzle-orm";
+import { and, eq, inArray } from "drizzle-orm";
 import {
   type BlobsRequest,
   type BlobsResponse,
@@ -18,15 +18,7 @@ import { placeStateless } from "../worker/services/placement";
 import { presign, presignPart } from "../worker/storage/presign";
 import { appRuntimeStub, runsProcess } from "../worker/services/app-runtime";
 import { appChanged } from "../worker/services/cron-targets";
-import {
-  ARTIFACTS,
-  activateIfNewer,
-  artifactKey,
-  buildLogKey,
-  KEPT_DEPLOYMENTS,
-  RELEASE_PART_BYTES,
-  releaseKey,
-} from "../worker/services/deployments";
+import { activateIfNewer, artifactKey, buildLogKey, pruneDeployments, RELEASE_PART_BYTES, releaseKey } from "../worker/services/deployments";
 import { envOf } from "../worker/services/env-vars";
 import { type Ending, failureOf, SingleBuilderJob } from "./single-job";
 
@@ -325,7 +317,7 @@ export class Deployment extends SingleBuilderJob {
         status: "deploying",
         startedAt,
         builtAt: now,
-        fileCount: result.entries,
+        fileCount: result.files,
         totalBytes: result.expandedBytes,
         peakMemoryBytes: result.peakMemoryBytes,
         releaseKey: key,
@@ -335,10 +327,13 @@ export class Deployment extends SingleBuilderJob {
         startCommand: result.startCommand,
         port: result.port,
         healthCheckPath: result.healthCheckPath,
+        startTimeoutSeconds: result.startTimeoutSeconds,
+        minReadySeconds: result.minReadySeconds,
+        overlap: result.overlap,
       })
       .where(and(eq(deployments.id, row.id), eq(deployments.status, "building")));
     await appRuntimeStub(this.env, row.appId).release(row.appId, row.id);
-    await this.prune(row.appId, row.id);
+    await pruneDeployments(this.env, this.db, row.appId, row.id);
   }
 
   override async alarm(): Promise<void> {
@@ -388,31 +383,9 @@ export class Deployment extends SingleBuilderJob {
     if (await activateIfNewer(this.db, row)) {
       // The app's cron runs work in the active deployment's source.
       await appChanged(this.env, this.db, row.appId);
-      await this.prune(row.appId, row.id);
+      await pruneDeployments(this.env, this.db, row.appId, row.id);
     }
     this.ctx.storage.kv.delete("publishing");
   }
 
-  /** Drops deployments beyond the newest {@link KEPT_DEPLOYMENTS} (never the active one, nor `activeId`) with their objects. */
-  private async prune(appId: string, activeId: string): Promise<void> {
-    const serving = await this.db.select({ id: apps.activeDeploymentId }).from(apps).where(eq(apps.id, appId)).get();
-    const old = await this.db
-      .select({ id: deployments.id, sourceKey: deployments.sourceKey, releaseKey: deployments.releaseKey })
-      .from(deployments)
-      .where(and(eq(deployments.appId, appId), ne(deployments.id, activeId), ne(deployments.id, serving?.id ?? activeId)))
-      .orderBy(desc(deployments.createdAt))
-      .offset(KEPT_DEPLOYMENTS - 1)
-      .limit(100);
-    if (old.length === 0) return;
-    await this.env.BUCKET.delete(
-      old.flatMap((d) => [
-        d.sourceKey,
-        ...(d.releaseKey ? [d.releaseKey] : []),
-        manifestKey(d.id),
-        buildLogKey(d.id),
-        ...ARTIFACTS.map((name) => artifactKey(d.id, name)),
-      ]),
-    );
-    await this.db.delete(deployments).where(inArray(deployments.id, old.map((d) => d.id)));
-  }
 }

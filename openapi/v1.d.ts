@@ -683,6 +683,186 @@ export interface paths {
         };
         options?: never;
         head?: never;
+        /**
+         * Change an app's memory or start settings
+         * @description The change reaches the app as a configuration change does: an app that runs starts its release again with it (recorded as a deployment `config: memory 512 MB`), unless `apply=false`. Start settings win over svc.json for this and later releases.
+         */
+        patch: {
+            parameters: {
+                query?: {
+                    /** @description false: the change waits until `POST /v1/apps/{app}/apply` (or a restart or deploy) rolls out everything pending */
+                    apply?: "true" | "false";
+                };
+                header?: never;
+                path: {
+                    /** @description App id or name */
+                    app: string;
+                };
+                cookie?: never;
+            };
+            requestBody: {
+                content: {
+                    "application/json": components["schemas"]["UpdateApp"];
+                };
+            };
+            responses: {
+                /** @description The app after the change, and its rollout */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": {
+                            data: components["schemas"]["App"];
+                            rollout: components["schemas"]["Rollout"];
+                        };
+                    };
+                };
+                /** @description Invalid request (VALIDATION_ERROR) */
+                400: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description Missing, malformed, unknown, deleted or expired API key (UNAUTHORIZED) */
+                401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description The key lacks the required scope (INSUFFICIENT_SCOPE), or the plan's limit is reached (PLAN_LIMIT_EXCEEDED) */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description No such app in this account (APP_NOT_FOUND, `app not found`) */
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description A static site has no start command or health check (APP_IS_STATIC) */
+                409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description Too many requests with this key (RATE_LIMITED); Retry-After says when to try again */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+            };
+        };
+        trace?: never;
+    };
+    "/v1/apps/{app}/apply": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Roll out the app's pending configuration changes
+         * @description Changes made with `apply=false` (env vars, disk, memory, start settings) roll out together, as one deployment.
+         */
+        post: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    /** @description App id or name */
+                    app: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description The app, and the rollout of what was pending */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": {
+                            data: components["schemas"]["App"];
+                            rollout: components["schemas"]["Rollout"];
+                        };
+                    };
+                };
+                /** @description Invalid request (VALIDATION_ERROR) */
+                400: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description Missing, malformed, unknown, deleted or expired API key (UNAUTHORIZED) */
+                401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description The key lacks the required scope (INSUFFICIENT_SCOPE) */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description No such app in this account (APP_NOT_FOUND, `app not found`) */
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description Too many requests with this key (RATE_LIMITED); Retry-After says when to try again */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+            };
+        };
+        delete?: never;
+        options?: never;
+        head?: never;
         patch?: never;
         trace?: never;
     };
@@ -1499,11 +1679,14 @@ export interface paths {
         head?: never;
         /**
          * Set env vars (merge)
-         * @description Adds or replaces the given variables; others are kept. All are written or none.
+         * @description Adds or replaces the given variables; others are kept. All are written or none. The change reaches the app: an app that runs starts its release again with them (without downtime unless it has a disk, recorded as a deployment `config: NAME set`); a static site is built again from the same source. With `apply=false` it waits for `POST /v1/apps/{app}/apply`.
          */
         patch: {
             parameters: {
-                query?: never;
+                query?: {
+                    /** @description false: the change waits until `POST /v1/apps/{app}/apply` (or a restart or deploy) rolls out everything pending */
+                    apply?: "true" | "false";
+                };
                 header?: never;
                 path: {
                     /** @description App id or name */
@@ -1517,7 +1700,7 @@ export interface paths {
                 };
             };
             responses: {
-                /** @description All variables after the change */
+                /** @description All variables after the change, and its rollout to the app */
                 200: {
                     headers: {
                         [name: string]: unknown;
@@ -1525,6 +1708,7 @@ export interface paths {
                     content: {
                         "application/json": {
                             data: components["schemas"]["EnvVar"][];
+                            rollout: components["schemas"]["Rollout"];
                         };
                     };
                 };
@@ -1590,7 +1774,10 @@ export interface paths {
         /** Unset an env var */
         delete: {
             parameters: {
-                query?: never;
+                query?: {
+                    /** @description false: the change waits until `POST /v1/apps/{app}/apply` (or a restart or deploy) rolls out everything pending */
+                    apply?: "true" | "false";
+                };
                 header?: never;
                 path: {
                     /** @description App id or name */
@@ -1601,7 +1788,7 @@ export interface paths {
             };
             requestBody?: never;
             responses: {
-                /** @description Removed */
+                /** @description Removed, and the change's rollout to the app */
                 200: {
                     headers: {
                         [name: string]: unknown;
@@ -1612,6 +1799,7 @@ export interface paths {
                                 /** @enum {boolean} */
                                 deleted: true;
                                 name: string;
+                                rollout: components["schemas"]["Rollout"];
                             };
                         };
                     };
@@ -1855,12 +2043,15 @@ export interface paths {
         };
         /**
          * The app's runtime log: its processes' stdout and stderr, and what the platform did to them
-         * @description Apps that run: the output of the app's processes across restarts and deploys (the newest 10 MiB are kept), with `svc` lines for each start, readiness, exit, OOMKilled and restart. `tail` bytes from the end (default 64 KiB); `follow=true` streams new lines until the client goes away.
+         * @description Apps that run: the output of the app's processes across restarts and deploys (the newest 10 MiB are kept), with `svc` lines for each start, readiness, exit, OOMKilled and restart. Each line is `<time> <out|err|svc> <deployment>/<process> <text>`: which release and which process wrote it. Where it starts: `lines` (the last N lines), `since` (an ISO time, or a duration back from now: `10m`, `2h`, `1d`), else `tail` bytes from the end (default 64 KiB); `process` keeps one process's lines; `follow=true` then streams new lines until the client goes away.
          */
         get: {
             parameters: {
                 query?: {
                     follow?: "true" | "false";
+                    lines?: number | null;
+                    process?: string;
+                    since?: string;
                     tail?: number | null;
                 };
                 header?: never;
@@ -3316,7 +3507,10 @@ export interface paths {
         /** Attach a disk to an app */
         post: {
             parameters: {
-                query?: never;
+                query?: {
+                    /** @description false: the change waits until `POST /v1/apps/{app}/apply` (or a restart or deploy) rolls out everything pending */
+                    apply?: "true" | "false";
+                };
                 header?: never;
                 path: {
                     /** @description Disk id or name */
@@ -3330,7 +3524,7 @@ export interface paths {
                 };
             };
             responses: {
-                /** @description The disk, attached */
+                /** @description The disk, attached, and the app's rollout with it mounted */
                 200: {
                     headers: {
                         [name: string]: unknown;
@@ -3338,6 +3532,7 @@ export interface paths {
                     content: {
                         "application/json": {
                             data: components["schemas"]["Disk"];
+                            rollout: components["schemas"]["Rollout"];
                         };
                     };
                 };
@@ -3415,7 +3610,10 @@ export interface paths {
         /** Detach a disk from its app */
         post: {
             parameters: {
-                query?: never;
+                query?: {
+                    /** @description false: the change waits until `POST /v1/apps/{app}/apply` (or a restart or deploy) rolls out everything pending */
+                    apply?: "true" | "false";
+                };
                 header?: never;
                 path: {
                     /** @description Disk id or name */
@@ -3425,7 +3623,7 @@ export interface paths {
             };
             requestBody?: never;
             responses: {
-                /** @description The disk, detached */
+                /** @description The disk, detached, and its former app's rollout without it */
                 200: {
                     headers: {
                         [name: string]: unknown;
@@ -3433,6 +3631,7 @@ export interface paths {
                     content: {
                         "application/json": {
                             data: components["schemas"]["Disk"];
+                            rollout: components["schemas"]["Rollout"];
                         };
                     };
                 };
@@ -5108,11 +5307,15 @@ export interface components {
                 name: string;
                 sizeGb: number;
             }[];
+            /** @description The app's health check path, over svc.json's (null: svc.json's) */
+            healthCheckPath: string | null;
             /** @example app_0aB1cD2eF3gH4iJ5kL6mN7oP */
             id: string;
             memoryMb: number;
             /** @example my-site */
             name: string;
+            /** @description Changes made with apply=false, not running yet: `POST /v1/apps/{app}/apply` rolls them out */
+            pendingChanges: string[];
             /** @description Apps that run, in GET /v1/apps/{app}: the process serving the app (null while none runs) */
             process?: {
                 lastExit: {
@@ -5121,7 +5324,7 @@ export interface components {
                     /** @example memory limit 256 MiB exceeded (OOMKilled) */
                     message: string;
                     /** @enum {string} */
-                    reason: "exit_code" | "OOMKilled" | "health_check" | "start_timeout" | "error";
+                    reason: "exit_code" | "OOMKilled" | "health_check" | "start_timeout" | "port" | "error";
                     signal: string | null;
                 } | null;
                 /** @description The runtime log's last lines when the last instance ended badly */
@@ -5140,11 +5343,24 @@ export interface components {
             restartedAt: string | null;
             /** @enum {string} */
             runtime: "static" | "node" | "python" | "custom" | "ruby" | "go" | "rust" | "php" | "elixir" | "docker";
-            /** @enum {string} */
-            status: "running" | "stopped";
+            /** @description The app's start command, over svc.json's (null: svc.json's) */
+            startCommand: string | null;
+            /**
+             * @description From what runs, never a wish: not_deployed (nothing deployed yet), deploying (a deployment is under way), running, crash_loop (its process keeps exiting), failed (its only deploys failed, or its process could not run), stopped. A static site: not_deployed, running or stopped.
+             * @enum {string}
+             */
+            status: "not_deployed" | "deploying" | "running" | "crash_loop" | "failed" | "stopped";
+            /**
+             * @description An app that runs: as its release says (web or worker); null for a static site or before any release
+             * @enum {string|null}
+             */
+            type: "web" | "worker" | null;
             updatedAt: string;
-            /** @example https://my-site.apps.example.dev */
-            url: string;
+            /**
+             * @description Null for a worker: it takes no HTTP traffic
+             * @example https://my-site.apps.example.dev
+             */
+            url: string | null;
         };
         AttachDisk: {
             /** @description App id or name */
@@ -5370,15 +5586,33 @@ export interface components {
             appId: string;
             buildMs: number | null;
             builtAt: string | null;
+            /**
+             * @description Why it exists when not a build of new source: `config: GREETING set` (a configuration change rolled out), `rollback`; null for a build
+             * @example config: GREETING set
+             */
+            cause: string | null;
             createdAt: string;
+            /** @description Why it failed, in one line (`process exited with code 3 during start`, `listens on 127.0.0.1:8080 only; …`); the log lines that go with it are `logExcerpt` */
             error: string | null;
+            /** @description Files served (a static site) or in the release (an app that runs) */
             fileCount: number | null;
             finishedAt: string | null;
-            framework: string | null;
+            /** @description Static sites only */
+            framework?: string | null;
             /** @example dep_0aB1cD2eF3gH4iJ5kL6mN7oP */
             id: string;
-            outputDir: string | null;
+            /** @description With a failed start: the process's last log lines */
+            logExcerpt: string[] | null;
+            /** @description Static sites only */
+            outputDir?: string | null;
             peakMemoryBytes: number | null;
+            /** @description Apps that run: the process started for it; its lines of the runtime log are `?process=<id>` */
+            processId: string | null;
+            /** @description Apps that run: what happened after the build (starting, ready, switching traffic, the old release draining, serving), oldest first */
+            progress: {
+                at: string;
+                text: string;
+            }[];
             /** @description Apps that run: the release the build made and how it runs; null for static sites and before the build ends */
             release: {
                 healthCheckPath: string | null;
@@ -5388,7 +5622,8 @@ export interface components {
                 /** @enum {string} */
                 type: "web" | "worker";
             } | null;
-            spa: boolean | null;
+            /** @description Static sites only */
+            spa?: boolean | null;
             /** @description When the builder started the build (null while queued) */
             startedAt: string | null;
             /**
@@ -5397,9 +5632,10 @@ export interface components {
              */
             status: "queued" | "building" | "deploying" | "ready" | "failed" | "cancelled";
             totalBytes: number | null;
-            /** @description Files whose content storage did not have yet */
-            uploadedBlobs: number | null;
-            url: string;
+            /** @description Static sites only: files whose content storage did not have yet */
+            uploadedBlobs?: number | null;
+            /** @description Where the app answers; null for a worker */
+            url: string | null;
             /** @description Why a queued deployment has not started building, e.g. `waiting for a slot: 2 of 2 concurrent jobs of the account's plan running`; null otherwise */
             waiting: string | null;
         };
@@ -5596,6 +5832,14 @@ export interface components {
                 id: string;
             };
         };
+        Rollout: {
+            /** @description On its way to the app now; false: it waits for `POST /v1/apps/{app}/apply` */
+            applied: boolean;
+            /** @description The deployment rolling it out (follow it as a deploy); null when nothing needs to */
+            deploymentId: string | null;
+            /** @example GREETING set; rolling out to api */
+            message: string;
+        };
         /**
          * @example {
          *       "vars": {
@@ -5608,6 +5852,20 @@ export interface components {
             vars: {
                 [key: string]: string;
             };
+        };
+        /**
+         * @example {
+         *       "memoryMb": 512,
+         *       "healthCheckPath": "/healthz"
+         *     }
+         */
+        UpdateApp: {
+            /** @description Web apps: a path answering 2xx once ready, over svc.json's; null: svc.json's again */
+            healthCheckPath?: string | null;
+            /** @description Memory limit of the app, its cron runs and its builds */
+            memoryMb?: number;
+            /** @description Runs with /bin/sh -c in the app's folder, over svc.json's startCommand; null: svc.json's again */
+            startCommand?: string | null;
         };
         /**
          * @example {

@@ -24,7 +24,7 @@ describe("/v1/apps lifecycle", () => {
     const created = await call("/v1/apps", { method: "POST", key, body: { name, runtime: "static" } });
     expect(created.status).toBe(201);
     const app = (await json<Data<App>>(created)).data;
-    expect(app).toMatchObject({ name, runtime: "static", status: "running", activeDeploymentId: null, disks: [], memoryMb: 1024 });
+    expect(app).toMatchObject({ name, runtime: "static", status: "not_deployed", activeDeploymentId: null, disks: [], memoryMb: 1024 });
     expect(app.id).toMatch(/^app_[0-9A-Za-z]{24}$/);
     expect(app.url).toBe(`${env.APPS_URL_SCHEME}://${name}.${env.APPS_DOMAIN}`);
 
@@ -38,7 +38,8 @@ describe("/v1/apps lifecycle", () => {
     expect((await json<Data<App>>(stopped)).data.status).toBe("stopped");
     expect((await json<Data<App>>(await call(`/v1/apps/${app.id}`, { key }))).data.status).toBe("stopped");
     const restarted = await call(`/v1/apps/${name}/restart`, { method: "POST", key });
-    expect((await json<Data<App>>(restarted)).data.status).toBe("running");
+    // Started again, but nothing was ever deployed: the status says so rather than "running".
+    expect((await json<Data<App>>(restarted)).data.status).toBe("not_deployed");
 
     const deleted = await call(`/v1/apps/${name}`, { method: "DELETE", key });
     expect(deleted.status).toBe(200);
@@ -88,7 +89,13 @@ describe("/v1/apps/:app/env", () => {
 
     const unset = await call(`/v1/apps/${name}/env/TOKEN`, { method: "DELETE", key });
     expect(unset.status).toBe(200);
-    expect(await json(unset)).toEqual({ data: { name: "TOKEN", deleted: true } });
+    expect(await json(unset)).toEqual({
+      data: {
+        name: "TOKEN",
+        deleted: true,
+        rollout: { applied: true, deploymentId: null, message: `TOKEN unset; ${name} has nothing deployed yet: its first deploy runs with it` },
+      },
+    });
     const again = await call(`/v1/apps/${name}/env/TOKEN`, { method: "DELETE", key });
     expect(again.status).toBe(404);
     expect((await json<{ error: { code: string } }>(again)).error.code).toBe("ENV_VAR_NOT_FOUND");

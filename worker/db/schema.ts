@@ -102,6 +102,18 @@ export const apps = sqliteTable(
      */
     liveProcessId: text("live_process_id"),
     liveNode: text("live_node"),
+    /** The live process's state as its node last reported it (the app's status is derived from it). */
+    processState: text("process_state"),
+    /**
+     * Settings of the app that win over svc.json for its releases (set with
+     * `PATCH /v1/apps/{app}`); null: what the build found.
+     */
+    startCommand: text("start_command"),
+    healthCheckPath: text("health_check_path"),
+    /** Bumped by every change of the app's configuration (env vars, disk, memory, start settings). */
+    configVersion: integer("config_version").notNull().default(0),
+    /** Changes made without a rollout, not yet running: `[{version, cause}]`, oldest first. */
+    pendingChanges: text("pending_changes", { mode: "json" }).$type<{ version: number; cause: string }[]>(),
     /** Bumped on every restart, so running work can tell it belongs to an older incarnation. */
     restartedAt: integer("restarted_at").notNull(),
     createdAt: integer("created_at").notNull(),
@@ -453,6 +465,22 @@ export const deployments = sqliteTable(
     startCommand: text("start_command"),
     port: integer("port"),
     healthCheckPath: text("health_check_path"),
+    /** Web apps: seconds the release's process has to pass its health check (svc.json; null: the default). */
+    startTimeoutSeconds: integer("start_timeout_seconds"),
+    /** Seconds a new process must stay up after it is ready before it counts as deployed. */
+    minReadySeconds: integer("min_ready_seconds"),
+    /** A worker: its new process may run beside the old one during a deploy (default: the old one stops first). */
+    overlap: integer("overlap", { mode: "boolean" }),
+    /** Why it exists besides a build of new source: `config: GREETING set`, `rollback to dep_…`; null for a build. */
+    cause: text("cause"),
+    /** The app's configuration version the release runs with (apps.config_version when it was launched). */
+    configVersion: integer("config_version"),
+    /** The process started for it (apps that run), once there is one: what `svc deploy` follows. */
+    processId: text("process_id"),
+    /** What happened since the build, in order: `[{at, text}]` (starting, healthy, switching, draining, serving). */
+    progress: text("progress", { mode: "json" }).$type<{ at: number; text: string }[]>(),
+    /** With a failure: the last lines of the process's log (the one-line cause is `error`). */
+    logExcerpt: text("log_excerpt", { mode: "json" }).$type<string[]>(),
     createdAt: integer("created_at").notNull(),
     startedAt: integer("started_at"),
     builtAt: integer("built_at"),

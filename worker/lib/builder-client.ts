@@ -212,9 +212,15 @@ export async function stopProcess(config: Config, node: NodeRef, id: string, dra
   return failure(node, res);
 }
 
-/** The app's runtime log on `node`: its last `tailBytes`, and with `follow` what is written next. */
-export async function appLogStream(config: Config, node: NodeRef, appId: string, tailBytes: number, follow: boolean): Promise<Response> {
-  return builderFetch(config, node, "GET", `/v1/app-logs/${encodeURIComponent(appId)}?tail=${tailBytes}${follow ? "&follow=1" : ""}`);
+/** Which part of an app's runtime log to read: the last bytes or lines, or since a time (epoch ms); one process's lines only. */
+export type LogWindow = ({ tail: number } | { lines: number } | { since: number }) & { process?: string };
+
+/** The app's runtime log on `node` (the part `window` says), and with `follow` what is written next. */
+export async function appLogStream(config: Config, node: NodeRef, appId: string, window: LogWindow, follow: boolean): Promise<Response> {
+  const query = new URLSearchParams();
+  for (const [name, value] of Object.entries(window)) query.set(name, String(value));
+  if (follow) query.set("follow", "1");
+  return builderFetch(config, node, "GET", `/v1/app-logs/${encodeURIComponent(appId)}?${query}`);
 }
 
 /** Stale disk copies the node set aside (fencing). */

@@ -15,3 +15,20 @@ export const Deleted = z.object({ id: z.string(), deleted: z.literal(true) });
 
 /** Path parameter accepting an id or a name. */
 export const Ref = z.string().min(1).max(64);
+
+/** What became of a change of an app's configuration (worker/services/rollout.ts). */
+export const RolloutSchema = z
+  .object({
+    applied: z.boolean().openapi({ description: "On its way to the app now; false: it waits for `POST /v1/apps/{app}/apply`" }),
+    deploymentId: z.string().nullable().openapi({ description: "The deployment rolling it out (follow it as a deploy); null when nothing needs to" }),
+    message: z.string().openapi({ example: "GREETING set; rolling out to api" }),
+  })
+  .openapi("Rollout");
+
+/** `?apply=false`: record a configuration change without rolling it out (several then roll out together). */
+export const ApplyQuery = z.object({
+  apply: z
+    .enum(["true", "false"])
+    .optional()
+    .openapi({ description: "false: the change waits until `POST /v1/apps/{app}/apply` (or a restart or deploy) rolls out everything pending" }),
+});

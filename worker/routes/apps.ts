@@ -2,26 +2,34 @@ import { createRoute, z } from "@hono/zod-openapi";
 import { ProcessExitReason, ProcessState } from "../../builder/src/protocol";
 import { requireScope } from "../auth/middleware";
 import { eq } from "drizzle-orm";
-import { APP_STATUSES, disks, RUNTIMES, SUPPORTED_RUNTIMES } from "../db/schema";
+import { disks, RUNTIMES, SUPPORTED_RUNTIMES } from "../db/schema";
 import { appLogStream } from "../lib/builder-client";
 import { ApiError } from "../lib/errors";
 import { authErrors, errorResponse, jsonBody, newRouter, planLimited, UNCOMPRESSED_STREAM } from "../lib/router";
-import { DnsLabel, Deleted, dataOf, Ref } from "../lib/schemas";
+import { ApplyQuery, DnsLabel, Deleted, dataOf, Ref, RolloutSchema } from "../lib/schemas";
 import { appRuntimeStub, runsProcess } from "../services/app-runtime";
 import { appChanged } from "../services/cron-targets";
 import { nodeRef } from "../services/fleet";
 import { deleteAppCrons } from "../services/crons";
-import { appView, appViews, createApp, deleteApp, listApps, resolveApp, setAppStatus } from "../services/apps";
+import { APP_STATES, appView, appViews, createApp, deleteApp, listApps, resolveApp, setAppStatus, updateAppSettings } from "../services/apps";
+import { applyPending, configChanged } from "../services/rollout";
 
 export const AppSchema = z
   .object({
     id: z.string().openapi({ example: "app_0aB1cD2eF3gH4iJ5kL6mN7oP" }),
     name: z.string().openapi({ example: "my-site" }),
     runtime: z.enum(RUNTIMES),
-    status: z.enum(APP_STATUSES),
-    url: z.string().openapi({ example: "https://my-site.apps.example.dev" }),
+    type: z.enum(["web", "worker"]).nullable().openapi({ description: "An app that runs: as its release says (web or worker); null for a static site or before any release" }),
+    status: z.enum(APP_STATES).openapi({
+      description:
+        "From what runs, never a wish: not_deployed (nothing deployed yet), deploying (a deployment is under way), running, crash_loop (its process keeps exiting), failed (its only deploys failed, or its process could not run), stopped. A static site: not_deployed, running or stopped.",
+    }),
+    url: z.string().nullable().openapi({ example: "https://my-site.apps.example.dev", description: "Null for a worker: it takes no HTTP traffic" }),
     memoryMb: z.number().int(),
+    startCommand: z.string().nullable().openapi({ description: "The app's start command, over svc.json's (null: svc.json's)" }),
+    healthCheckPath: z.string().nullable().openapi({ description: "The app's health check path, over svc.json's (null: svc.json's)" }),
     activeDeploymentId: z.string().nullable(),
+    pendingChanges: z.array(z.string()).openapi({ description: "Changes made with apply=false, not running yet: `POST /v1/apps/{app}/apply` rolls them out" }),
     disks: z.array(z.object({ id: z.string(), name: z.string(), mountPath: z.string(), sizeGb: z.number().int() })),
     createdAt: z.string(),
     updatedAt: z.string(),
@@ -131,6 +139,82 @@ appRoutes.openapi(
   },
 );
 
+const UpdateAppBody = z
+  .strictObject({
+    memoryMb: z.number().int().min(128).max(16_384).optional().openapi({ description: "Memory limit of the app, its cron runs and its builds" }),
+    startCommand: z
+      .string()
+      .min(1)
+      .max(100_000)
+      .refine((value) => !value.includes("\0"), "must not contain NUL")
+      .nullable()
+      .optional()
+      .openapi({ description: "Runs with /bin/sh -c in the app's folder, over svc.json's startCommand; null: svc.json's again" }),
+    healthCheckPath: z
+      .string()
+      .max(1024)
+      .regex(/^\/[\x21-\x7e]*$/, "must be a path starting with / (no spaces or control characters), e.g. /healthz")
+      .nullable()
+      .optional()
+      .openapi({ description: "Web apps: a path answering 2xx once ready, over svc.json's; null: svc.json's again" }),
+  })
+  .refine((body) => Object.keys(body).length > 0, "give at least one of memoryMb, startCommand, healthCheckPath")
+  .openapi("UpdateApp", { example: { memoryMb: 512, healthCheckPath: "/healthz" } });
+
+const withRollout = (description: string) => ({
+  description,
+  content: { "application/json": { schema: dataOf(AppSchema).extend({ rollout: RolloutSchema }) } },
+});
+
+appRoutes.openapi(
+  createRoute({
+    method: "patch",
+    path: "/{app}",
+    summary: "Change an app's memory or start settings",
+    description:
+      "The change reaches the app as a configuration change does: an app that runs starts its release again with it (recorded as a deployment `config: memory 512 MB`), unless `apply=false`. Start settings win over svc.json for this and later releases.",
+    tags: ["Apps"],
+    security,
+    request: { params: AppParam, query: ApplyQuery, body: jsonBody(UpdateAppBody) },
+    responses: {
+      200: withRollout("The app after the change, and its rollout"),
+      ...authErrors,
+      ...planLimited,
+      ...notFound,
+      409: errorResponse("A static site has no start command or health check (APP_IS_STATIC)"),
+    },
+  }),
+  async (c) => {
+    const db = c.get("db");
+    const current = await resolveApp(db, c.get("principal").accountId, c.req.valid("param").app);
+    const { app, cause } = await updateAppSettings(db, current, c.req.valid("json"));
+    const rollout =
+      cause === null
+        ? { applied: true, deploymentId: null, message: `nothing changed: ${app.name} already has these settings` }
+        : await configChanged(c.env, db, app, cause, c.req.valid("query").apply !== "false");
+    return c.json({ data: await appView(db, c.env, await resolveApp(db, app.accountId, app.id)), rollout }, 200);
+  },
+);
+
+appRoutes.openapi(
+  createRoute({
+    method: "post",
+    path: "/{app}/apply",
+    summary: "Roll out the app's pending configuration changes",
+    description: "Changes made with `apply=false` (env vars, disk, memory, start settings) roll out together, as one deployment.",
+    tags: ["Apps"],
+    security,
+    request: { params: AppParam },
+    responses: { 200: withRollout("The app, and the rollout of what was pending"), ...authErrors, ...notFound },
+  }),
+  async (c) => {
+    const db = c.get("db");
+    const app = await resolveApp(db, c.get("principal").accountId, c.req.valid("param").app);
+    const rollout = await applyPending(c.env, db, app);
+    return c.json({ data: await appView(db, c.env, await resolveApp(db, app.accountId, app.id)), rollout }, 200);
+  },
+);
+
 for (const [verb, status, summary] of [
   ["stop", "stopped", "Stop an app: its site answers 503 and its cron jobs do not run"],
   ["restart", "running", "Restart an app (also starts a stopped one)"],
@@ -167,7 +251,7 @@ appRoutes.openapi(
     path: "/{app}/runtime-logs",
     summary: "The app's runtime log: its processes' stdout and stderr, and what the platform did to them",
     description:
-      "Apps that run: the output of the app's processes across restarts and deploys (the newest 10 MiB are kept), with `svc` lines for each start, readiness, exit, OOMKilled and restart. `tail` bytes from the end (default 64 KiB); `follow=true` streams new lines until the client goes away.",
+      "Apps that run: the output of the app's processes across restarts and deploys (the newest 10 MiB are kept), with `svc` lines for each start, readiness, exit, OOMKilled and restart. Each line is `<time> <out|err|svc> <deployment>/<process> <text>`: which release and which process wrote it. Where it starts: `lines` (the last N lines), `since` (an ISO time, or a duration back from now: `10m`, `2h`, `1d`), else `tail` bytes from the end (default 64 KiB); `process` keeps one process's lines; `follow=true` then streams new lines until the client goes away.",
     tags: ["Apps"],
     security,
     request: {
@@ -175,6 +259,16 @@ appRoutes.openapi(
       query: z.object({
         follow: z.enum(["true", "false"]).optional(),
         tail: z.coerce.number().int().min(0).max(10_485_760).default(65_536),
+        lines: z.coerce.number().int().min(0).max(1_000_000).optional(),
+        since: z
+          .string()
+          .transform((value, ctx) => {
+            const at = sinceTime(value);
+            if (at === null) ctx.addIssue({ code: "custom", message: "must be an ISO 8601 time or a duration such as 30s, 10m, 2h, 1d" });
+            return at ?? 0;
+          })
+          .optional(),
+        process: z.string().regex(/^prc_[A-Za-z0-9]{24}$/, "must be a process id (prc_…)").optional(),
       }),
     },
     responses: {
@@ -190,13 +284,14 @@ appRoutes.openapi(
     if (!runsProcess(app.runtime)) {
       throw new ApiError("APP_IS_STATIC", `${app.name} is a static site: it has no process; its request log is \`svc logs --app ${app.name}\``);
     }
-    const { follow, tail } = c.req.valid("query");
-    // The log lives on the node that runs the app (a stopped app's, on the node it ran on last while that holds its disk).
+    const { follow, tail, lines, since, process } = c.req.valid("query");
+    // The log lives on the node that runs (or last ran, or is starting) the process; else on the node holding the app's disk.
     const [disk] = await c.get("db").select({ nodeId: disks.nodeId }).from(disks).where(eq(disks.appId, app.id)).limit(1);
-    const nodeId = app.liveNode ?? disk?.nodeId ?? null;
+    const nodeId = (await appRuntimeStub(c.env, app.id).logNode(process)) ?? disk?.nodeId ?? null;
     const node = nodeId ? await nodeRef(c.env, nodeId).catch(() => null) : null;
     if (!node) return c.body("", 200, { "Content-Type": "text/plain; charset=utf-8", "Cache-Control": "no-store" });
-    const live = await appLogStream(c.get("config"), node, app.id, tail, follow === "true");
+    const window = since !== undefined ? { since } : lines !== undefined ? { lines } : { tail };
+    const live = await appLogStream(c.get("config"), node, app.id, { ...window, ...(process ? { process } : {}) }, follow === "true");
     if (live.status === 404) return c.body("", 200, { "Content-Type": "text/plain; charset=utf-8", "Cache-Control": "no-store" });
     if (!live.ok) throw new ApiError("BUILDER_UNAVAILABLE", `the app's node could not return the log (HTTP ${live.status})`);
     return c.body(live.body ?? "", 200, { "Content-Type": "text/plain; charset=utf-8", ...UNCOMPRESSED_STREAM });
@@ -226,3 +321,11 @@ appRoutes.openapi(
     return c.json({ data: { id: app.id, deleted: true as const } }, 200);
   },
 );
+
+/** `since` of a log read: an ISO time, or a duration back from now (`30s`, `10m`, `2h`, `1d`), as epoch ms; null when neither. */
+function sinceTime(value: string, now = Date.now()): number | null {
+  const relative = /^(\d{1,9})\s*([smhd])$/.exec(value.trim());
+  if (relative) return now - Number(relative[1]) * { s: 1_000, m: 60_000, h: 3_600_000, d: 86_400_000 }[relative[2] as "s" | "m" | "h" | "d"];
+  const at = /^\d{4}-\d{2}-\d{2}T/.test(value) ? Date.parse(value) : Number.NaN;
+  return Number.isNaN(at) ? null : at;
+}

@@ -39,13 +39,24 @@ const DeploymentSchema = z
         "Why a queued deployment has not started building, e.g. `waiting for a slot: 2 of 2 concurrent jobs of the account's plan running`; null otherwise",
     }),
     active: z.boolean().openapi({ description: "Whether the app serves this deployment now" }),
-    error: z.string().nullable(),
-    framework: z.string().nullable(),
-    outputDir: z.string().nullable(),
-    spa: z.boolean().nullable(),
-    fileCount: z.number().int().nullable(),
+    cause: z.string().nullable().openapi({
+      description: "Why it exists when not a build of new source: `config: GREETING set` (a configuration change rolled out), `rollback`; null for a build",
+      example: "config: GREETING set",
+    }),
+    error: z.string().nullable().openapi({
+      description: "Why it failed, in one line (`process exited with code 3 during start`, `listens on 127.0.0.1:8080 only; …`); the log lines that go with it are `logExcerpt`",
+    }),
+    logExcerpt: z.array(z.string()).nullable().openapi({ description: "With a failed start: the process's last log lines" }),
+    progress: z
+      .array(z.object({ at: z.string(), text: z.string() }))
+      .openapi({ description: "Apps that run: what happened after the build (starting, ready, switching traffic, the old release draining, serving), oldest first" }),
+    processId: z.string().nullable().openapi({ description: "Apps that run: the process started for it; its lines of the runtime log are `?process=<id>`" }),
+    framework: z.string().nullable().optional().openapi({ description: "Static sites only" }),
+    outputDir: z.string().nullable().optional().openapi({ description: "Static sites only" }),
+    spa: z.boolean().nullable().optional().openapi({ description: "Static sites only" }),
+    fileCount: z.number().int().nullable().openapi({ description: "Files served (a static site) or in the release (an app that runs)" }),
     totalBytes: z.number().int().nullable(),
-    uploadedBlobs: z.number().int().nullable().openapi({ description: "Files whose content storage did not have yet" }),
+    uploadedBlobs: z.number().int().nullable().optional().openapi({ description: "Static sites only: files whose content storage did not have yet" }),
     peakMemoryBytes: z.number().int().nullable(),
     release: z
       .object({
@@ -57,7 +68,7 @@ const DeploymentSchema = z
       })
       .nullable()
       .openapi({ description: "Apps that run: the release the build made and how it runs; null for static sites and before the build ends" }),
-    url: z.string(),
+    url: z.string().nullable().openapi({ description: "Where the app answers; null for a worker" }),
     createdAt: z.string(),
     startedAt: z.string().nullable().openapi({ description: "When the builder started the build (null while queued)" }),
     builtAt: z.string().nullable(),

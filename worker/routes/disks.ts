@@ -4,7 +4,12 @@ import { appChanged } from "../services/cron-targets";
 import { requireScope } from "../auth/middleware";
 import { DISK_STATUSES } from "../db/schema";
 import { authErrors, errorResponse, jsonBody, newRouter, planLimited } from "../lib/router";
-import { DnsLabel, Deleted, dataOf, Ref } from "../lib/schemas";
+import { ApplyQuery, DnsLabel, Deleted, dataOf, Ref, RolloutSchema } from "../lib/schemas";
+import type { Db } from "../db/client";
+import type { AppRow } from "../db/schema";
+import type { Env } from "../env";
+import { runsProcess } from "../services/app-runtime";
+import { configChanged, type Rollout } from "../services/rollout";
 import { resolveApp } from "../services/apps";
 import { DEFAULT_SNAPSHOT_INTERVAL_HOURS, DEFAULT_SNAPSHOT_KEEP, MAX_SNAPSHOT_INTERVAL_HOURS } from "../lib/snapshot-schedule";
 import { PLAN_LIMITS } from "../lib/plans";
@@ -88,7 +93,22 @@ const diskResponse = (description: string) => ({
   description,
   content: { "application/json": { schema: dataOf(DiskSchema) } },
 });
+const rolloutResponse = (description: string) => ({
+  description,
+  content: { "application/json": { schema: dataOf(DiskSchema).extend({ rollout: RolloutSchema }) } },
+});
 const notFound = { 404: errorResponse("No such disk in this account (DISK_NOT_FOUND)") };
+
+/**
+ * A disk came or went: an app that runs starts again with it mounted (or
+ * without it), stopping first since one process writes a disk at a time; a
+ * static site's cron runs simply see it from their next run.
+ */
+async function diskChanged(env: Env, db: Db, app: AppRow, cause: string, apply: boolean): Promise<Rollout> {
+  if (runsProcess(app.runtime)) return configChanged(env, db, app, cause, apply);
+  await appChanged(env, db, app.id);
+  return { applied: true, deploymentId: null, message: `${cause}; ${app.name}'s cron runs see it from their next run` };
+}
 const builderDown = { 502: errorResponse("The builder could not be reached (BUILDER_UNAVAILABLE); nothing changed") };
 
 export const diskRoutes = newRouter();
@@ -168,9 +188,9 @@ diskRoutes.openapi(
     summary: "Attach a disk to an app",
     tags: ["Disks"],
     security,
-    request: { params: DiskParam, body: jsonBody(AttachBody) },
+    request: { params: DiskParam, query: ApplyQuery, body: jsonBody(AttachBody) },
     responses: {
-      200: diskResponse("The disk, attached"),
+      200: rolloutResponse("The disk, attached, and the app's rollout with it mounted"),
       ...authErrors,
       404: errorResponse("No such disk (DISK_NOT_FOUND) or app (APP_NOT_FOUND)"),
       409: errorResponse("Attached to another app (DISK_ATTACHED), or the app already has a disk (APP_HAS_DISK)"),
@@ -180,8 +200,8 @@ diskRoutes.openapi(
     const accountId = c.get("principal").accountId;
     const app = await resolveApp(c.get("db"), accountId, c.req.valid("json").app);
     const disk = await attachDisk(c.get("db"), accountId, c.req.valid("param").disk, app);
-    await appChanged(c.env, c.get("db"), app.id);
-    return c.json({ data: disk }, 200);
+    const rollout = await diskChanged(c.env, c.get("db"), app, `disk ${disk.name} attached at ${disk.mountPath}`, c.req.valid("query").apply !== "false");
+    return c.json({ data: disk, rollout }, 200);
   },
 );
 
@@ -192,13 +212,18 @@ diskRoutes.openapi(
     summary: "Detach a disk from its app",
     tags: ["Disks"],
     security,
-    request: { params: DiskParam },
-    responses: { 200: diskResponse("The disk, detached"), ...authErrors, ...notFound },
+    request: { params: DiskParam, query: ApplyQuery },
+    responses: { 200: rolloutResponse("The disk, detached, and its former app's rollout without it"), ...authErrors, ...notFound },
   }),
   async (c) => {
-    const { disk, formerAppId } = await detachDisk(c.get("db"), c.get("principal").accountId, c.req.valid("param").disk);
-    if (formerAppId) await appChanged(c.env, c.get("db"), formerAppId);
-    return c.json({ data: disk }, 200);
+    const db = c.get("db");
+    const accountId = c.get("principal").accountId;
+    const { disk, formerAppId } = await detachDisk(db, accountId, c.req.valid("param").disk);
+    const app = formerAppId ? await resolveApp(db, accountId, formerAppId) : null;
+    const rollout = app
+      ? await diskChanged(c.env, db, app, `disk ${disk.name} detached`, c.req.valid("query").apply !== "false")
+      : { applied: true, deploymentId: null, message: `disk ${disk.name} was not attached to an app` };
+    return c.json({ data: disk, rollout }, 200);
   },
 );
 

@@ -2,9 +2,9 @@ import { createRoute, z } from "@hono/zod-openapi";
 import { requireScope } from "../auth/middleware";
 import { ApiError } from "../lib/errors";
 import { authErrors, errorResponse, jsonBody, newRouter } from "../lib/router";
-import { dataOf, Ref } from "../lib/schemas";
+import { ApplyQuery, dataOf, Ref, RolloutSchema } from "../lib/schemas";
 import { resolveApp } from "../services/apps";
-import { appChanged } from "../services/cron-targets";
+import { configChanged } from "../services/rollout";
 import { listEnvVars, setEnvVars, unsetEnvVars } from "../services/env-vars";
 
 /** Why a variable name cannot be set, or null when it can. */
@@ -80,18 +80,27 @@ envVarRoutes.openapi(
     method: "patch",
     path: "/{app}/env",
     summary: "Set env vars (merge)",
-    description: "Adds or replaces the given variables; others are kept. All are written or none.",
+    description:
+      "Adds or replaces the given variables; others are kept. All are written or none. The change reaches the app: an app that runs starts its release again with them (without downtime unless it has a disk, recorded as a deployment `config: NAME set`); a static site is built again from the same source. With `apply=false` it waits for `POST /v1/apps/{app}/apply`.",
     tags: ["Env vars"],
     security,
-    request: { params: AppParam, body: jsonBody(SetEnvBody) },
-    responses: { 200: listResponse("All variables after the change"), ...authErrors, 404: errorResponse("app not found") },
+    request: { params: AppParam, query: ApplyQuery, body: jsonBody(SetEnvBody) },
+    responses: {
+      200: {
+        description: "All variables after the change, and its rollout to the app",
+        content: { "application/json": { schema: dataOf(z.array(EnvVarSchema)).extend({ rollout: RolloutSchema }) } },
+      },
+      ...authErrors,
+      404: errorResponse("app not found"),
+    },
   }),
   async (c) => {
     const db = c.get("db");
     const app = await resolveApp(db, c.get("principal").accountId, c.req.valid("param").app);
-    await setEnvVars(db, c.get("config"), app.id, c.req.valid("json").vars);
-    await appChanged(c.env, db, app.id);
-    return c.json({ data: await listEnvVars(db, c.get("config"), app.id, false) }, 200);
+    const vars = c.req.valid("json").vars;
+    await setEnvVars(db, c.get("config"), app.id, vars);
+    const rollout = await configChanged(c.env, db, app, `${Object.keys(vars).join(", ")} set`, c.req.valid("query").apply !== "false");
+    return c.json({ data: await listEnvVars(db, c.get("config"), app.id, false), rollout }, 200);
   },
 );
 
@@ -102,11 +111,11 @@ envVarRoutes.openapi(
     summary: "Unset an env var",
     tags: ["Env vars"],
     security,
-    request: { params: AppParam.extend({ name: EnvName }) },
+    request: { params: AppParam.extend({ name: EnvName }), query: ApplyQuery },
     responses: {
       200: {
-        description: "Removed",
-        content: { "application/json": { schema: dataOf(z.object({ name: z.string(), deleted: z.literal(true) })) } },
+        description: "Removed, and the change's rollout to the app",
+        content: { "application/json": { schema: dataOf(z.object({ name: z.string(), deleted: z.literal(true), rollout: RolloutSchema })) } },
       },
       ...authErrors,
       404: errorResponse("app not found, or the variable is not set (ENV_VAR_NOT_FOUND)"),
@@ -118,7 +127,7 @@ envVarRoutes.openapi(
     if ((await unsetEnvVars(c.get("db"), app.id, [name])).length > 0) {
       throw new ApiError("ENV_VAR_NOT_FOUND", `env var ${name} is not set on app ${app.name}`);
     }
-    await appChanged(c.env, c.get("db"), app.id);
-    return c.json({ data: { name, deleted: true as const } }, 200);
+    const rollout = await configChanged(c.env, c.get("db"), app, `${name} unset`, c.req.valid("query").apply !== "false");
+    return c.json({ data: { name, deleted: true as const, rollout } }, 200);
   },
 );

@@ -111,7 +111,8 @@ internalRoutes.post("/processes/callback", async (c) => {
   const parsed = ProcessStatus.safeParse(c.get("signedBody"));
   if (!parsed.success) throw new ApiError("VALIDATION_ERROR", "callback body is not a process status");
   const { appId } = parsed.data.labels;
-  if (appId) await appRuntimeStub(c.env, appId).processChanged(parsed.data);
+  // Only the node running a process may say what it does.
+  if (appId) await appRuntimeStub(c.env, appId).processChanged(parsed.data, c.get("node"));
   return c.body(null, 204);
 });
 

@@ -1,6 +1,6 @@
 import { and, asc, desc, eq, inArray, sql } from "drizzle-orm";
 import { type Db, isUniqueViolation } from "../db/client";
-import { type AppRow, apps, type DiskRow, disks, type Runtime } from "../db/schema";
+import { type AppRow, apps, type DeploymentRow, type DiskRow, disks, type Runtime } from "../db/schema";
 import { type Config, configOf, type Env } from "../env";
 import { ApiError } from "../lib/errors";
 import { isId, newId } from "../lib/ids";
@@ -8,14 +8,26 @@ import { planLimitError, planOf } from "../lib/plans";
 import { iso, isoOrNull } from "../lib/time";
 import { type ProcessView, processView, runsProcess } from "./app-runtime";
 
+/** What an app's status says (derived from its processes and deployments, never stored as a wish). */
+export const APP_STATES = ["not_deployed", "deploying", "running", "crash_loop", "failed", "stopped"] as const;
+export type AppState = (typeof APP_STATES)[number];
+
 export type AppView = {
   id: string;
   name: string;
   runtime: Runtime;
-  status: AppRow["status"];
-  url: string;
+  /** An app that runs: `web` or `worker`, as its active (else newest) release says; null for a static site or before any release. */
+  type: "web" | "worker" | null;
+  status: AppState;
+  /** Where it answers; null for a worker, which takes no HTTP traffic. */
+  url: string | null;
   memoryMb: number;
+  /** Settings that win over svc.json for the app's releases (null: svc.json's). */
+  startCommand: string | null;
+  healthCheckPath: string | null;
   activeDeploymentId: string | null;
+  /** Configuration changes made without a rollout, not running yet, oldest first. */
+  pendingChanges: string[];
   disks: { id: string; name: string; mountPath: string; sizeGb: number }[];
   createdAt: string;
   updatedAt: string;
@@ -28,15 +40,40 @@ export function appUrl(config: Config, name: string): string {
   return `${config.APPS_URL_SCHEME}://${name}.${config.APPS_DOMAIN}`;
 }
 
-function viewOf(config: Config, row: AppRow, attached: DiskRow[]): AppView {
+/** What an app's status is derived from besides its own row: its newest deployment and its release's type. */
+export type AppFacts = { latest: Pick<DeploymentRow, "status"> | null; type: "web" | "worker" | null };
+
+/**
+ * An app's status from what runs: `stopped` when stopped; a static site
+ * `running` once it has a deployment, else `not_deployed`; an app that runs
+ * `deploying` while a deployment is under way, `not_deployed` or `failed`
+ * (its only deploys failed) before any release served, then what its live
+ * process is: `crash_loop`, `failed`, else `running`.
+ */
+export function appState(app: Pick<AppRow, "status" | "runtime" | "activeDeploymentId" | "processState" | "liveProcessId">, facts: AppFacts): AppState {
+  if (app.status === "stopped") return "stopped";
+  if (!runsProcess(app.runtime)) return app.activeDeploymentId ? "running" : "not_deployed";
+  const latest = facts.latest?.status;
+  if (latest === "queued" || latest === "building" || latest === "deploying") return "deploying";
+  if (!app.activeDeploymentId) return latest === "failed" ? "failed" : "not_deployed";
+  if (app.processState === "crash_loop") return "crash_loop";
+  if (app.processState === "failed" || app.liveProcessId === null) return "failed";
+  return "running";
+}
+
+function viewOf(config: Config, row: AppRow, attached: DiskRow[], facts: AppFacts): AppView {
   return {
     id: row.id,
     name: row.name,
     runtime: row.runtime,
-    status: row.status,
-    url: appUrl(config, row.name),
+    type: facts.type,
+    status: appState(row, facts),
+    url: facts.type === "worker" ? null : appUrl(config, row.name),
     memoryMb: row.memoryMb,
+    startCommand: row.startCommand,
+    healthCheckPath: row.healthCheckPath,
     activeDeploymentId: row.activeDeploymentId,
+    pendingChanges: (row.pendingChanges ?? []).map((change) => change.cause),
     disks: attached.map((d) => ({ id: d.id, name: d.name, mountPath: d.mountPath, sizeGb: d.sizeGb })),
     createdAt: iso(row.createdAt),
     updatedAt: iso(row.updatedAt),
@@ -57,23 +94,42 @@ export async function resolveApp(db: Db, accountId: string, ref: string): Promis
 
 export async function appViews(db: Db, config: Config, rows: AppRow[]): Promise<AppView[]> {
   if (rows.length === 0) return [];
-  const attached = await db
-    .select()
-    .from(disks)
-    .where(
-      inArray(
-        disks.appId,
-        rows.map((r) => r.id),
-      ),
-    )
-    .orderBy(asc(disks.createdAt));
+  const ids = rows.map((r) => r.id);
+  const [attached, facts] = await Promise.all([
+    db.select().from(disks).where(inArray(disks.appId, ids)).orderBy(asc(disks.createdAt)),
+    appFacts(db, rows),
+  ]);
   return rows.map((row) =>
     viewOf(
       config,
       row,
       attached.filter((d) => d.appId === row.id),
+      facts.get(row.id) ?? { latest: null, type: null },
     ),
   );
+}
+
+/**
+ * Each app's newest deployment (its status) and its release's type (the
+ * active deployment's, else the newest's): one statement for all of them.
+ */
+async function appFacts(db: Db, rows: AppRow[]): Promise<Map<string, AppFacts>> {
+  const ids = rows.map((r) => r.id);
+  const active = new Map(rows.map((r) => [r.id, r.activeDeploymentId]));
+  const found = await db.all<{ app_id: string; id: string; status: DeploymentRow["status"]; process_type: "web" | "worker" | null; newest: number }>(sql`
+    select app_id, id, status, process_type, newest from (
+      select app_id, id, status, process_type,
+             row_number() over (partition by app_id order by created_at desc, id desc) as newest
+      from deployments where app_id in (${sql.join(ids.map((id) => sql`${id}`), sql`, `)})
+    ) where newest = 1 or id in (${sql.join(rows.map((r) => sql`${r.activeDeploymentId ?? ""}`), sql`, `)})`);
+  const facts = new Map<string, AppFacts>();
+  for (const app of rows) {
+    const mine = found.filter((d) => d.app_id === app.id);
+    const latest = mine.find((d) => d.newest === 1) ?? null;
+    const serving = mine.find((d) => d.id === active.get(app.id)) ?? null;
+    facts.set(app.id, { latest: latest && { status: latest.status }, type: runsProcess(app.runtime) ? ((serving ?? latest)?.process_type ?? null) : null });
+  }
+  return facts;
 }
 
 /** One app, with (for apps that run) its live process as its node reports it. */
@@ -102,6 +158,11 @@ export async function createApp(
     activeDeploymentId: null,
     liveProcessId: null,
     liveNode: null,
+    processState: null,
+    startCommand: null,
+    healthCheckPath: null,
+    configVersion: 0,
+    pendingChanges: null,
     restartedAt: now,
     createdAt: now,
     updatedAt: now,
@@ -131,6 +192,60 @@ export async function createApp(
     );
   }
   return row;
+}
+
+/** What `PATCH /v1/apps/{app}` may change: memory, and start settings that win over svc.json (null: svc.json's again). */
+export type AppSettings = { memoryMb?: number; startCommand?: string | null; healthCheckPath?: string | null };
+
+/**
+ * Changes the app's settings; a larger memory limit is checked against the
+ * plan by the statement that writes it (as creation is). Returns the app and
+ * the change in words (`memory 512 MB`), or null when nothing changed.
+ */
+export async function updateAppSettings(db: Db, app: AppRow, settings: AppSettings): Promise<{ app: AppRow; cause: string | null }> {
+  if (!runsProcess(app.runtime) && (settings.startCommand != null || settings.healthCheckPath != null)) {
+    throw new ApiError("APP_IS_STATIC", `${app.name} is a static site: it has no process to start or check`);
+  }
+  const parts: string[] = [];
+  if (settings.memoryMb !== undefined && settings.memoryMb !== app.memoryMb) parts.push(`memory ${settings.memoryMb} MB`);
+  if (settings.startCommand !== undefined && settings.startCommand !== app.startCommand) {
+    parts.push(settings.startCommand === null ? "start command from svc.json" : `start command ${JSON.stringify(settings.startCommand)}`);
+  }
+  if (settings.healthCheckPath !== undefined && settings.healthCheckPath !== app.healthCheckPath) {
+    parts.push(settings.healthCheckPath === null ? "health check from svc.json" : `health check GET ${settings.healthCheckPath}`);
+  }
+  if (parts.length === 0) return { app, cause: null };
+  if (settings.memoryMb !== undefined && settings.memoryMb !== app.memoryMb) {
+    const { plan, limits } = await planOf(db, app.accountId);
+    if (settings.memoryMb > limits.appMemoryMb) {
+      throw planLimitError(plan, `an app may have at most ${limits.appMemoryMb} MB of memory (asked for ${settings.memoryMb} MB)`, "ask for less");
+    }
+    if (runsProcess(app.runtime)) {
+      const others = sql`(select coalesce(sum(memory_mb), 0) from apps where account_id = ${app.accountId} and runtime != 'static' and id != ${app.id})`;
+      const written = await db.run(
+        sql`update apps set memory_mb = ${settings.memoryMb} where id = ${app.id} and ${others} + ${settings.memoryMb} <= ${limits.totalAppMemoryMb}`,
+      );
+      if (written.meta.changes !== 1) {
+        const used = await db.get<{ mb: number }>(sql`select ${others} as mb`);
+        throw planLimitError(
+          plan,
+          `an account's apps may reserve ${limits.totalAppMemoryMb} MB of memory in all; its other apps reserve ${used.mb} MB and this one asks for ${settings.memoryMb} MB`,
+          "give it less memory or delete an app",
+        );
+      }
+    }
+  }
+  const [row] = await db
+    .update(apps)
+    .set({
+      ...(settings.memoryMb !== undefined ? { memoryMb: settings.memoryMb } : {}),
+      ...(settings.startCommand !== undefined ? { startCommand: settings.startCommand } : {}),
+      ...(settings.healthCheckPath !== undefined ? { healthCheckPath: settings.healthCheckPath } : {}),
+      updatedAt: Date.now(),
+    })
+    .where(eq(apps.id, app.id))
+    .returning();
+  return { app: row ?? app, cause: parts.join(", ") };
 }
 
 export async function listApps(db: Db, accountId: string): Promise<AppRow[]> {

@@ -1,4 +1,4 @@
-import { and, desc, eq, isNull, or, sql } from "drizzle-orm";
+import { and, desc, eq, inArray, isNull, or, sql } from "drizzle-orm";
 import { GENERATED_WEB_SERVER_CONFIG_PATH } from "../../builder/src/protocol";
 import type { Db } from "../db/client";
 import { type AppRow, apps, type DeploymentRow, deployments } from "../db/schema";
@@ -6,9 +6,21 @@ import type { Config, Env } from "../env";
 import { ApiError } from "../lib/errors";
 import { newId } from "../lib/ids";
 import { iso, isoOrNull } from "../lib/time";
+import { manifestKey } from "../sites/serve";
 import { presign } from "../storage/presign";
-import { appRuntimeStub } from "./app-runtime";
+import { appRuntimeStub, runsProcess } from "./app-runtime";
 import { appUrl, resolveApp } from "./apps";
+
+/** Most progress lines a deployment keeps (its narration, oldest dropped first). */
+const PROGRESS_LINES = 50;
+
+/** Appends one step of a deployment's progress (`svc deploy` narrates them). */
+export async function noteProgress(db: Db, deploymentId: string, text: string, at = Date.now()): Promise<void> {
+  const row = await db.select({ progress: deployments.progress }).from(deployments).where(eq(deployments.id, deploymentId)).get();
+  if (!row) return;
+  const progress = [...(row.progress ?? []), { at, text }].slice(-PROGRESS_LINES);
+  await db.update(deployments).set({ progress }).where(eq(deployments.id, deploymentId));
+}
 
 /** Deployments kept per app for instant rollback (issue: the last 10). */
 export const KEPT_DEPLOYMENTS = 10;
@@ -31,16 +43,23 @@ export type DeploymentView = {
   /** Why a `queued` deployment has not started building (the builder holds it for a slot), in words; null otherwise. */
   waiting: string | null;
   active: boolean;
+  cause: string | null;
+  /** One line: why it failed. */
   error: string | null;
-  framework: string | null;
-  outputDir: string | null;
-  spa: boolean | null;
+  /** With a failed start, the process's last lines. */
+  logExcerpt: string[] | null;
+  progress: { at: string; text: string }[];
+  processId: string | null;
+  /** Static sites only (absent for an app that runs). */
+  framework?: string | null;
+  outputDir?: string | null;
+  spa?: boolean | null;
+  uploadedBlobs?: number | null;
   fileCount: number | null;
   totalBytes: number | null;
-  uploadedBlobs: number | null;
   peakMemoryBytes: number | null;
   release: { type: "web" | "worker"; startCommand: string; port: number | null; healthCheckPath: string | null; sizeBytes: number } | null;
-  url: string;
+  url: string | null;
   createdAt: string;
   startedAt: string | null;
   builtAt: string | null;
@@ -49,31 +68,33 @@ export type DeploymentView = {
 };
 
 export function deploymentView(config: Config, app: AppRow, row: DeploymentRow, waiting: string | null = null): DeploymentView {
+  const site = !runsProcess(app.runtime);
   return {
     id: row.id,
     appId: row.appId,
     status: row.status,
     waiting: row.status === "queued" ? waiting : null,
     active: app.activeDeploymentId === row.id,
+    cause: row.cause,
     error: row.error,
-    framework: row.framework,
-    outputDir: row.outputDir,
-    spa: row.spa,
+    logExcerpt: row.logExcerpt,
+    progress: (row.progress ?? []).map((step) => ({ at: iso(step.at), text: step.text })),
+    processId: row.processId,
+    ...(site ? { framework: row.framework, outputDir: row.outputDir, spa: row.spa, uploadedBlobs: row.uploadedBlobs } : {}),
     fileCount: row.fileCount,
     totalBytes: row.totalBytes,
-    uploadedBlobs: row.uploadedBlobs,
     peakMemoryBytes: row.peakMemoryBytes,
     release:
       row.releaseKey && row.startCommand && row.releaseBytes !== null
         ? {
             type: row.processType ?? "web",
-            startCommand: row.startCommand,
+            startCommand: app.startCommand ?? row.startCommand,
             port: row.port,
-            healthCheckPath: row.healthCheckPath,
+            healthCheckPath: row.processType === "worker" ? null : (app.healthCheckPath ?? row.healthCheckPath),
             sizeBytes: row.releaseBytes,
           }
         : null,
-    url: appUrl(config, app.name),
+    url: row.processType === "worker" ? null : appUrl(config, app.name),
     createdAt: iso(row.createdAt),
     startedAt: isoOrNull(row.startedAt),
     builtAt: isoOrNull(row.builtAt),
@@ -144,6 +165,14 @@ export async function createDeployment(
     startCommand: null,
     port: null,
     healthCheckPath: null,
+    startTimeoutSeconds: null,
+    minReadySeconds: null,
+    overlap: null,
+    cause: null,
+    configVersion: null,
+    processId: null,
+    progress: null,
+    logExcerpt: null,
     createdAt: Date.now(),
     startedAt: null,
     builtAt: null,
@@ -240,4 +269,34 @@ export async function activateDeployment(db: Db, env: Env, app: AppRow, row: Dep
     .where(eq(apps.id, app.id))
     .returning();
   return updated ?? app;
+}
+
+/**
+ * Drops deployments beyond the newest {@link KEPT_DEPLOYMENTS} (never the
+ * active one, nor `keepId`) with their objects; a source or release that a
+ * kept deployment shares (a configuration change reuses its release, a static
+ * site's its source) stays.
+ */
+export async function pruneDeployments(env: Env, db: Db, appId: string, keepId: string): Promise<void> {
+  const serving = await db.select({ id: apps.activeDeploymentId }).from(apps).where(eq(apps.id, appId)).get();
+  const all = await db
+    .select({ id: deployments.id, sourceKey: deployments.sourceKey, releaseKey: deployments.releaseKey })
+    .from(deployments)
+    .where(eq(deployments.appId, appId))
+    .orderBy(desc(deployments.createdAt), desc(deployments.id));
+  const protectedIds = new Set([keepId, serving?.id ?? keepId]);
+  const old = all.filter((d) => !protectedIds.has(d.id)).slice(KEPT_DEPLOYMENTS - 1);
+  if (old.length === 0) return;
+  const oldIds = new Set(old.map((d) => d.id));
+  const kept = all.filter((d) => !oldIds.has(d.id));
+  const stillUsed = new Set(kept.flatMap((d) => [d.sourceKey, d.releaseKey].filter((key): key is string => key !== null)));
+  await env.BUCKET.delete(
+    old.flatMap((d) => [
+      ...[d.sourceKey, d.releaseKey].filter((key): key is string => key !== null && !stillUsed.has(key)),
+      manifestKey(d.id),
+      buildLogKey(d.id),
+      ...ARTIFACTS.map((name) => artifactKey(d.id, name)),
+    ]),
+  );
+  for (let i = 0; i < old.length; i += 90) await db.delete(deployments).where(inArray(deployments.id, old.slice(i, i + 90).map((d) => d.id)));
 }

@@ -49,20 +49,27 @@ async function forwarded(request: Request, config: Config, target: ProcessTarget
  * WebSocket upgrades pass through). A node that no longer has the process
  * (it was replaced and drained) makes the edge ask for the app's process once
  * more, through `lookUpAgain`, and try that one, when the request has no body
- * that was already sent.
+ * that was already sent; with none to try, the answer is `starting()` (503
+ * with Retry-After), never the node's 404.
  */
 export async function proxyToProcess(
   request: Request,
   config: Config,
   target: ProcessTarget,
+  starting: () => Response,
   lookUpAgain: () => Promise<ProcessTarget | null>,
 ): Promise<Response> {
   const length = Number(request.headers.get("Content-Length") ?? 0);
   if (length > MAX_PROXY_BODY_BYTES) return plain(413, `request bodies are limited to ${MAX_PROXY_BODY_BYTES} bytes`);
   let response = await send(request, config, target);
-  if (response.headers.get(HEADER_PROXY_ERROR) === "PROCESS_NOT_FOUND" && (request.method === "GET" || request.method === "HEAD")) {
-    const again = await lookUpAgain();
+  if (response.headers.get(HEADER_PROXY_ERROR) === "PROCESS_NOT_FOUND") {
+    // The process was replaced (a deploy, a restart): the new one if there is one, else "starting", never the node's 404.
+    const again = request.method === "GET" || request.method === "HEAD" ? await lookUpAgain() : null;
     if (again && again.processId !== target.processId) response = await send(request, config, again);
+    if (response.headers.get(HEADER_PROXY_ERROR) === "PROCESS_NOT_FOUND") {
+      await response.body?.cancel();
+      return starting();
+    }
   }
   if (response.webSocket) return response;
   const out = new Response(response.body, response);

@@ -1,6 +1,6 @@
 import { eq } from "drizzle-orm";
 import { openDb } from "../db/client";
-import { type AppRow, apps } from "../db/schema";
+import { type AppRow, apps, deployments } from "../db/schema";
 import { nodeRef } from "../services/fleet";
 import { configOf, type Env } from "../env";
 import { runsProcess } from "../services/app-runtime";
@@ -34,11 +34,20 @@ export const blobPrefix = (accountId: string) => `blobs/${accountId}/`;
 const LEGACY_BLOB_PREFIX = "blobs/";
 export const blobKey = (prefix: string, sha256: string) => `${prefix}${sha256}`;
 
-type SiteApp = Pick<AppRow, "id" | "accountId" | "runtime" | "status" | "activeDeploymentId" | "liveProcessId" | "liveNode">;
+type SiteApp = Pick<AppRow, "id" | "accountId" | "runtime" | "status" | "activeDeploymentId" | "liveProcessId" | "liveNode"> & {
+  /** The active release's kind: a worker takes no HTTP traffic. */
+  processType: "web" | "worker" | null;
+};
 
-/** How long an app's active deployment is trusted per isolate: a switch is visible within seconds. */
-const APP_TTL_MS = 2_000;
+/**
+ * How long an app's active deployment and live process are trusted per
+ * isolate: a switch is visible everywhere this long after it (AppRuntime
+ * counts a deploy done only then).
+ */
+export const EDGE_APP_TTL_MS = 2_000;
 const MAX_MANIFESTS = 64;
+/** What a client is told to wait while an app (re)starts. */
+const STARTING_RETRY_AFTER_SECONDS = 2;
 
 const appCache = new Map<string, { app: SiteApp | null; at: number }>();
 const manifestCache = new Map<string, Manifest>();
@@ -64,10 +73,10 @@ export function siteName(host: string | undefined, appsDomain: string): string |
   return /^[a-z0-9]([a-z0-9-]{0,50}[a-z0-9])?$/.test(name) ? name : null;
 }
 
-/** The app of a host, trusted per isolate for {@link APP_TTL_MS} unless `fresh` asks for D1's current row. */
+/** The app of a host, trusted per isolate for {@link EDGE_APP_TTL_MS} unless `fresh` asks for D1's current row. */
 async function siteApp(env: Env, name: string, now: number, fresh = false): Promise<SiteApp | null> {
   const cached = appCache.get(name);
-  if (!fresh && cached && now - cached.at < APP_TTL_MS) return cached.app;
+  if (!fresh && cached && now - cached.at < EDGE_APP_TTL_MS) return cached.app;
   const app =
     (await openDb(env.DB)
       .select({
@@ -78,8 +87,10 @@ async function siteApp(env: Env, name: string, now: number, fresh = false): Prom
         activeDeploymentId: apps.activeDeploymentId,
         liveProcessId: apps.liveProcessId,
         liveNode: apps.liveNode,
+        processType: deployments.processType,
       })
       .from(apps)
+      .leftJoin(deployments, eq(deployments.id, apps.activeDeploymentId))
       .where(eq(apps.name, name))
       .get()) ?? null;
   appCache.set(name, { app, at: now });
@@ -157,6 +168,11 @@ async function edgeCachedBlob(
   const headers = { "Content-Length": String(entry.size), "Cache-Control": "public, max-age=31536000, immutable" };
   waitUntil(caches.default.put(key, new Response(copy, { headers })).catch((err: unknown) => console.error("blob cache put failed", err)));
   return body;
+}
+
+/** While no process serves an app that should run (it starts, or restarts with its disk): come back in a moment, never a 404. */
+function starting(): Response {
+  return page(503, "This app is starting", { "Retry-After": String(STARTING_RETRY_AFTER_SECONDS) });
 }
 
 function page(status: number, title: string, extra: Record<string, string> = {}): Response {
@@ -260,8 +276,8 @@ async function serveProcess(request: Request, env: Env, name: string, app: SiteA
   if (slot instanceof Response) return slot;
   try {
     const target = await liveTarget(env, app);
-    if (!target) return page(app.activeDeploymentId ? 503 : 404, app.activeDeploymentId ? "This app is starting" : "Nothing deployed yet");
-    return await proxyToProcess(request, configOf(env), target, async () => {
+    if (!target) return app.activeDeploymentId ? starting() : page(404, "Nothing deployed yet");
+    return await proxyToProcess(request, configOf(env), target, starting, async () => {
       const fresh = await siteApp(env, name, Date.now(), true);
       return fresh && fresh.status === "running" ? liveTarget(env, fresh) : null;
     });
@@ -289,6 +305,7 @@ export async function serveSite(
   let response: Response;
   if (!app) response = page(404, "No such site");
   else if (app.status === "stopped") response = page(503, "This app is stopped");
+  else if (app.processType === "worker") return page(404, "This app is a worker: it takes no HTTP traffic");
   else if (runsProcess(app.runtime)) response = await serveProcess(request, env, name, app);
   else if (request.method !== "GET" && request.method !== "HEAD") response = page(405, "Method not allowed", { Allow: "GET, HEAD" });
   else {
