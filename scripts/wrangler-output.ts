@@ -7,13 +7,16 @@
  *     ✘ [ERROR] kj::getCaughtExceptionAsKj() = kj/async-io-unix.c++:186:
  *               disconnected: ::write(fd, buffer.begin(), buffer.size()): Broken pipe
  *
- * with indented stack lines after it. Such a block is replaced, the first time
+ * (newer workerd on one line) with indented stack lines after it. Such a block is replaced, the first time
  * only, by one line saying what it was; every other line passes unchanged.
  */
 
 /** What workerd's "disconnected" reports mean, said once. */
 export const DISCONNECT_NOTE =
   "npm start: a client closed its connection before its response ended (workerd reports it as kj … disconnected … Broken pipe); harmless, not shown again";
+
+/** A report of a connection the client closed. */
+const DISCONNECTED = /disconnected: .*(?:Broken pipe|Connection reset by peer)/;
 
 // biome-ignore lint/suspicious/noControlCharactersInRegex: ANSI colour codes are what is stripped
 const ANSI = /\u001b\[[0-9;]*m/g;
@@ -33,7 +36,7 @@ export function quietDisconnects(write: (text: string) => void): (chunk: string)
     if (held !== null) {
       const exception = held;
       held = null;
-      if (/^\s*disconnected: .*(?:Broken pipe|Connection reset by peer)/.test(plain)) {
+      if (/^\s*disconnected: /.test(plain) && DISCONNECTED.test(plain)) {
         skipping = true;
         if (!noted) write(`${DISCONNECT_NOTE}\n`);
         noted = true;
@@ -42,6 +45,13 @@ export function quietDisconnects(write: (text: string) => void): (chunk: string)
       write(`${exception}\n`);
     }
     if (plain.includes("kj::getCaughtExceptionAsKj()")) {
+      // Newer workerd prints the report on one line; older, its "disconnected" on the next.
+      if (DISCONNECTED.test(plain)) {
+        skipping = true;
+        if (!noted) write(`${DISCONNECT_NOTE}\n`);
+        noted = true;
+        return;
+      }
       held = text;
       return;
     }

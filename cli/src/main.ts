@@ -9,7 +9,7 @@ import { disk } from "./commands/disk.js";
 import { env } from "./commands/env.js";
 import { init } from "./commands/init.js";
 import { keys } from "./commands/keys.js";
-import { login, logout } from "./commands/login.js";
+import { login, logout, whoami } from "./commands/login.js";
 import { logs } from "./commands/logs.js";
 import { type ResolvedConfig, resolveConfig } from "./config.js";
 import { completionScript, SHELLS } from "./completion.js";
@@ -18,7 +18,7 @@ import { didYouMean } from "./suggest.js";
 import { VERSION } from "./version.js";
 
 /** Every noun and top-level command, in help order. A new noun is one file under commands/ and one line here. */
-const COMMANDS: readonly (Group | Command)[] = [login, logout, keys, apps, env, disk, backups, cron, init, deploy, deployments, logs, admin];
+const COMMANDS: readonly (Group | Command)[] = [login, logout, whoami, keys, apps, env, disk, backups, cron, init, deploy, deployments, logs, admin];
 
 const isGroup = (entry: Group | Command): entry is Group => "commands" in entry;
 

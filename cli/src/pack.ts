@@ -18,7 +18,7 @@ import { Readable, Transform } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import { createGzip } from "node:zlib";
 import { addMember, tarArchive } from "../../builder/src/tar/pack.js";
-import { isIgnored, parseIgnoreFile, type RuleSet } from "../../builder/src/static/ignore.js";
+import { alwaysExcluded, isIgnored, parseIgnoreFile, type RuleSet } from "../../builder/src/static/ignore.js";
 import { CliError } from "./output.js";
 import { formatBytes } from "./progress.js";
 
@@ -39,8 +39,11 @@ export type SourceEntry = {
   absolute: string;
 };
 
-/** What {@link listSource} found: the members in archive order, and how many paths the ignore rules left out. */
-export type SourceListing = { entries: SourceEntry[]; ignored: string[] };
+/**
+ * What {@link listSource} found: the members in archive order, the paths
+ * `.gitignore` files left out, and those never packed (ALWAYS_EXCLUDED).
+ */
+export type SourceListing = { entries: SourceEntry[]; ignored: string[]; excluded: string[] };
 
 /** A packed source in a temporary file; `remove()` deletes it. */
 export type PackedSource = {
@@ -52,7 +55,10 @@ export type PackedSource = {
   totalBytes: number;
   /** The regular files packed, with their sizes. */
   files: { path: string; size: number }[];
+  /** What `.gitignore` files left out. */
   ignored: string[];
+  /** What is never packed (node_modules, .git, .venv, __pycache__, …). */
+  excluded: string[];
   remove(): Promise<void>;
 };
 
@@ -73,6 +79,7 @@ async function readRules(dir: string, base: string): Promise<RuleSet | null> {
 export async function listSource(root: string): Promise<SourceListing> {
   const entries: SourceEntry[] = [];
   const ignored: string[] = [];
+  const excluded: string[] = [];
   const walk = async (dir: string, prefix: string, sets: RuleSet[]): Promise<void> => {
     const own = await readRules(dir, prefix);
     const rules = own ? [...sets, own] : sets;
@@ -88,7 +95,7 @@ export async function listSource(root: string): Promise<SourceListing> {
       }
       const isDir = stats.isDirectory();
       if (isIgnored(path, isDir, rules)) {
-        ignored.push(isDir ? `${path}/` : path);
+        (alwaysExcluded(path) ? excluded : ignored).push(isDir ? `${path}/` : path);
         continue;
       }
       const common = { path, mode: stats.mode & 0o777, mtime: Math.floor(stats.mtimeMs / 1000), absolute };
@@ -104,7 +111,7 @@ export async function listSource(root: string): Promise<SourceListing> {
     }
   };
   await walk(root, "", []);
-  return { entries, ignored };
+  return { entries, ignored, excluded };
 }
 
 /** A file's bytes as listed: `size` of them, zero-filled if it shrank since. */
@@ -232,6 +239,7 @@ export async function packSource(root: string, options: { maxBytes?: number } = 
     totalBytes: files.reduce((sum, e) => sum + e.size, 0),
     files: files.map((e) => ({ path: e.path, size: e.size })),
     ignored: listing.ignored,
+    excluded: listing.excluded,
     remove,
   };
 }

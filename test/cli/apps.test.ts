@@ -32,7 +32,8 @@ describe("svc apps, env and disk against wrangler dev", () => {
       expect(r.stderr).toBe("");
       expect(r.code).toBe(0);
       expect(r.stdout).toContain(`Created app ${app}`);
-      expect(r.stdout).toMatch(/^status\s+running$/m);
+      // Nothing deployed yet: the status says so.
+      expect(r.stdout).toMatch(/^status\s+not_deployed$/m);
       expect(r.stdout).toMatch(/^memory\s+256 MB$/m);
       appId = /\bapp_[0-9A-Za-z]+/.exec(r.stdout)![0];
     });
@@ -42,7 +43,7 @@ describe("svc apps, env and disk against wrangler dev", () => {
       expect(human.code).toBe(0);
       const [header, ...rows] = human.stdout.trimEnd().split("\n");
       expect(header).toMatch(/^NAME\s+ID\s+RUNTIME\s+STATUS\s+MEMORY\s+URL\s+CREATED$/);
-      expect(rows.find((row) => row.startsWith(`${app} `))).toMatch(new RegExp(`${appId}\\s+static\\s+running\\s+256 MB`));
+      expect(rows.find((row) => row.startsWith(`${app} `))).toMatch(new RegExp(`${appId}\\s+static\\s+not_deployed\\s+256 MB`));
 
       const list = await svc(["apps", "list", "--json"], deploy);
       expect(list.code).toBe(0);
@@ -65,7 +66,7 @@ describe("svc apps, env and disk against wrangler dev", () => {
       expect(stop.stdout.trim()).toBe(`Stopped app ${app} (status: stopped)`);
       const restart = await svc(["apps", "restart", app, "--json"], deploy);
       expect(restart.code).toBe(0);
-      expect(json<{ status: string }>(restart.stdout).status).toBe("running");
+      expect(json<{ status: string }>(restart.stdout).status).toBe("not_deployed");
     });
 
     it("a duplicate name gets the three-part NAME_TAKEN error", async () => {
@@ -108,7 +109,8 @@ describe("svc apps, env and disk against wrangler dev", () => {
     it("set merges variables; a value may contain '='", async () => {
       const first = await svc(["env", "set", "A=1", "URL=postgres://h/db?x=y", "--app", app], deploy);
       expect(first.code).toBe(0);
-      expect(first.stdout.trim()).toBe(`Set A, URL on app ${app}`);
+      // What became of the change: this site has nothing deployed, so it waits for the first deploy.
+      expect(first.stdout.trim()).toBe(`A, URL set; ${app} has nothing deployed yet: its first deploy runs with it`);
       const second = await svc(["env", "set", "EMPTY=", "--app", app, "--json"], deploy);
       expect(second.code).toBe(0);
       expect(json<{ name: string }[]>(second.stdout).map((v) => v.name).sort()).toEqual(["A", "EMPTY", "URL"]);
@@ -130,7 +132,8 @@ describe("svc apps, env and disk against wrangler dev", () => {
     it("unset removes variables, and an unknown one gets ENV_VAR_NOT_FOUND", async () => {
       const r = await svc(["env", "unset", "A", "EMPTY", "--app", app], deploy);
       expect(r.code).toBe(0);
-      expect(r.stdout.trim().split("\n")).toEqual([`Unset A on app ${app}`, `Unset EMPTY on app ${app}`]);
+      // Both names in one change of the app.
+      expect(r.stdout.trim()).toBe(`A unset, EMPTY unset; ${app} has nothing deployed yet: its first deploy runs with it`);
       const left = await svc(["env", "list", "--app", app, "--json"], deploy);
       expect(json<{ name: string }[]>(left.stdout).map((v) => v.name)).toEqual(["URL"]);
 
@@ -185,7 +188,10 @@ describe("svc apps, env and disk against wrangler dev", () => {
     it("attach puts the disk on the app, and delete is refused while attached", async () => {
       const attached = await svc(["disk", "attach", diskName, "--app", app], deploy);
       expect(attached.code).toBe(0);
-      expect(attached.stdout.trim()).toBe(`Attached disk ${diskName} to app ${app} at /data`);
+      expect(attached.stdout.trim().split("\n")).toEqual([
+        `Attached disk ${diskName} to app ${app} at /data`,
+        `disk ${diskName} attached at /data; ${app}'s cron runs see it from their next run`,
+      ]);
       const info = await svc(["disk", "info", diskName, "--json"], deploy);
       expect(json(info.stdout)).toMatchObject({ appName: app, inUse: true });
       const appInfo = await svc(["apps", "info", app], deploy);

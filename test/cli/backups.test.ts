@@ -124,7 +124,8 @@ describe("svc backups against wrangler dev", () => {
     expect(r.stdout).toMatch(/^Uploaded .*backup\.tar\.gz \(.+\)$/m);
     expect(r.stdout).toContain(`Restored disk ${disk} from ${archive}; app ${app} restarts with the restored data`);
     const info = json<{ status: string }>((await svc(["apps", "info", app, "--json"], env)).stdout);
-    expect(info.status).toBe("running");
+    // Started again (a static site with nothing deployed: not_deployed, not stopped).
+    expect(info.status).toBe("not_deployed");
     const log = await onDisk('cat "$SVC_DISK_PATH/nested/dir/greeting.txt"; echo; cat "$SVC_DISK_PATH/top.txt"; ls "$SVC_DISK_PATH"');
     expect(log).toMatch(/ out hello backup$/m);
     expect(log).toMatch(/ out one$/m);
@@ -146,12 +147,15 @@ describe("svc backups against wrangler dev", () => {
     expect(await onDisk('cat "$SVC_DISK_PATH/top.txt"')).toMatch(/ out one$/m);
   });
 
-  it("restore needs exactly one of --file and --backup, and reads the file before asking the API", async () => {
+  it("restore takes one of --file and --backup (neither: the newest ready backup), and reads the file before asking the API", async () => {
+    // Neither: the newest ready backup, named before the question a script must answer with --yes.
     const neither = await svc(["backups", "restore", disk], env);
     expect(neither.code).toBe(2);
-    expect(neither.stderr).toContain("pass either --file <archive> or --backup <id>");
+    expect(neither.stderr).toMatch(/^Newest ready backup of disk \S+: bak_\w+ \(/m);
+    expect(neither.stderr).toContain("--yes");
     const both = await svc(["backups", "restore", disk, "--file", archive, "--backup", backupId], env);
     expect(both.code).toBe(2);
+    expect(both.stderr).toContain("pass --file <archive> or --backup <id>, not both");
     const absent = await svc(["backups", "restore", disk, "--file", join(work, "absent.tar.gz")], env);
     expect(absent.code).toBe(1);
     expect(absent.stderr).toMatch(/^Error: could not read .*absent\.tar\.gz$/m);

@@ -158,7 +158,9 @@ describe("packing the source", () => {
       expect(verbose).toMatch(/^l\S+ 0\/0 .* link\.js -> src\/main\.js$/m);
       expect(execFileSync("tar", ["xzOf", packed.file, "src/main.js"], { encoding: "utf8" })).toBe("console.log(1)");
       expect(packed.fileCount).toBe(7); // link.js is a link, not a file
-      expect(packed.ignored.sort()).toEqual([".git/", "dist/", "logs/a.log", "nested/.env", "nested/dist/", "node_modules/", "only-at-root.txt"]);
+      // What .gitignore left out, apart from what is never uploaded (dependencies, VCS data, caches).
+      expect(packed.ignored.sort()).toEqual(["dist/", "logs/a.log", "nested/.env", "nested/dist/", "only-at-root.txt"]);
+      expect(packed.excluded.sort()).toEqual([".git/", "node_modules/"]);
     } finally {
       await packed.remove();
     }

@@ -91,9 +91,12 @@ describe("the CLI in a project folder, against wrangler dev", () => {
     expect(requests.stdout.length).toBeGreaterThan(0);
     const build = await run(project, ["logs", "--build"]);
     expect(build.stdout).toMatch(/ svc output \.: \d+ files?, /);
-    const byId = await run(project, ["logs", "--deployment", deploymentId]);
+    // Step 4's env changes built the site again (a static site reads its variables when built): the newest build is theirs.
+    const [newest] = JSON.parse((await run(project, ["deployments", "list", "--json"])).stdout) as { id: string; cause: string | null }[];
+    expect(newest!.cause).toMatch(/^config: /);
+    const byId = await run(project, ["logs", "--deployment", newest!.id]);
     expect(byId.stdout).toBe(build.stdout);
-    expect((await run(project, ["apps", "logs", "--deployment", deploymentId])).stdout).toBe(build.stdout);
+    expect((await run(project, ["apps", "logs", "--deployment", newest!.id])).stdout).toBe(build.stdout);
     const both = await run(project, ["logs", "--runtime", "--deployment", deploymentId], 2);
     expect(both.stderr).toContain("--runtime and --build (or --deployment) are different logs: choose one");
     // A static site has no runtime log: the API's answer names the other two.

@@ -25,6 +25,12 @@ describe("npm start's wrangler output", () => {
     expect(out).toBe(`[wrangler:info] GET /v1/apps 200 OK (12ms)\n${DISCONNECT_NOTE}\n[wrangler:info] GET /healthz 200 OK (1ms)\n`);
   });
 
+  it("knows the report on one line, as newer workerd prints it", () => {
+    const oneLine =
+      "\u001b[31m✘ \u001b[41;31m[\u001b[41;97mERROR\u001b[41;31m]\u001b[0m \u001b[1mkj::getCaughtExceptionAsKj() = kj/async-io-unix.c++:186: disconnected: ::write(fd, buffer.begin(), buffer.size()): Broken pipe\u001b[0m\n";
+    expect(filtered([oneLine, oneLine, "[wrangler:info] GET / 200 OK (3ms)\n"])).toBe(`${DISCONNECT_NOTE}\n[wrangler:info] GET / 200 OK (3ms)\n`);
+  });
+
   it("keeps every other error, kj ones included, and lines split across chunks", () => {
     const other = "✘ [ERROR] kj::getCaughtExceptionAsKj() = kj/compat/http.c++:1234:\n          failed: expected contentLength > 0\n";
     expect(filtered([other])).toBe(other);

@@ -4,6 +4,7 @@ import { APP_ARG, defineCommand, type Group, YES_OPTION } from "../command.js";
 import { ago, fields, table, when } from "../output.js";
 import { positiveInteger } from "../parse.js";
 import { confirmOrRefuse } from "../prompt.js";
+import { applyQuery, ROLLOUT_OPTIONS, type Rollout, reportRollout } from "../rollout.js";
 import { buildLogs } from "./logs.js";
 
 /** An application as the API returns it. */
@@ -22,19 +23,39 @@ function describe(app: App): string {
   const disks = app.disks.length
     ? app.disks.map((d) => `${d.name} (${d.id}) ${d.sizeGb} GB at ${d.mountPath}`).join("\n")
     : "none";
-  return fields([
+  const optional = (label: string, value: string | null): [string, string][] => (value === null ? [] : [[label, value]]);
+  const text = fields([
     ["id", app.id],
     ["name", app.name],
-    ["runtime", app.runtime],
+    ["runtime", app.type ? `${app.runtime} (${app.type})` : app.runtime],
     ["status", app.status],
-    ["url", app.url],
+    ["url", app.url ?? "- (a worker takes no HTTP traffic)"],
     ["memory", `${app.memoryMb} MB`],
+    ...optional("start command", app.startCommand),
+    ...optional("health check", app.healthCheckPath && `GET ${app.healthCheckPath}`),
     ["deployment", app.activeDeploymentId ?? "none yet"],
+    ...optional("not applied", app.pendingChanges.length > 0 ? `${app.pendingChanges.join(", ")} (svc apps apply ${app.name})` : null),
     ...(app.process === undefined ? [] : ([["process", processLine(app.process)]] as [string, string][])),
     ["disks", disks],
     ["created", when(app.createdAt)],
     ["updated", when(app.updatedAt)],
   ]);
+  return text + reachFromCode(app.url);
+}
+
+/**
+ * How to reach a local app from code: `<app>.localhost` resolves in browsers
+ * and curl, not in Node's fetch or Python (they ask DNS, which has no such
+ * name), so code sends its request to 127.0.0.1 with the app's Host.
+ */
+function reachFromCode(url: string | null): string {
+  const parsed = url === null ? null : new URL(url);
+  if (!parsed?.hostname.endsWith(".localhost")) return "";
+  const target = `http://127.0.0.1${parsed.port ? `:${parsed.port}` : ""}/`;
+  return (
+    `\nFrom code: ${parsed.hostname} resolves in browsers and curl, not in Node's fetch or Python; send requests to ${target} ` +
+    `with the header "Host: ${parsed.host}" (curl -H 'Host: ${parsed.host}' ${target})`
+  );
 }
 
 /** The app's process as its node reports it: state, readiness, restarts, and why the last one ended. */
@@ -89,7 +110,7 @@ const list = defineCommand({
             ["RUNTIME", (a) => a.runtime],
             ["STATUS", (a) => a.status],
             ["MEMORY", (a) => `${a.memoryMb} MB`],
-            ["URL", (a) => a.url],
+            ["URL", (a) => a.url ?? "- (worker)"],
             ["CREATED", (a) => ago(a.createdAt)],
           ]);
     out.result(apps, human);
@@ -157,5 +178,54 @@ const remove = defineCommand({
   },
 });
 
+type Changed = { data: App; rollout: Rollout };
+
+const update = defineCommand({
+  name: "update",
+  summary: "Change an app's memory, start command or health check; the change rolls out like a deploy",
+  description: `The app starts its release again with the change (without downtime for a web app without a disk;
+stop-then-start with a disk), recorded in its deployments as "config: …", and this command follows it
+like svc deploy. --start-command and --health-check-path win over svc.json for this and later releases
+("default" goes back to svc.json's). With --no-apply the change waits for \`svc apps apply\`.`,
+  args: [APP_ARG],
+  options: {
+    memory: { type: "string", value: "MB", description: "memory limit in MB" },
+    "start-command": { type: "string", value: "command|default", description: "what runs (with /bin/sh -c in the app's folder)" },
+    "health-check-path": { type: "string", value: "path|default", description: "a path answering 2xx once the app is ready" },
+    ...ROLLOUT_OPTIONS,
+  },
+  examples: ["svc apps update api --memory 1024", 'svc apps update api --start-command "node dist/server.js" --no-apply', "svc apps update api --health-check-path default"],
+  async run({ args, opts, out, api, env, fail }) {
+    const setting = (value: string | undefined) => (value === undefined ? undefined : value === "default" ? null : value);
+    const body = {
+      ...(opts.memory === undefined ? {} : { memoryMb: positiveInteger(opts.memory, "--memory", fail) }),
+      ...(opts["start-command"] === undefined ? {} : { startCommand: setting(opts["start-command"]) }),
+      ...(opts["health-check-path"] === undefined ? {} : { healthCheckPath: setting(opts["health-check-path"]) }),
+    };
+    if (Object.keys(body).length === 0) throw fail("say what to change: --memory, --start-command or --health-check-path");
+    const client = await api();
+    const changed = await client.json<Changed>("PATCH", `${path`/v1/apps/${args.app}`}${applyQuery(opts)}`, body, {
+      ...aboutApp(`update app ${args.app}`, args.app),
+      flags: { memoryMb: "--memory", startCommand: "--start-command", healthCheckPath: "--health-check-path" },
+    });
+    await reportRollout(out, client, changed.data.name, changed.rollout, { follow: !opts["no-follow"], env });
+    out.result(changed.data);
+  },
+});
+
+const apply = defineCommand({
+  name: "apply",
+  summary: "Roll out an app's pending configuration changes (those made with --no-apply) together",
+  args: [APP_ARG],
+  options: { "no-follow": ROLLOUT_OPTIONS["no-follow"] },
+  examples: ["svc env set A=1 B=2 --app api --no-apply && svc disk attach data --app api --no-apply && svc apps apply api"],
+  async run({ args, opts, out, api, env }) {
+    const client = await api();
+    const applied = await client.json<Changed>("POST", path`/v1/apps/${args.app}/apply`, undefined, aboutApp(`apply the changes of app ${args.app}`, args.app));
+    await reportRollout(out, client, applied.data.name, applied.rollout, { follow: !opts["no-follow"], env });
+    out.result(applied.data);
+  },
+});
+
 /** `svc apps …`: the application lifecycle. */
-export const apps: Group = { name: "apps", summary: "Manage apps", commands: [create, list, info, stop, restart, remove, buildLogs] };
+export const apps: Group = { name: "apps", summary: "Manage apps", commands: [create, list, info, update, apply, stop, restart, remove, buildLogs] };

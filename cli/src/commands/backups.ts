@@ -392,25 +392,35 @@ const restore = defineCommand({
   name: "restore",
   summary: "Replace a disk's data with an archive or a backup (cannot be undone)",
   description: `--file uploads a tar.gz archive (e.g. one from svc backups download) and restores from it;
---backup restores a ready backup of the disk without uploading anything. The disk must not be in
+--backup restores a ready backup of the disk without uploading anything; with neither, the disk's
+newest ready backup (named before anything happens). The disk must not be in
 use: stop its app (the restore starts it again) or detach the disk. Waits for the restore to end;
 a failed restore leaves the disk as it was. Asks for confirmation on a terminal; scripts must pass --yes.`,
   args: [DISK_ARG],
   options: {
     file: { type: "string", value: "archive", description: "tar.gz archive to upload and restore from" },
-    backup: { type: "string", value: "id", description: "a ready backup of this disk to restore from" },
+    backup: { type: "string", value: "id", description: "a ready backup of this disk to restore from (default: the newest ready one)" },
     yes: YES_OPTION,
   },
   examples: [
     "svc apps stop --app my-app && svc backups restore uploads --file uploads.tar.gz --yes",
     "svc backups restore uploads --backup bak_7Qm2xY9pL4sK8vN1cR6tW3zA",
+    "svc backups restore uploads --yes",
   ],
   async run({ args, opts, out, api, fail, interactive }) {
     const { file, backup } = opts;
+    if (file !== undefined && backup !== undefined) throw fail("pass --file <archive> or --backup <id>, not both");
     let from: { file: string; size: number } | { backupId: string };
-    if (file !== undefined && backup === undefined) from = { file, size: await archiveSize(file) };
-    else if (backup !== undefined && file === undefined) from = { backupId: backup };
-    else throw fail("pass either --file <archive> or --backup <id>");
+    if (file !== undefined) from = { file, size: await archiveSize(file) };
+    else if (backup !== undefined) from = { backupId: backup };
+    else {
+      const newest = (await listBackups(await api(), args.disk)).find((b) => b.status === "ready");
+      if (!newest) {
+        throw new CliError(`cannot restore disk ${args.disk}`, ["it has no ready backup"], `restore an archive: svc backups restore ${args.disk} --file <archive.tar.gz>`);
+      }
+      out.note(`Newest ready backup of disk ${args.disk}: ${newest.id} (${when(newest.createdAt)})`);
+      from = { backupId: newest.id };
+    }
     await confirmOrRefuse(interactive, opts.yes, {
       action: `restore disk ${args.disk}`,
       question: `Replace all data on disk ${args.disk} with ${"file" in from ? from.file : `backup ${from.backupId}`}? This cannot be undone.`,

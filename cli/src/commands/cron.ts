@@ -383,14 +383,27 @@ const runs = defineCommand({
 
 const logs = defineCommand({
   name: "logs",
-  summary: "Print a run's log",
-  description: "Lines read `<time> <out|err|svc> <text>`. With --follow, prints new lines until the run has finished.",
-  args: RUN_ARGS,
+  summary: "Print a run's log (the newest run's unless named)",
+  description: "Lines read `<time> <out|err|svc> <text>`. Without <job_name>, the job's newest run. With --follow, prints new lines\nuntil the run has finished.",
+  args: [ID_ARG],
+  optionalArg: { name: "job_name", description: "the run's name, from svc cron runs (default: the newest run)" },
   options: { follow: { type: "boolean", short: "f", description: "keep printing new lines until the run has finished" } },
-  examples: ["svc cron logs nightly-report nightly-report-1795237200", "svc cron logs nightly-report manual-k2x9qa-1795237342 --follow"],
+  examples: [
+    "svc cron logs nightly-report",
+    "svc cron logs nightly-report nightly-report-1795237200",
+    "svc cron logs nightly-report manual-k2x9qa-1795237342 --follow",
+  ],
   async run({ args, opts, out, api }) {
     const client = await api();
-    const target = { ref: args.id, jobName: args.job_name };
+    let jobName = args.job_name;
+    if (jobName === undefined) {
+      const runs = await client.data<CronRun[]>("GET", path`/v1/crons/${args.id}/runs`, undefined, aboutCron(`list the runs of cron job ${args.id}`, args.id));
+      const newest = runs[0];
+      if (!newest) throw new CliError(`cron job ${args.id} has not run yet`, [], `run it now: svc cron run ${args.id}`);
+      out.note(`Newest run of cron job ${args.id}: ${newest.jobName} (${newest.status})`);
+      jobName = newest.jobName;
+    }
+    const target = { ref: args.id, jobName };
     if (opts.follow) {
       const run = await follow(client, target, out.json ? undefined : (line) => out.text(line));
       if (out.json) await printLog(client, out, target);

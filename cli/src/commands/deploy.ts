@@ -46,22 +46,38 @@ export function aboutDeployments(what: string, app: string, runtime: string = "s
 
 const kib = (n: number | null) => (n === null ? "-" : formatBytes(n));
 
+/** A few paths by name, and how many more. */
+function listed(paths: readonly string[], shown = 5): string {
+  return paths.slice(0, shown).join(", ") + (paths.length > shown ? ` and ${paths.length - shown} more` : "");
+}
+
 /** The key/value block of one deployment. */
 export function describeDeployment(d: Deployment): string {
+  const site = d.release === null && d.cause === null;
   const rows: [string, string][] = [
     ["id", d.id],
     ["status", d.error ? `${d.status}: ${d.error}` : d.waiting ? `${d.status} (${d.waiting})` : d.status],
     ["active", d.active ? "yes (served now)" : "no"],
-    ["framework", d.framework ?? "-"],
-    ["output", d.outputDir ? `${d.outputDir}${d.spa ? " (spa)" : ""}` : "-"],
-    ["files", d.fileCount === null ? "-" : `${d.fileCount} (${kib(d.totalBytes)}), ${d.uploadedBlobs ?? 0} uploaded`],
-    ["peak memory", kib(d.peakMemoryBytes)],
+    ...(d.cause ? ([["cause", d.cause]] as [string, string][]) : []),
+    ...(site
+      ? ([
+          ["framework", d.framework ?? "-"],
+          ["output", d.outputDir ? `${d.outputDir}${d.spa ? " (spa)" : ""}` : "-"],
+          ["files", d.fileCount === null ? "-" : `${d.fileCount} (${kib(d.totalBytes)}), ${d.uploadedBlobs ?? 0} uploaded`],
+        ] as [string, string][])
+      : ([
+          ["release", d.release ? `${d.release.type}, start: ${d.release.startCommand}${d.release.port === null ? "" : `, port ${d.release.port}`}` : "-"],
+          ["files", d.fileCount === null ? "-" : `${d.fileCount} (${kib(d.totalBytes)})`],
+          ["process", d.processId ?? "-"],
+        ] as [string, string][])),
+    ...(d.peakMemoryBytes ? ([["peak memory", kib(d.peakMemoryBytes)]] as [string, string][]) : []),
     ["build time", d.buildMs === null ? "-" : `${(d.buildMs / 1000).toFixed(1)} s`],
-    ["url", d.url],
+    ["url", d.url ?? "- (a worker takes no HTTP traffic)"],
     ["created", when(d.createdAt)],
     ["finished", when(d.finishedAt, "-")],
   ];
-  return fields(rows);
+  const excerpt = d.logExcerpt && d.logExcerpt.length > 0 ? `\nlast log lines:\n${d.logExcerpt.map((line) => `  ${line}`).join("\n")}` : "";
+  return fields(rows) + excerpt;
 }
 
 /** Whether `path` (relative to the source) is among what packing left out (folders end in `/`). */
@@ -172,7 +188,8 @@ async function uploadSource(url: string, file: string, size: number): Promise<vo
 
 /**
  * Shows a deployment's build log as it is written and resolves to the
- * deployment once it has stopped moving (ready, failed or cancelled). The
+ * deployment once its build has ended: final (ready, failed or cancelled), or
+ * an app's release `deploying` (followRollout narrates what comes next). The
  * log is followed live; if the stream ends while the build still runs (a
  * dropped connection), it is opened again and what was shown is skipped. At
  * the end the stored log fills in anything the live stream missed.
@@ -217,26 +234,87 @@ export async function followBuild(client: ApiClient, app: string, id: string, wr
   const deadline = Date.now() + FOLLOW_LIMIT_MS;
   let deployment = await get();
   let warned = false;
-  while (!FINAL.has(deployment.status) && deployment.status !== "deploying" && Date.now() < deadline) {
+  const building = (d: Deployment) => d.status === "queued" || d.status === "building";
+  while (building(deployment) && Date.now() < deadline) {
     await readLog(true).catch((err: unknown) => {
       // The log is a convenience: the build's outcome is still polled and reported.
       if (!warned) process.stderr.write(`Note: the build log cannot be followed (${why(err)}); waiting for the build to end\n`);
       warned = true;
     });
     deployment = await get();
-    if (!FINAL.has(deployment.status) && deployment.status !== "deploying") await sleep(POLL_MS);
+    if (building(deployment)) await sleep(POLL_MS);
   }
-  while (!FINAL.has(deployment.status) && Date.now() < deadline) {
+  // A static site is published after its build: it is done once ready (an app that runs goes on in followRollout).
+  while (deployment.status === "deploying" && deployment.release === null && Date.now() < deadline) {
     await sleep(POLL_MS);
     deployment = await get();
   }
-  if (!FINAL.has(deployment.status)) {
+  if (building(deployment)) {
     throw new CliError(`deployment ${id} is still ${deployment.status} after ${FOLLOW_LIMIT_MS / 60_000} minutes`, [], `\`svc deployments info --app ${app} ${id}\` shows where it is`);
   }
   const stored = await readLog(false).catch(() => "");
   if (stored.length > shown.length && stored.startsWith(shown)) show(stored.slice(shown.length));
   if (shown !== "" && !shown.endsWith("\n")) write("\n");
   return deployment;
+}
+
+/**
+ * Narrates a deployment of an app that runs once its release exists (after a
+ * build, or at once for a configuration change): what the control plane did
+ * (its `progress`) and the new process's own output and phases (its lines of
+ * the runtime log), until the deployment is ready (every request goes to the
+ * new release), failed or cancelled.
+ */
+export async function followRollout(client: ApiClient, app: string, id: string, write: (text: string) => void): Promise<Deployment> {
+  const call = aboutDeployments(`follow deployment ${id}`, app);
+  const route = path`/v1/apps/${app}/deployments/${id}`;
+  const get = () => client.data<Deployment>("GET", route, undefined, call);
+  const deadline = Date.now() + FOLLOW_LIMIT_MS;
+  let deployment = await get();
+  let shownSteps = 0;
+  let output: { stop(): Promise<void> } | null = null;
+  for (;;) {
+    for (const step of deployment.progress.slice(shownSteps)) write(`${step.at} svc ${step.text}\n`);
+    shownSteps = deployment.progress.length;
+    if (output === null && deployment.processId !== null) output = followProcess(client, app, deployment.processId, deployment.createdAt, write);
+    if (FINAL.has(deployment.status) || Date.now() > deadline) break;
+    await sleep(POLL_MS);
+    deployment = await get();
+  }
+  await output?.stop();
+  for (const step of deployment.progress.slice(shownSteps)) write(`${step.at} svc ${step.text}\n`);
+  return deployment;
+}
+
+/** Streams one process's lines of the app's runtime log, from `since`, as `<time> <stream> <text>`, until stopped. */
+function followProcess(client: ApiClient, app: string, processId: string, since: string, write: (text: string) => void): { stop(): Promise<void> } {
+  const stopping = new AbortController();
+  const done = (async () => {
+    const query = `?follow=true&process=${processId}&since=${encodeURIComponent(since)}`;
+    const res = await client.stream(`${path`/v1/apps/${app}/runtime-logs`}${query}`, aboutDeployments(`follow process ${processId}`, app));
+    const reader = res.body?.getReader();
+    if (!reader) return;
+    stopping.signal.addEventListener("abort", () => void reader.cancel().catch(() => undefined), { once: true });
+    const decoder = new TextDecoder();
+    let partial = "";
+    for (;;) {
+      const { done: ended, value } = await reader.read();
+      if (ended) break;
+      partial += decoder.decode(value, { stream: true });
+      const lines = partial.split("\n");
+      partial = lines.pop() ?? "";
+      // The process is this deployment's: its release/process tag says nothing more here.
+      for (const line of lines) write(`${line.replace(/^(\S+ \S+) \S+\/prc_\w+ /, "$1 ")}\n`);
+    }
+  })().catch(() => undefined);
+  return {
+    async stop() {
+      // Lines written just before the end still arrive: a moment to read them, then the stream is cut.
+      await Promise.race([done, sleep(1_000)]);
+      stopping.abort();
+      await done;
+    },
+  };
 }
 
 /** The gist of a failed request, for a one-line note. */
@@ -251,7 +329,7 @@ function why(err: unknown): string {
 }
 
 /** What to do about a failed build, recognised from the builder's message. */
-function failureHint(error: string, app: string, id: string): string {
+function buildFailureHint(error: string, app: string, id: string): string {
   if (/OOMKilled|memory limit .* exceeded/.test(error)) return "the build needs more memory than the app's limit: slim the build (fewer parallel workers, no source maps) or give the app more memory";
   if (/no lockfile/.test(error)) return "run npm install (or yarn / pnpm install) in the project and commit the lockfile it writes";
   if (/no start command|needs a start command/.test(error)) return "add a start script to package.json, startCommand to svc.json or a Procfile (`svc init --force` writes svc.json)";
@@ -267,31 +345,53 @@ function failureHint(error: string, app: string, id: string): string {
 }
 
 /** Ends a followed deployment: the URL when it is ready, the error (exit 1) when not. */
-function finish(out: Output, app: string, d: Deployment): void {
+async function finish(out: Output, client: ApiClient, app: string, d: Deployment): Promise<void> {
   if (d.status === "ready") {
-    const files = d.fileCount === null ? "" : `: ${d.fileCount} file${d.fileCount === 1 ? "" : "s"} (${kib(d.totalBytes)}), ${d.uploadedBlobs ?? 0} uploaded`;
+    const files = d.fileCount === null ? "" : `: ${d.fileCount} file${d.fileCount === 1 ? "" : "s"} (${kib(d.totalBytes)})${d.uploadedBlobs === undefined ? "" : `, ${d.uploadedBlobs ?? 0} uploaded`}`;
     const built = d.buildMs === null ? "" : `, built in ${(d.buildMs / 1000).toFixed(1)} s`;
-    out.result(d, `Deployment ${d.id} is ready${files}${built}\nDeployed: ${d.url}`);
+    const where =
+      d.url === null ? `Deployed: worker running (a worker takes no HTTP traffic; its output: svc logs --runtime --app ${app})` : `Deployed: ${d.url}`;
+    out.result(d, `Deployment ${d.id} is ready${files}${built}\n${where}`);
     return;
   }
   if (out.json) out.result(d);
   if (d.status === "cancelled") {
-    throw new CliError(`deployment ${d.id} was cancelled`, [], `the app still serves its previous deployment; \`svc deployments list --app ${app}\` shows them`);
+    throw new CliError(`deployment ${d.id} was cancelled`, d.error ? [d.error] : [], `the app still serves its previous deployment; \`svc deployments list --app ${app}\` shows them`);
   }
-  throw new CliError(`deployment ${d.id} failed`, [d.error ?? "no reason recorded"], failureHint(d.error ?? "", app, d.id));
+  const excerpt = d.logExcerpt ?? [];
+  if (excerpt.length > 0 && !out.json) process.stderr.write(`last log lines of the new release:\n${excerpt.map((line) => `  ${line}`).join("\n")}\n`);
+  throw new CliError(`deployment ${d.id} failed`, [d.error ?? "no reason recorded"], await failureHint(client, d, app));
+}
+
+/**
+ * What to do about a failed deployment: for a build, what its message calls
+ * for; for a release that did not start, where its output is, and whether the
+ * app still serves its previous release.
+ */
+async function failureHint(client: ApiClient, d: Deployment, app: string): Promise<string> {
+  const error = d.error ?? "";
+  if (d.processId === null && !/did not start|could not be placed|refused the new process/.test(error)) return buildFailureHint(error, app, d.id);
+  const now = await client.data<App>("GET", path`/v1/apps/${app}`, undefined, { what: `look at app ${app}` }).catch(() => null);
+  const serving =
+    now?.activeDeploymentId && now.activeDeploymentId !== d.id && now.status !== "stopped"
+      ? `the previous release (${now.activeDeploymentId}) still serves the app`
+      : "nothing serves the app now";
+  return `the build succeeded; the new release did not start, and ${serving}. Its output: svc logs --runtime --app ${app}${d.processId ? ` (process ${d.processId})` : ""}`;
 }
 
 export const deploy = defineCommand({
   name: "deploy",
   summary: "Build and deploy a static site or an app that runs from a source folder",
   description: `Packs the folder (default: the current one) into a .tar.gz, leaving out what .gitignore files
-exclude and always node_modules and .git; refuses a source over 100 MB compressed before
-uploading anything. The app is --app, else "name" in the folder's svc.json. Its runtime (static,
-node, python or custom) is the app's; before uploading, the build's own checks run on the folder
-(svc.json agreeing with the app's runtime, a lockfile for dependencies, a start command for an app
-that runs). Then uploads, starts the build and streams its log; prints "Deployed: <url>" when the
-deployment is live, or the build's error (exit 1). With --no-follow it prints the deployment and
-returns at once.`,
+exclude and always node_modules, .git, .venv, __pycache__ and tools' caches; refuses a source over
+100 MB compressed before uploading anything. The app is --app, else "name" in the folder's svc.json.
+Its runtime (static, node, python or custom) is the app's; before uploading, the build's own checks
+run on the folder (svc.json agreeing with the app's runtime, a lockfile for dependencies, a start
+command for an app that runs). Then uploads, starts the build and streams its log; for an app that
+runs, then the new release's start: its own output and each phase (starting, waiting for its port,
+healthy, switching traffic, the old release draining). Prints "Deployed: <url>" once every request
+goes to the new release, or the error in one line with the release's last log lines (exit 1; the
+previous release, if any, keeps serving). With --no-follow it prints the deployment and returns at once.`,
   optionalArg: { ...APP_ARG, description: 'app name or id (default: "name" in svc.json)' },
   options: {
     source: { type: "string", value: "path", description: "the project folder to deploy (default: the current folder)" },
@@ -320,7 +420,10 @@ returns at once.`,
       // the app's own runtime, once the API has answered, decides.
       const offline: Runtime | null = config?.runtime ?? ((await detectProject(folderFiles(source))) ? "static" : null);
       let served: ServedAt = offline === null ? () => null : await preflight(source, config, packed.ignored, offline);
-      const skipped = packed.ignored.length > 0 ? `; left out by .gitignore: ${packed.ignored.length} path${packed.ignored.length === 1 ? "" : "s"}` : "";
+      const skipped = [
+        packed.excluded.length > 0 ? `; never uploaded (the build installs dependencies; caches are not source): ${listed(packed.excluded)}` : "",
+        packed.ignored.length > 0 ? `; left out by .gitignore: ${listed(packed.ignored)}` : "",
+      ].join("");
       out.step(`Packed ${packed.fileCount} file${packed.fileCount === 1 ? "" : "s"} (${formatBytes(packed.totalBytes)}) into ${formatBytes(packed.sizeBytes)}${skipped}`);
       const target = await client.data<App>("GET", path`/v1/apps/${app}`, undefined, call);
       const runtime = RUNTIMES.find((known) => known === target.runtime);
@@ -366,11 +469,13 @@ returns at once.`,
       // With --json stdout carries only the result, so the log goes to stderr.
       const stream = out.json ? process.stderr : process.stdout;
       const plain = (text: string) => void stream.write(text);
-      deployment = await followBuild(client, app, id, colourWanted(stream, env) ? colouredLines(plain) : plain);
+      const write = colourWanted(stream, env) ? colouredLines(plain) : plain;
+      deployment = await followBuild(client, app, id, write);
+      if (deployment.status === "deploying") deployment = await followRollout(client, app, id, write);
     } finally {
       process.off("SIGINT", onInterrupt);
     }
-    finish(out, app, deployment);
+    await finish(out, client, app, deployment);
   },
 });
 

@@ -1,6 +1,7 @@
 import type { ResponseData, Schemas } from "../../../openapi/types.js";
 import { type Call, path } from "../api.js";
 import { APP_ARG, defineCommand, type Group, YES_OPTION } from "../command.js";
+import { applyQuery, ROLLOUT_OPTIONS, type Rollout, reportRollout } from "../rollout.js";
 import { ago, fields, table, when } from "../output.js";
 import { hoursOrOff, positiveInteger } from "../parse.js";
 import { formatBytes } from "../progress.js";
@@ -173,16 +174,22 @@ A smaller --snapshot-keep deletes the oldest automatic snapshots beyond it when 
   },
 });
 
+type Changed = { data: Disk; rollout: Rollout };
+
 const attach = defineCommand({
   name: "attach",
-  summary: "Attach a disk to an app",
+  summary: "Attach a disk to an app; an app that runs starts again with it mounted",
+  description: `An app that runs is stopped and started again with the disk at its mountPath (one process writes
+a disk at a time), recorded in its deployments as "config: disk … attached", and this command follows
+it like svc deploy. With --no-apply the change waits for \`svc apps apply <app>\`.`,
   args: [...DISK_ARG, APP_ARG],
-  options: {},
+  options: { ...ROLLOUT_OPTIONS },
   examples: ["svc disk attach uploads --app my-site"],
-  async run({ args, out, api }) {
-    const disk = await (await api()).data<Disk>(
+  async run({ args, opts, out, api, env }) {
+    const client = await api();
+    const changed = await client.json<Changed>(
       "POST",
-      path`/v1/disks/${args.disk}/attach`,
+      `${path`/v1/disks/${args.disk}/attach`}${applyQuery(opts)}`,
       { app: args.app },
       aboutDisk(`attach disk ${args.disk} to app ${args.app}`, args.disk, {
         APP_NOT_FOUND: `no app "${args.app}" in this account: \`svc apps list\` shows the names and ids`,
@@ -190,23 +197,25 @@ const attach = defineCommand({
         APP_HAS_DISK: `an app has one disk: detach the disk named above first (svc disk detach <disk>), then attach ${args.disk}`,
       }),
     );
-    out.result(disk, `Attached disk ${disk.name} to app ${disk.appName ?? args.app} at ${disk.mountPath}`);
+    const disk = changed.data;
+    out.step(`Attached disk ${disk.name} to app ${disk.appName ?? args.app} at ${disk.mountPath}`);
+    await reportRollout(out, client, disk.appName ?? args.app, changed.rollout, { follow: !opts["no-follow"], env });
+    out.result(changed.data);
   },
 });
 
 const detach = defineCommand({
   name: "detach",
-  summary: "Detach a disk from its app",
+  summary: "Detach a disk from its app; an app that runs starts again without it",
   args: DISK_ARG,
-  options: {},
-  async run({ args, out, api }) {
-    const disk = await (await api()).data<Disk>(
-      "POST",
-      path`/v1/disks/${args.disk}/detach`,
-      undefined,
-      aboutDisk(`detach disk ${args.disk}`, args.disk),
-    );
-    out.result(disk, `Detached disk ${disk.name}`);
+  options: { ...ROLLOUT_OPTIONS },
+  async run({ args, opts, out, api, env }) {
+    const client = await api();
+    const before = await client.data<Disk>("GET", path`/v1/disks/${args.disk}`, undefined, aboutDisk(`look at disk ${args.disk}`, args.disk));
+    const changed = await client.json<Changed>("POST", `${path`/v1/disks/${args.disk}/detach`}${applyQuery(opts)}`, undefined, aboutDisk(`detach disk ${args.disk}`, args.disk));
+    out.step(`Detached disk ${changed.data.name}${before.appName ? ` from app ${before.appName}` : ""}`);
+    if (before.appName) await reportRollout(out, client, before.appName, changed.rollout, { follow: !opts["no-follow"], env });
+    out.result(changed.data);
   },
 });
 

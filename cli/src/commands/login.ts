@@ -5,6 +5,7 @@ import { defineCommand } from "../command.js";
 import { configFile, DEFAULT_API_URL, normalizeApiUrl, removeConfig, saveConfig } from "../config.js";
 import { CliError, fields } from "../output.js";
 import { ask, askSecret } from "../prompt.js";
+import type { Schemas } from "../../../openapi/types.js";
 import type { ApiKey } from "./keys.js";
 
 async function readStdin(): Promise<string> {
@@ -105,5 +106,27 @@ export const logout = defineCommand({
     const removed = await removeConfig(file);
     out.result({ configFile: file, removed }, removed ? `Logged out: removed ${file}` : `Not logged in (no ${file})`);
     if (env.SVC_API_KEY) out.note("Note: SVC_API_KEY is still set in this environment, so svc commands keep using it.");
+  },
+});
+
+/** `svc whoami`: which key (and account) svc commands use now, and where it comes from. */
+export const whoami = defineCommand({
+  name: "whoami",
+  summary: "Show the API key svc uses now: its name, scopes and account, and the API it talks to",
+  options: {},
+  examples: ["svc whoami", "svc whoami --json"],
+  async run({ out, api, config }) {
+    const { apiUrl, apiKeySource, file } = await config();
+    const me = await (await api()).json<Schemas["WhoAmI"]>("GET", "/v1/whoami", undefined, { what: "ask the API who this key is" });
+    const from = apiKeySource === "env" ? "SVC_API_KEY" : `the saved login (${file})`;
+    out.result(
+      { ...me, apiUrl },
+      fields([
+        ["key", `${me.keyName} (${me.keyId}), from ${from}`],
+        ["scopes", me.scopes.join(", ") || "none"],
+        ["account", me.accountId],
+        ["api", apiUrl],
+      ]),
+    );
   },
 });

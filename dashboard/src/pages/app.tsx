@@ -1,7 +1,7 @@
 import { useEffect, useState } from "preact/hooks";
 import { type ApiError, api, asApiError, ok, type Schemas } from "../api";
 import { Link, navigate } from "../router";
-import { Action, Badge, Bytes, Empty, ErrorNote, Pending, Table, Time, useAction, useLoad, usePoll } from "../ui";
+import { Action, Badge, Bytes, Empty, ErrorNote, LogView, Pending, Table, Time, useAction, useLoad, usePoll } from "../ui";
 import { Deployments } from "./deployments";
 
 type App = Schemas["App"];
@@ -14,8 +14,9 @@ const TABS = [
   ["runtime", "Runtime log"],
 ] as const;
 
-/** Tabs an app shows: the runtime log belongs to apps that run a process, not to static sites. */
-const tabsOf = (app: App | undefined) => TABS.filter(([id]) => id !== "runtime" || (app !== undefined && app.runtime !== "static"));
+/** Tabs an app shows: the runtime log belongs to apps that run a process, not to static sites; a worker has no request log. */
+const tabsOf = (app: App | undefined) =>
+  TABS.filter(([id]) => (id !== "runtime" || (app !== undefined && app.runtime !== "static")) && (id !== "logs" || app?.type !== "worker"));
 
 function Overview({ app, onChange }: { app: App; onChange: (app: App) => void }) {
   const path = { params: { path: { app: app.name } } };
@@ -24,9 +25,13 @@ function Overview({ app, onChange }: { app: App; onChange: (app: App) => void })
       <dl class="facts">
         <dt>URL</dt>
         <dd>
-          <a href={app.url} target="_blank" rel="noopener noreferrer">
-            {app.url}
-          </a>
+          {app.url === null ? (
+            "none: a worker takes no HTTP traffic"
+          ) : (
+            <a href={app.url} target="_blank" rel="noopener noreferrer">
+              {app.url}
+            </a>
+          )}
         </dd>
         <dt>Status</dt>
         <dd>
@@ -38,6 +43,18 @@ function Overview({ app, onChange }: { app: App; onChange: (app: App) => void })
         <dd>{app.memoryMb} MB (builds and cron runs above it are OOMKilled)</dd>
         <dt>Serving</dt>
         <dd>{app.activeDeploymentId ? <code class="name">{app.activeDeploymentId}</code> : "nothing deployed yet"}</dd>
+        {app.pendingChanges.length > 0 && (
+          <>
+            <dt>Not applied</dt>
+            <dd>
+              <span class="changes">{app.pendingChanges.join(", ")}</span>
+              <Action
+                label="Apply changes"
+                run={async () => onChange((await ok(api.POST("/v1/apps/{app}/apply", path))).data)}
+              />
+            </dd>
+          </>
+        )}
         {app.process !== undefined && (
           <>
             <dt>Process</dt>
@@ -108,7 +125,10 @@ function ProcessFacts({ process }: { process: App["process"] }) {
   );
 }
 
-/** The app's runtime log, streamed: its processes' output and the platform's own lines. */
+/** Lines of the runtime log the tab opens with (it then follows). */
+const RUNTIME_LOG_LINES = 500;
+
+/** The app's runtime log, streamed: its processes' output and the platform's own lines, the newest in view. */
 function RuntimeLogTab({ app }: { app: App }) {
   const [text, setText] = useState("");
   const [error, setError] = useState<ApiError | null>(null);
@@ -116,7 +136,11 @@ function RuntimeLogTab({ app }: { app: App }) {
     const abort = new AbortController();
     void (async () => {
       const stream = await ok(
-        api.GET("/v1/apps/{app}/runtime-logs", { params: { path: { app: app.name }, query: { follow: "true" } }, parseAs: "stream", signal: abort.signal }),
+        api.GET("/v1/apps/{app}/runtime-logs", {
+          params: { path: { app: app.name }, query: { follow: "true", lines: RUNTIME_LOG_LINES } },
+          parseAs: "stream",
+          signal: abort.signal,
+        }),
       );
       const decoder = new TextDecoder();
       let all = "";
@@ -133,9 +157,12 @@ function RuntimeLogTab({ app }: { app: App }) {
   }, [app.name]);
   return (
     <>
-      <p class="hint">What the app's processes print (stdout and stderr), across restarts and deploys; <code>svc</code> lines say what the platform did.</p>
+      <p class="hint">
+        What the app's processes print (stdout and stderr), across restarts and deploys, each line with the release and process that wrote it; <code>svc</code>{" "}
+        lines say what the platform did. The last {RUNTIME_LOG_LINES} lines, then new ones as they come.
+      </p>
       <ErrorNote error={error} />
-      {text === "" ? <Empty>Nothing logged yet.</Empty> : <pre class="log" aria-live="polite">{text}</pre>}
+      {text === "" ? <Empty>Nothing logged yet.</Empty> : <LogView text={text} label={`Runtime log of ${app.name}`} />}
     </>
   );
 }
@@ -148,11 +175,15 @@ function EnvVars({ app }: { app: App }) {
   );
   const [name, setName] = useState("");
   const [value, setValue] = useState("");
+  const [applyNow, setApplyNow] = useState(true);
+  const [rollout, setRollout] = useState<string | null>(null);
   const { busy, error, run } = useAction();
+  const query = applyNow ? {} : { apply: "false" as const };
   const submit = (event: Event) => {
     event.preventDefault();
     void run(async () => {
-      await ok(api.PATCH("/v1/apps/{app}/env", { params: { path: { app: app.name } }, body: { vars: { [name]: value } } }));
+      const changed = await ok(api.PATCH("/v1/apps/{app}/env", { params: { path: { app: app.name }, query }, body: { vars: { [name]: value } } }));
+      setRollout(changed.rollout.message);
       setName("");
       setValue("");
       await vars.reload();
@@ -160,7 +191,15 @@ function EnvVars({ app }: { app: App }) {
   };
   return (
     <>
-      <p class="hint">Values are encrypted at rest and injected into builds and cron runs. Names are shown; values only on request.</p>
+      <p class="hint">
+        Values are encrypted at rest. A change reaches the app: an app that runs starts its release again with it (without downtime unless it has a disk), a
+        static site is built again; cron runs read them at each run. Names are shown; values only on request.
+      </p>
+      {rollout && (
+        <p class="ok" role="status">
+          {rollout} (see Deployments)
+        </p>
+      )}
       <div class="toolbar">
         <button type="button" aria-pressed={reveal} onClick={() => setReveal(!reveal)}>
           {reveal ? "Hide values" : "Reveal values"}
@@ -201,7 +240,8 @@ function EnvVars({ app }: { app: App }) {
                       danger
                       confirm={`Unset ${v.name}?`}
                       run={async () => {
-                        await ok(api.DELETE("/v1/apps/{app}/env/{name}", { params: { path: { app: app.name, name: v.name } } }));
+                        const unset = await ok(api.DELETE("/v1/apps/{app}/env/{name}", { params: { path: { app: app.name, name: v.name }, query } }));
+                        setRollout(unset.data.rollout.message);
                         await vars.reload();
                       }}
                     />
@@ -221,6 +261,10 @@ function EnvVars({ app }: { app: App }) {
         <label>
           Value
           <input name="envValue" value={value} onInput={(e) => setValue(e.currentTarget.value)} spellcheck={false} autoComplete="off" />
+        </label>
+        <label class="check">
+          <input type="checkbox" name="applyNow" checked={applyNow} onChange={(e) => setApplyNow(e.currentTarget.checked)} />
+          Roll out now (unchecked: the change waits, to roll out with others from the Overview)
         </label>
         <button type="submit" class="primary" disabled={busy}>
           {busy ? "Saving…" : "Set"}

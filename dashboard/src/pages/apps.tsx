@@ -87,9 +87,13 @@ export function AppsPage() {
                 <td data-label="Runtime">{a.runtime}</td>
                 <td data-label="Memory">{a.memoryMb} MB</td>
                 <td data-label="URL">
-                  <a href={a.url} target="_blank" rel="noopener noreferrer">
-                    {a.url}
-                  </a>
+                  {a.url === null ? (
+                    "- (worker)"
+                  ) : (
+                    <a href={a.url} target="_blank" rel="noopener noreferrer">
+                      {a.url}
+                    </a>
+                  )}
                 </td>
                 <td data-label="Created">
                   <Time iso={a.createdAt} />

@@ -16,37 +16,72 @@ const FINAL = new Set<Deployment["status"]>(["ready", "failed", "cancelled"]);
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
 /**
- * Follows a deployment's build log live and resolves to the deployment once
- * it has stopped moving. Each (re)connection reads the log from its start, so
- * a dropped stream loses nothing; at the end the stored log is shown whole.
+ * Follows a deployment live and resolves to it once it has stopped moving:
+ * its build log, then (an app that runs) what happened after the build (its
+ * progress) and the new process's own output (its lines of the runtime log).
+ * Each (re)connection reads the build log from its start, so a dropped stream
+ * loses nothing; at the end the stored log is shown whole.
  */
 async function followBuild(app: string, id: string, onLog: (text: string) => void, signal: AbortSignal): Promise<Deployment> {
   const path = { app, id };
   const get = async () => (await ok(api.GET("/v1/apps/{app}/deployments/{id}", { params: { path }, signal }))).data;
+  let build = "";
+  let process = "";
+  let deployment = await get();
+  const show = () => {
+    const steps = deployment.progress.map((step) => `${step.at} svc ${step.text}\n`).join("");
+    onLog(build + steps + process);
+  };
   const readLog = async (follow: boolean) => {
     const stream = await ok(
       api.GET("/v1/apps/{app}/deployments/{id}/logs", { params: { path, query: follow ? { follow: "true" } : {} }, parseAs: "stream", signal }),
     );
     let text = "";
-    const decoder = new TextDecoder();
-    // A reader loop rather than `for await`: Safari cannot iterate a ReadableStream.
-    const reader = stream?.getReader();
-    for (let chunk = await reader?.read(); chunk && !chunk.done; chunk = await reader?.read()) {
-      text += decoder.decode(chunk.value, { stream: true });
-      onLog(text);
-    }
-    onLog(text);
+    await readStream(stream, (piece) => {
+      text += piece;
+      build = text;
+      show();
+    });
+    build = text;
+    show();
   };
-  let deployment = await get();
+  /** The new process's lines of the runtime log, without their release/process tag (they are all this one's). */
+  const followProcess = async (processId: string) => {
+    const stream = await ok(
+      api.GET("/v1/apps/{app}/runtime-logs", {
+        params: { path: { app }, query: { follow: "true", process: processId, since: deployment.createdAt } },
+        parseAs: "stream",
+        signal: processAbort.signal,
+      }),
+    );
+    await readStream(stream, (piece) => {
+      process += piece.replace(/^(\S+ \S+) \S+\/prc_\w+ /gm, "$1 ");
+      show();
+    });
+  };
+  const processAbort = new AbortController();
+  signal.addEventListener("abort", () => processAbort.abort(), { once: true });
+  let following: Promise<void> | null = null;
   while (!FINAL.has(deployment.status) && !signal.aborted) {
     const started = Date.now();
     if (deployment.status !== "deploying") await readLog(true).catch(() => undefined);
     deployment = await get();
-    // A stream that ended at once (the build is publishing, or the connection dropped) is polled, not hammered.
+    if (following === null && deployment.processId !== null) following = followProcess(deployment.processId).catch(() => undefined);
+    show();
+    // A stream that ended at once (the release is starting, or the connection dropped) is polled, not hammered.
     if (!FINAL.has(deployment.status) && Date.now() - started < 500) await sleep(500);
   }
   await readLog(false);
+  await Promise.race([following, sleep(1_000)]);
+  processAbort.abort();
   return deployment;
+}
+
+/** Reads a text stream to its end, piece by piece (a reader loop: Safari cannot iterate a ReadableStream). */
+async function readStream(stream: ReadableStream<Uint8Array> | null | undefined, onPiece: (text: string) => void): Promise<void> {
+  const decoder = new TextDecoder();
+  const reader = stream?.getReader();
+  for (let chunk = await reader?.read(); chunk && !chunk.done; chunk = await reader?.read()) onPiece(decoder.decode(chunk.value, { stream: true }));
 }
 
 /** The live (or stored) build log of one deployment, with its outcome. */
@@ -81,14 +116,20 @@ function BuildLog({ app, deployment, onDone }: { app: App; deployment: Deploymen
       <ErrorNote error={error} />
       {final?.status === "ready" && (
         <p class="ok" role="status">
-          Deployed: <a href={final.url}>{final.url}</a>
+          Deployed: {final.url === null ? "a worker, running (it takes no HTTP traffic)" : <a href={final.url}>{final.url}</a>}
           {final.buildMs !== null && ` (built in ${formatDuration(final.buildMs)})`}
         </p>
       )}
       {final?.status === "failed" && (
-        <p class="error" role="status">
-          <code>failed</code> {final.error ?? "no reason recorded"}
-        </p>
+        <div class="error" role="status">
+          <p>
+            <code>failed</code> {final.error ?? "no reason recorded"}
+          </p>
+          {final.logExcerpt && final.logExcerpt.length > 0 && <pre class="log">{final.logExcerpt.join("\n")}</pre>}
+          {final.processId !== null && (
+            <p class="hint">The build succeeded; the new release did not start. Its output is in the Runtime log tab; the app keeps what served it before, if anything did.</p>
+          )}
+        </div>
       )}
       {final?.status === "cancelled" && <p role="status">Cancelled: the app still serves its previous deployment.</p>}
     </section>
