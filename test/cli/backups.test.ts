@@ -150,7 +150,7 @@ describe("svc backups against wrangler dev", () => {
   it("restore takes one of --file and --backup (neither: the newest ready backup), and reads the file before asking the API", async () => {
     // Neither: the newest ready backup, named before the question a script must answer with --yes.
     const neither = await svc(["backups", "restore", disk], env);
-    expect(neither.code).toBe(2);
+    expect(neither.code).toBe(1);
     expect(neither.stderr).toMatch(/^Newest ready backup of disk \S+: bak_\w+ \(/m);
     expect(neither.stderr).toContain("--yes");
     const both = await svc(["backups", "restore", disk, "--file", archive, "--backup", backupId], env);

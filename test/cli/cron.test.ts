@@ -167,6 +167,12 @@ describe("svc cron against wrangler dev", () => {
     expect(ok.stdout).toMatch(/^\d{4}-\d\d-\d\dT\S+ out hello world$/m);
     const failed = await svc(["cron", "logs", job, failedRun, "--json"], env);
     expect(json<{ logs: string }>(failed.stdout).logs).toContain("error: command exited with code 2");
+    // Without a run: the newest one, named on stderr.
+    const [latest] = json<Run[]>((await svc(["cron", "runs", id, "--json"], env)).stdout);
+    const newest = await svc(["cron", "logs", id], env);
+    expect(newest.code).toBe(0);
+    expect(newest.stderr.trim()).toBe(`Newest run of cron job ${id}: ${latest!.jobName} (${latest!.status})`);
+    expect(newest.stdout).toBe((await svc(["cron", "logs", id, latest!.jobName], env)).stdout);
     const missing = await svc(["cron", "logs", id, "manual-nope00-1"], env);
     expect(missing.code).toBe(1);
     expect(missing.stderr).toMatch(/^ {2}RUN_NOT_FOUND: /m);

@@ -38,6 +38,14 @@ describe("svc login and svc keys against wrangler dev", () => {
       const list = await svc(["keys", "list", "--json"], home.env);
       expect(list.code).toBe(0);
       expect(Array.isArray(JSON.parse(list.stdout))).toBe(true);
+
+      // whoami: the key in use, where it comes from, and the API.
+      const me = await svc(["whoami"], home.env);
+      expect(me.code).toBe(0);
+      expect(me.stdout).toMatch(new RegExp(`^key\\s+.+ \\(key_\\w+\\), from the saved login \\(${file.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}\\)$`, "m"));
+      expect(me.stdout).toMatch(/^scopes\s+\S/m);
+      expect(me.stdout).toMatch(new RegExp(`^api\\s+${stack.apiUrl}$`, "m"));
+      expect(JSON.parse((await svc(["whoami", "--json"], { ...home.env, SVC_API_KEY: stack.adminKey })).stdout)).toMatchObject({ apiUrl: stack.apiUrl });
     });
 
     it("reads the key from stdin with --api-key -", async () => {

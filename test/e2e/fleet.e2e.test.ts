@@ -274,7 +274,8 @@ describe("a fleet of three nodes", () => {
       }
       expect(sums((await run(check.id)).log)).toEqual(keptSums);
       expect(sums((await run(secondCheck.id)).log)).toEqual(thirdSums);
-      for (const app of [keeper.id, second.id]) expect((await ok<{ status: string }>("GET", `/v1/apps/${app}`)).status).toBe("running");
+      // Started again after the drain (static sites with nothing deployed: not_deployed, not stopped).
+      for (const app of [keeper.id, second.id]) expect((await ok<{ status: string }>("GET", `/v1/apps/${app}`)).status).toBe("not_deployed");
       // Emptied: it holds nothing now, and the operator may remove it.
       // Its old copies are set aside, listed once its next heartbeat reports them.
       const listed = await until("the drained node's old copies to be listed", async () => {

@@ -114,7 +114,7 @@ describe("the README's Using it block, as written, against npm start", () => {
     console.log(`npm start (dashboard build, migrations, builder, wrangler dev, account) came up in ${startSeconds.toFixed(1)} s`);
 
     const secrets = [...(await readFile(join(clone, ".dev.vars"), "utf8")).matchAll(/^[A-Z0-9_]+="?([^"\n]+)"?$/gm)].map((m) => m[1]!);
-    expect(secrets).toHaveLength(6);
+    expect(secrets).toHaveLength(5);
     const commandLines = await processCommandLines();
     const worker = commandLines.filter((line) => line.includes("scripts/worker-dev.ts") && line.includes(`"port":${port},`));
     expect(worker, "the Worker process of this npm start").toHaveLength(1);

@@ -238,41 +238,41 @@ print('uid', os.getuid(), 'inotify', fd, 'errno', ctypes.get_errno(), flush=True
   it("one app's log spam leaves another account's requests on the same node within 1.5x of their p99", async () => {
     onTestFailed(showLog);
     const [node] = await nodes();
-    const steady = await on(node!, () => deployApp(victim, "node-features"));
-    const measure = async (seconds: number) => {
-      const times: number[] = [];
-      let failed = 0;
+    const [steady, spammer] = await on(node!, async () => [await deployApp(victim, "node-features"), await deployApp(attacker, "node-features")]);
+    const samples = { quiet: [] as number[], spammed: [] as number[] };
+    let failed = 0;
+    const measure = async (into: number[], seconds: number) => {
       const until = Date.now() + seconds * 1000;
       await Promise.all(
         Array.from({ length: 4 }, async () => {
           while (Date.now() < until) {
             const at = performance.now();
             const res = await siteRequest(stack, steady, "/").catch(() => null);
-            if (res?.status === 200) times.push(performance.now() - at);
+            if (res?.status === 200) into.push(performance.now() - at);
             else failed++;
           }
         }),
       );
-      times.sort((a, b) => a - b);
-      return { p50: times[Math.floor(times.length / 2)]!, p99: times[Math.floor(times.length * 0.99)]!, count: times.length, failed };
     };
-    await measure(1);
-    const baseline = await measure(6);
-    // Escape-code lines as fast as a process can write them, for a minute.
-    const spam = `const lines = ("\\u001b[31m" + "spam ".repeat(400) + "\\u001b[0m\\n").repeat(64);
-const until = Date.now() + 60_000;
-while (Date.now() < until) require("fs").writeSync(1, lines);`;
-    const spammer = await on(node!, () => deployApp(attacker, "node-worker", 256, { "worker.js": spam }));
-    await sleep(2_000);
-    const spammed = await measure(6);
+    await measure([], 1);
+    // Quiet and spammed windows in turn, so that whatever else loads the machine weighs on both alike.
+    for (let round = 0; round < 3; round++) {
+      await measure(samples.quiet, 4);
+      expect((await siteRequest(stack, spammer, "/spam?ms=4500")).status).toBe(200);
+      await measure(samples.spammed, 4);
+      await sleep(600);
+    }
+    const p = (times: number[], q: number) => [...times].sort((a, b) => a - b)[Math.floor(times.length * q)]!;
+    const quiet = { p50: p(samples.quiet, 0.5), p99: p(samples.quiet, 0.99) };
+    const spammed = { p50: p(samples.spammed, 0.5), p99: p(samples.spammed, 0.99) };
     console.log(
-      `log spam: steady app p50 ${baseline.p50.toFixed(1)} → ${spammed.p50.toFixed(1)} ms, p99 ${baseline.p99.toFixed(1)} → ${spammed.p99.toFixed(1)} ms (${(spammed.p99 / baseline.p99).toFixed(2)}x), ${baseline.count} → ${spammed.count} requests`,
+      `log spam: steady app p50 ${quiet.p50.toFixed(1)} → ${spammed.p50.toFixed(1)} ms, p99 ${quiet.p99.toFixed(1)} → ${spammed.p99.toFixed(1)} ms (${(spammed.p99 / quiet.p99).toFixed(2)}x), ${samples.quiet.length} → ${samples.spammed.length} requests`,
     );
     const log = await (await fetch(`${stack.apiUrl}/v1/apps/${spammer}/runtime-logs?tail=10485760`, { headers: { Authorization: `Bearer ${attacker.key}` } })).text();
     expect(log).toMatch(/ svc log rate limit: dropped \d+ lines/);
-    expect(spammed.failed).toBe(0);
-    expect(spammed.p99).toBeLessThanOrEqual(baseline.p99 * 1.5);
-    await ok(attacker.key, "DELETE", `/v1/apps/${spammer}`);
+    expect(failed).toBe(0);
+    expect(spammed.p99).toBeLessThanOrEqual(quiet.p99 * 1.5);
+    for (const [owner, app] of [[victim, steady], [attacker, spammer]] as const) await ok(owner.key, "DELETE", `/v1/apps/${app}`);
   }, 240_000);
 
   it("a flood of connections and WebSockets to one account's app leaves another account's requests at 0 errors", async () => {
@@ -385,7 +385,7 @@ while (Date.now() < until) require("fs").writeSync(1, lines);`;
     const own = await siteRequest(stack, app, `/cookie?domain=${app}.localhost`);
     expect(own.headers["set-cookie"]).toEqual([`wide=1; Path=/; Domain=${app}.localhost`, "own=1; Path=/; HttpOnly"]);
     const runtime = expectExit(await svc(["logs", app, "--runtime"], victim.env), 0, "logs").stdout;
-    expect(runtime).toMatch(/svc prc_\w+ dropped the app's cookie "wide": its Domain=localhost is a top-level name/);
+    expect(runtime).toMatch(/ svc \S+\/prc_\w+ dropped the app's cookie "wide": its Domain=localhost is a top-level name/);
     expect(runtime).toMatch(/its Domain=other\.localhost is another app's host/);
   }, 240_000);
 });
