@@ -84,7 +84,8 @@ function writeOptional(path: string, value: string): void {
   }
 }
 
-function alive(pid: number): boolean {
+/** Whether a process of that id exists (one of another user's counts: EPERM). */
+export function pidAlive(pid: number): boolean {
   try {
     process.kill(pid, 0);
     return true;
@@ -133,7 +134,7 @@ async function removeStaleParents(base: string): Promise<void> {
   for (const entry of await readdir(base, { withFileTypes: true }).catch(() => [])) {
     if (!entry.isDirectory() || !entry.name.startsWith(PARENT_PREFIX)) continue;
     const owner = Number(entry.name.slice(PARENT_PREFIX.length));
-    if (owner === process.pid || (Number.isInteger(owner) && alive(owner))) continue;
+    if (owner === process.pid || (Number.isInteger(owner) && pidAlive(owner))) continue;
     const parent = join(base, entry.name);
     for (const job of await readdir(parent, { withFileTypes: true }).catch(() => [])) {
       if (job.isDirectory()) await removeDir(join(parent, job.name));

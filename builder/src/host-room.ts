@@ -21,6 +21,7 @@ import { mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync
 import { statfs } from "node:fs/promises";
 import { totalmem } from "node:os";
 import { join } from "node:path";
+import { pidAlive } from "./cgroups.js";
 import { formatBytes } from "./sandbox.js";
 
 /** Share of the data dir's filesystem kept free of promises when no reserve is configured. */
@@ -156,7 +157,7 @@ export class HostRoom {
     for (const name of readdirSync(this.#ledgerDir)) {
       const pid = Number(name);
       if (!Number.isInteger(pid) || pid === process.pid) continue;
-      if (!alive(pid)) {
+      if (!pidAlive(pid)) {
         rmSync(join(this.#ledgerDir, name), { force: true });
         continue;
       }
@@ -185,14 +186,5 @@ function ledgerDir(dataDir: string): string {
     const own = join(dataDir, "memory-ledger");
     mkdirSync(own, { recursive: true, mode: 0o700 });
     return own;
-  }
-}
-
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (error) {
-    return (error as NodeJS.ErrnoException).code === "EPERM";
   }
 }

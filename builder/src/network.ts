@@ -38,6 +38,7 @@ import { mkdir, open, readFile, readdir, rm } from "node:fs/promises";
 import { networkInterfaces } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
+import { pidAlive } from "./cgroups.js";
 
 const run = promisify(execFile);
 const STATE_DIR = "/run/svc-builder";
@@ -91,15 +92,6 @@ export interface NetworkSlot {
    */
   address: string;
   release(): void;
-}
-
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (error) {
-    return (error as NodeJS.ErrnoException).code === "EPERM";
-  }
 }
 
 /** Runs `ip` commands (one per line) in one process; `netns` runs them inside that namespace. */
@@ -307,7 +299,7 @@ async function removeAbandoned(): Promise<void> {
     const index = Number(/^net-(\d+)\.pid$/.exec(name)?.[1] ?? Number.NaN);
     if (!Number.isInteger(index)) continue;
     const owner = Number(await readFile(join(STATE_DIR, name), "utf8").catch(() => "0"));
-    if (owner > 0 && alive(owner)) continue;
+    if (owner > 0 && pidAlive(owner)) continue;
     await removeSubnet(index);
     await rm(join(STATE_DIR, name), { force: true });
   }
@@ -320,7 +312,7 @@ async function claimSubnet(): Promise<number> {
     const index = (first + i) % SUBNETS;
     const file = join(STATE_DIR, `net-${index}.pid`);
     const owner = Number(await readFile(file, "utf8").catch(() => "0"));
-    if (owner > 0 && owner !== process.pid && alive(owner)) continue;
+    if (owner > 0 && owner !== process.pid && pidAlive(owner)) continue;
     if (owner > 0) await rm(file, { force: true });
     try {
       const handle = await open(file, "wx", 0o644);

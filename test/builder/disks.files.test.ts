@@ -67,6 +67,9 @@ describe("a disk of half a million files", () => {
           command: MAKE_FILES,
           disk: { id: "many_files", mountPath: "/data", sizeBytes: 3 * GiB },
           timeoutSeconds: 300,
+          // Half a million inodes and dentries are kernel memory charged to the job's cgroup (v1 counts it with
+          // the page cache): at 512 MiB the kernel's reclaim sometimes lost the race and OOM-killed python.
+          memoryMb: 1024,
         });
         const other = await submitJob(builder, {
           tenant: "acct_other",

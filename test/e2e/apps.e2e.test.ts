@@ -32,7 +32,7 @@ type Deployment = { id: string; status: string; error: string | null; logExcerpt
  * Issue 18's acceptance through the stack `npm start` runs: the real `svc`
  * deploys real apps (one with no dependency that exercises every pass-through,
  * an Express app installed from the registry with its lockfile, a Python
- * standard-library app, a worker without a port), the builder builds releases
+ * standard-library app; workers are app-life.e2e.test.ts's), the builder builds releases
  * and runs them as supervised sandboxed processes, and the Worker forwards
  * `<app>.localhost` to them.
  */
@@ -294,23 +294,8 @@ describe("apps that run: deploy, serve, supervise", () => {
       },
       DEPLOY_MS,
     );
-
-    it(
-      "a worker runs without a port: its deploy is ready, its output is in the runtime log, its URL has nothing to serve",
-      async () => {
-        const app = `worker-${suffix}`;
-        await create(app, "node");
-        await deploy(app, await copy("node-worker"));
-        expect((await deployments(app))[0]).toMatchObject({ status: "ready", release: { type: "worker", port: null } });
-        let runtime = "";
-        for (let i = 0; i < 50 && !/ out \S+ tick 2$/m.test(runtime); i++) {
-          await sleep(200);
-          runtime = expectExit(await svc(["logs", app, "--runtime"], env), 0, "logs --runtime").stdout;
-        }
-        expect(runtime).toMatch(/ out \S+ tick 2$/m);
-      },
-      DEPLOY_MS,
-    );
+    // Workers (no port, stop-first redeploys, minReadySeconds) are test/e2e/app-life.e2e.test.ts's; the Procfile's
+    // worker: line is test/builder/release.happy.test.ts's.
   });
 });
 

@@ -170,8 +170,9 @@ describe("disk backup and restore, end to end", () => {
     expect(accepted.body.data).toMatchObject({ status: "running" });
     expect(await restoreOutcome(disk.id, accepted.body.data.jobId)).toMatchObject({ status: "succeeded", error: null });
     expect(await tree(data)).toEqual(original);
+    // Started again by the restore (a static site with nothing deployed: not_deployed rather than stopped).
     const after = await api<{ data: { status: string } }>("GET", `/v1/apps/${app}`);
-    expect(after.body.data.status).toBe("running");
+    expect(after.body.data.status).toBe("not_deployed");
 
     // Restoring straight from the backup (no upload) works too.
     await writeFile(join(data, "zero-bytes"), "changed again");
