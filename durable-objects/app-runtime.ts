@@ -29,6 +29,8 @@ type Pending = Instance & {
   previous?: string;
   /** The app's configuration version it was started with: changes up to it run once it serves. */
   configVersion: number;
+  /** Its release's `minReadySeconds` (absent in a pending process recorded before it was kept here: none). */
+  minReadySeconds?: number;
 };
 
 /** A deploy whose new process serves now, counted deployed once no edge can still hold the old one. */
@@ -288,6 +290,7 @@ export class AppRuntime extends DurableObject<Env> {
       deadline: Date.now() + startTimeout(deployment) * 1000 + START_GRACE_MS,
       ...(previous ? { previous } : {}),
       configVersion: app.configVersion,
+      minReadySeconds: deployment.minReadySeconds ?? 0,
     };
     this.ctx.storage.kv.put("pending", pending);
     this.ctx.storage.kv.put("logNode", node.id);
@@ -296,8 +299,7 @@ export class AppRuntime extends DurableObject<Env> {
         .update(deployments)
         .set({ processId: pending.processId, configVersion: app.configVersion })
         .where(eq(deployments.id, deployment.id));
-      const name = (await nodeRef(this.env, node.id).catch(() => null))?.id ?? node.id;
-      await noteProgress(this.db, deployment.id, `starting process ${pending.processId} of the release on node ${name}`);
+      await noteProgress(this.db, deployment.id, `starting process ${pending.processId} of the release on node ${node.id}`);
     }
     // Nothing serves the app (first start, or its disk's process was stopped): this process serves it from now,
     // the node holding requests until it is ready.
@@ -320,8 +322,7 @@ export class AppRuntime extends DurableObject<Env> {
    * within them).
    */
   private async advance(pending: Pending, status: ProcessStatus): Promise<void> {
-    const deployment = await this.db.select({ minReadySeconds: deployments.minReadySeconds }).from(deployments).where(eq(deployments.id, pending.deploymentId)).get();
-    const minReadySeconds = pending.reason === "deploy" ? (deployment?.minReadySeconds ?? 0) : 0;
+    const minReadySeconds = pending.reason === "deploy" ? (pending.minReadySeconds ?? 0) : 0;
     if (status.ready && status.state === "running") {
       const readyAt = status.readyAt ? Date.parse(status.readyAt) : Date.now();
       if (minReadySeconds > 0 && Date.now() < readyAt + minReadySeconds * 1000) {
@@ -347,7 +348,8 @@ export class AppRuntime extends DurableObject<Env> {
       status.lastExit?.reason === "port" ||
       // A release that exited {@link EXITS_BEFORE_READY} times without ever being ready will not get there: say so now.
       (status.state === "backoff" && status.readyAt === null && status.restarts + 1 >= EXITS_BEFORE_READY);
-    if (hopeless) await this.failPending(pending, startFailure(status, diedWhileCounted ? minReadySeconds : null), status.lastLines); else if (Date.now() > pending.deadline) await this.failPending(pending, "it did not get ready in time", status.lastLines);
+    if (hopeless) await this.failPending(pending, startFailure(status, diedWhileCounted ? minReadySeconds : null), status.lastLines);
+    else if (Date.now() > pending.deadline) await this.failPending(pending, "it did not get ready in time", status.lastLines);
   }
 
   /**

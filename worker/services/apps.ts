@@ -207,7 +207,8 @@ export async function updateAppSettings(db: Db, app: AppRow, settings: AppSettin
     throw new ApiError("APP_IS_STATIC", `${app.name} is a static site: it has no process to start or check`);
   }
   const parts: string[] = [];
-  if (settings.memoryMb !== undefined && settings.memoryMb !== app.memoryMb) parts.push(`memory ${settings.memoryMb} MB`);
+  const memoryMb = settings.memoryMb !== undefined && settings.memoryMb !== app.memoryMb ? settings.memoryMb : undefined;
+  if (memoryMb !== undefined) parts.push(`memory ${memoryMb} MB`);
   if (settings.startCommand !== undefined && settings.startCommand !== app.startCommand) {
     parts.push(settings.startCommand === null ? "start command from svc.json" : `start command ${JSON.stringify(settings.startCommand)}`);
   }
@@ -215,21 +216,21 @@ export async function updateAppSettings(db: Db, app: AppRow, settings: AppSettin
     parts.push(settings.healthCheckPath === null ? "health check from svc.json" : `health check GET ${settings.healthCheckPath}`);
   }
   if (parts.length === 0) return { app, cause: null };
-  if (settings.memoryMb !== undefined && settings.memoryMb !== app.memoryMb) {
+  // An app that runs has its memory written by the statement that checks the account's total; a static site's with the rest.
+  const guarded = memoryMb !== undefined && runsProcess(app.runtime);
+  if (memoryMb !== undefined) {
     const { plan, limits } = await planOf(db, app.accountId);
-    if (settings.memoryMb > limits.appMemoryMb) {
-      throw planLimitError(plan, `an app may have at most ${limits.appMemoryMb} MB of memory (asked for ${settings.memoryMb} MB)`, "ask for less");
+    if (memoryMb > limits.appMemoryMb) {
+      throw planLimitError(plan, `an app may have at most ${limits.appMemoryMb} MB of memory (asked for ${memoryMb} MB)`, "ask for less");
     }
-    if (runsProcess(app.runtime)) {
+    if (guarded) {
       const others = sql`(select coalesce(sum(memory_mb), 0) from apps where account_id = ${app.accountId} and runtime != 'static' and id != ${app.id})`;
-      const written = await db.run(
-        sql`update apps set memory_mb = ${settings.memoryMb} where id = ${app.id} and ${others} + ${settings.memoryMb} <= ${limits.totalAppMemoryMb}`,
-      );
+      const written = await db.run(sql`update apps set memory_mb = ${memoryMb} where id = ${app.id} and ${others} + ${memoryMb} <= ${limits.totalAppMemoryMb}`);
       if (written.meta.changes !== 1) {
         const used = await db.get<{ mb: number }>(sql`select ${others} as mb`);
         throw planLimitError(
           plan,
-          `an account's apps may reserve ${limits.totalAppMemoryMb} MB of memory in all; its other apps reserve ${used.mb} MB and this one asks for ${settings.memoryMb} MB`,
+          `an account's apps may reserve ${limits.totalAppMemoryMb} MB of memory in all; its other apps reserve ${used.mb} MB and this one asks for ${memoryMb} MB`,
           "give it less memory or delete an app",
         );
       }
@@ -238,7 +239,7 @@ export async function updateAppSettings(db: Db, app: AppRow, settings: AppSettin
   const [row] = await db
     .update(apps)
     .set({
-      ...(settings.memoryMb !== undefined ? { memoryMb: settings.memoryMb } : {}),
+      ...(memoryMb !== undefined && !guarded ? { memoryMb } : {}),
       ...(settings.startCommand !== undefined ? { startCommand: settings.startCommand } : {}),
       ...(settings.healthCheckPath !== undefined ? { healthCheckPath: settings.healthCheckPath } : {}),
       updatedAt: Date.now(),

@@ -365,7 +365,7 @@ export class Supervisor {
    * Health-checks a web instance until it is ready or its start timeout
    * passes (then ends it); a worker is ready at once. While nothing answers,
    * what the instance listens on is read from its network namespace
-   * ({@link #listening}): a wrong interface ends it within seconds, another
+   * ({@link #endedByListening}): a wrong interface ends it within seconds, another
    * single port is adopted, and every few seconds the log says it still waits.
    */
   async #awaitReady(instance: Instance): Promise<void> {
@@ -386,7 +386,7 @@ export class Supervisor {
       if (instance.exited || this.#stop) return;
       if (last.ok) return this.#ready(instance, last.detail);
       if (last.answered) answered = last;
-      else if (this.#listening(instance, listening) === "ended") return;
+      else if (this.#endedByListening(instance, listening)) return;
       const now = Date.now();
       if (now >= deadline) {
         instance.endedBy = answered
@@ -409,34 +409,34 @@ export class Supervisor {
    * port but only on loopback ends it at once (nothing outside the sandbox
    * could ever reach it); on exactly one other port of all interfaces, that
    * port is adopted (and the log says so); on other ports on loopback alone,
-   * for {@link LOOPBACK_GRACE_MS}, it is ended too.
+   * for {@link LOOPBACK_GRACE_MS}, it is ended too. True when it ended it.
    */
-  #listening(instance: Instance, seen: { loopbackSince: number | null }): "waiting" | "adopted" | "ended" {
+  #endedByListening(instance: Instance, seen: { loopbackSince: number | null }): boolean {
     const found = instance.pid === null ? null : listeners(instance.pid);
-    if (!found || found.length === 0 || instance.port === null) return "waiting";
+    if (!found || found.length === 0 || instance.port === null) return false;
     const expected = instance.port;
     const end = (message: string) => {
       instance.endedBy = { reason: "port", message };
       instance.abort.abort("cancelled");
-      return "ended" as const;
+      return true;
     };
     const onPort = found.filter((listener) => listener.port === expected);
     if (onPort.length > 0) {
       if (onPort.every((listener) => listener.loopback)) {
         return end(`listens on ${where(onPort[0]!)} only; listen on 0.0.0.0 (all interfaces), e.g. listen(PORT, "0.0.0.0"), or nothing outside the app can reach it`);
       }
-      return "waiting";
+      return false;
     }
     const reachable = [...new Set(found.filter((listener) => !listener.loopback).map((listener) => listener.port))];
     if (reachable.length === 1) {
       instance.port = reachable[0]!;
       this.#status.port = instance.port;
       this.#note(`PORT is ${expected} but the app listens on ${instance.port}: sending traffic to ${instance.port} (set "port": ${instance.port} in svc.json to say so)`);
-      return "adopted";
+      return false;
     }
-    if (reachable.length > 0) return "waiting";
+    if (reachable.length > 0) return false;
     seen.loopbackSince ??= Date.now();
-    if (Date.now() - seen.loopbackSince < LOOPBACK_GRACE_MS) return "waiting";
+    if (Date.now() - seen.loopbackSince < LOOPBACK_GRACE_MS) return false;
     return end(`listens on ${found.map(where).join(", ")} only, not on port ${expected}; listen on 0.0.0.0:$PORT (all interfaces)`);
   }
 
