@@ -25,6 +25,12 @@ export const RolloutSchema = z
   })
   .openapi("Rollout");
 
+/** A 200 answer of a configuration change: the changed resource as `data`, and what became of the change as `rollout`. */
+export const withRollout = <T extends z.ZodType>(schema: T, description: string) => ({
+  description,
+  content: { "application/json": { schema: dataOf(schema).extend({ rollout: RolloutSchema }) } },
+});
+
 /** `?apply=false`: record a configuration change without rolling it out (several then roll out together). */
 export const ApplyQuery = z.object({
   apply: z

@@ -6,7 +6,7 @@ import { disks, RUNTIMES, SUPPORTED_RUNTIMES } from "../db/schema";
 import { appLogStream } from "../lib/builder-client";
 import { ApiError } from "../lib/errors";
 import { authErrors, errorResponse, jsonBody, newRouter, planLimited, UNCOMPRESSED_STREAM } from "../lib/router";
-import { ApplyQuery, DnsLabel, Deleted, dataOf, Ref, RolloutSchema } from "../lib/schemas";
+import { ApplyQuery, DnsLabel, Deleted, dataOf, Ref, withRollout } from "../lib/schemas";
 import { appRuntimeStub, runsProcess } from "../services/app-runtime";
 import { appChanged } from "../services/cron-targets";
 import { nodeRef } from "../services/fleet";
@@ -161,11 +161,6 @@ const UpdateAppBody = z
   .refine((body) => Object.keys(body).length > 0, "give at least one of memoryMb, startCommand, healthCheckPath")
   .openapi("UpdateApp", { example: { memoryMb: 512, healthCheckPath: "/healthz" } });
 
-const withRollout = (description: string) => ({
-  description,
-  content: { "application/json": { schema: dataOf(AppSchema).extend({ rollout: RolloutSchema }) } },
-});
-
 appRoutes.openapi(
   createRoute({
     method: "patch",
@@ -177,7 +172,7 @@ appRoutes.openapi(
     security,
     request: { params: AppParam, query: ApplyQuery, body: jsonBody(UpdateAppBody) },
     responses: {
-      200: withRollout("The app after the change, and its rollout"),
+      200: withRollout(AppSchema, "The app after the change, and its rollout"),
       ...authErrors,
       ...planLimited,
       ...notFound,
@@ -205,7 +200,7 @@ appRoutes.openapi(
     tags: ["Apps"],
     security,
     request: { params: AppParam },
-    responses: { 200: withRollout("The app, and the rollout of what was pending"), ...authErrors, ...notFound },
+    responses: { 200: withRollout(AppSchema, "The app, and the rollout of what was pending"), ...authErrors, ...notFound },
   }),
   async (c) => {
     const db = c.get("db");

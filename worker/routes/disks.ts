@@ -4,7 +4,7 @@ import { appChanged } from "../services/cron-targets";
 import { requireScope } from "../auth/middleware";
 import { DISK_STATUSES } from "../db/schema";
 import { authErrors, errorResponse, jsonBody, newRouter, planLimited } from "../lib/router";
-import { ApplyQuery, DnsLabel, Deleted, dataOf, Ref, RolloutSchema } from "../lib/schemas";
+import { ApplyQuery, DnsLabel, Deleted, dataOf, Ref, withRollout } from "../lib/schemas";
 import type { Db } from "../db/client";
 import type { AppRow } from "../db/schema";
 import type { Env } from "../env";
@@ -92,10 +92,6 @@ const security = [{ bearerAuth: [] }];
 const diskResponse = (description: string) => ({
   description,
   content: { "application/json": { schema: dataOf(DiskSchema) } },
-});
-const rolloutResponse = (description: string) => ({
-  description,
-  content: { "application/json": { schema: dataOf(DiskSchema).extend({ rollout: RolloutSchema }) } },
 });
 const notFound = { 404: errorResponse("No such disk in this account (DISK_NOT_FOUND)") };
 
@@ -190,7 +186,7 @@ diskRoutes.openapi(
     security,
     request: { params: DiskParam, query: ApplyQuery, body: jsonBody(AttachBody) },
     responses: {
-      200: rolloutResponse("The disk, attached, and the app's rollout with it mounted"),
+      200: withRollout(DiskSchema, "The disk, attached, and the app's rollout with it mounted"),
       ...authErrors,
       404: errorResponse("No such disk (DISK_NOT_FOUND) or app (APP_NOT_FOUND)"),
       409: errorResponse("Attached to another app (DISK_ATTACHED), or the app already has a disk (APP_HAS_DISK)"),
@@ -213,7 +209,7 @@ diskRoutes.openapi(
     tags: ["Disks"],
     security,
     request: { params: DiskParam, query: ApplyQuery },
-    responses: { 200: rolloutResponse("The disk, detached, and its former app's rollout without it"), ...authErrors, ...notFound },
+    responses: { 200: withRollout(DiskSchema, "The disk, detached, and its former app's rollout without it"), ...authErrors, ...notFound },
   }),
   async (c) => {
     const db = c.get("db");

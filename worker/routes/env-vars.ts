@@ -2,7 +2,7 @@ import { createRoute, z } from "@hono/zod-openapi";
 import { requireScope } from "../auth/middleware";
 import { ApiError } from "../lib/errors";
 import { authErrors, errorResponse, jsonBody, newRouter } from "../lib/router";
-import { ApplyQuery, dataOf, Ref, RolloutSchema } from "../lib/schemas";
+import { ApplyQuery, dataOf, Ref, RolloutSchema, withRollout } from "../lib/schemas";
 import { resolveApp } from "../services/apps";
 import { configChanged } from "../services/rollout";
 import { listEnvVars, setEnvVars, unsetEnvVars } from "../services/env-vars";
@@ -86,10 +86,7 @@ envVarRoutes.openapi(
     security,
     request: { params: AppParam, query: ApplyQuery, body: jsonBody(SetEnvBody) },
     responses: {
-      200: {
-        description: "All variables after the change, and its rollout to the app",
-        content: { "application/json": { schema: dataOf(z.array(EnvVarSchema)).extend({ rollout: RolloutSchema }) } },
-      },
+      200: withRollout(z.array(EnvVarSchema), "All variables after the change, and its rollout to the app"),
       ...authErrors,
       404: errorResponse("app not found"),
     },
