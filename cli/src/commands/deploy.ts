@@ -369,8 +369,8 @@ async function finish(out: Output, client: ApiClient, app: string, d: Deployment
  * app still serves its previous release.
  */
 async function failureHint(client: ApiClient, d: Deployment, app: string): Promise<string> {
-  const error = d.error ?? "";
-  if (d.processId === null && !/did not start|could not be placed|refused the new process/.test(error)) return buildFailureHint(error, app, d.id);
+  // No release: the build failed (or it is a static site's); with one, the release did not start.
+  if (d.release === null) return buildFailureHint(d.error ?? "", app, d.id);
   const now = await client.data<App>("GET", path`/v1/apps/${app}`, undefined, { what: `look at app ${app}` }).catch(() => null);
   const serving =
     now?.activeDeploymentId && now.activeDeploymentId !== d.id && now.status !== "stopped"
