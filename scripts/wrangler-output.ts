@@ -7,8 +7,9 @@
  *     ✘ [ERROR] kj::getCaughtExceptionAsKj() = kj/async-io-unix.c++:186:
  *               disconnected: ::write(fd, buffer.begin(), buffer.size()): Broken pipe
  *
- * (newer workerd on one line) with indented stack lines after it. Such a block is replaced, the first time
- * only, by one line saying what it was; every other line passes unchanged.
+ * (newer workerd on one line) with indented stack lines after it. Such a
+ * block is replaced, the first time only, by one line saying what it was;
+ * every other line passes unchanged.
  */
 
 /** What workerd's "disconnected" reports mean, said once. */
@@ -27,6 +28,12 @@ export function quietDisconnects(write: (text: string) => void): (chunk: string)
   let held: string | null = null; // a kj exception line, until the next says whether it is a disconnect
   let skipping = false;
   let noted = false;
+  /** Drops a disconnect report (its stack lines after it too), saying what it was the first time. */
+  const quiet = () => {
+    skipping = true;
+    if (!noted) write(`${DISCONNECT_NOTE}\n`);
+    noted = true;
+  };
   const line = (text: string) => {
     const plain = text.replace(ANSI, "");
     if (skipping) {
@@ -36,22 +43,12 @@ export function quietDisconnects(write: (text: string) => void): (chunk: string)
     if (held !== null) {
       const exception = held;
       held = null;
-      if (/^\s*disconnected: /.test(plain) && DISCONNECTED.test(plain)) {
-        skipping = true;
-        if (!noted) write(`${DISCONNECT_NOTE}\n`);
-        noted = true;
-        return;
-      }
+      if (/^\s*disconnected: /.test(plain) && DISCONNECTED.test(plain)) return quiet();
       write(`${exception}\n`);
     }
     if (plain.includes("kj::getCaughtExceptionAsKj()")) {
       // Newer workerd prints the report on one line; older, its "disconnected" on the next.
-      if (DISCONNECTED.test(plain)) {
-        skipping = true;
-        if (!noted) write(`${DISCONNECT_NOTE}\n`);
-        noted = true;
-        return;
-      }
+      if (DISCONNECTED.test(plain)) return quiet();
       held = text;
       return;
     }

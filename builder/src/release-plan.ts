@@ -42,9 +42,9 @@ export interface ReleasePlan {
   /** The port a web process listens on (it gets it in PORT); null for a worker. */
   port: number | null;
   healthCheckPath: string | null;
-  /** Seconds a new process must stay up once ready before it counts as deployed: svc.json's, else 10 for a worker, 0 for a web app. */
   /** Web: seconds to pass the health check; null for a worker. */
   startTimeoutSeconds: number | null;
+  /** Seconds a new process must stay up once ready before it counts as deployed: svc.json's, else 10 for a worker, 0 for a web app. */
   minReadySeconds: number;
   /** A worker's new release runs beside the old one during a deploy (svc.json `overlap`); false: the old one stops first. */
   overlap: boolean;

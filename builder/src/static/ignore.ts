@@ -9,8 +9,9 @@
  * policy around it: one rule set per `.gitignore` file, applied below its
  * folder, deeper files winning over higher ones as in git, matched
  * case-sensitively as git does on Linux, and what ALWAYS_EXCLUDED names
- * (`node_modules`, `.git`, `.venv`, `__pycache__`, …) never packed. The caller walks top-down and does not enter ignored directories,
- * which is what makes excluded folders final (git does not look inside them).
+ * (`node_modules`, `.git`, `.venv`, `__pycache__`, …) never packed. The
+ * caller walks top-down and does not enter ignored directories, which is what
+ * makes excluded folders final (git does not look inside them).
  */
 import ignore, { type Ignore } from "ignore";
 
