@@ -5,6 +5,7 @@ import { openDb } from "../worker/db/client";
 import { type AppRow, apps, type DeploymentRow, deployments, disks } from "../worker/db/schema";
 import { configOf, type Env } from "../worker/env";
 import { getProcess, type NodeRef, startProcess, stopProcess } from "../worker/lib/builder-client";
+import { ApiError } from "../worker/lib/errors";
 import { appChanged } from "../worker/services/cron-targets";
 import { GIB } from "../worker/services/disks";
 import { envOf } from "../worker/services/env-vars";
@@ -200,6 +201,12 @@ export class AppRuntime extends DurableObject<Env> {
       const found = node ? await getProcess(this.config, node, live.processId).catch(() => null) : null;
       const lost = found?.ok ? null : await lostNode(this.env, live.node);
       if (!node || lost) await this.replaceLost(`node ${lost?.name ?? live.node} ${lost ? "was lost" : "left the fleet"}`);
+      // An app without a disk does not wait for a node that stopped answering to be declared lost: it starts
+      // elsewhere now, and its old process is stopped once the node answers again (or returns from lost).
+      else if (node.sick && !(await this.db.select({ id: disks.id }).from(disks).where(eq(disks.appId, this.ctx.storage.kv.get<string>("appId") ?? "")).get())) {
+        await this.retire(live, 0);
+        await this.replaceLost(`node ${node.name ?? node.id} stopped answering (${node.sick.reason})`);
+      }
       else if (found && !found.ok && found.status === 404) await this.replaceLost(`the node has no process ${live.processId} (it restarted without it)`);
     }
     await this.schedule();
@@ -271,10 +278,11 @@ export class AppRuntime extends DurableObject<Env> {
       started = await startProcess(config, node, spec).catch((err: unknown) => ({
         ok: false as const,
         status: 0 as const,
-        code: "BUILDER_UNAVAILABLE",
+        code: err instanceof ApiError ? err.code : "BUILDER_UNAVAILABLE",
         message: err instanceof Error ? err.message : String(err),
       }));
-      if (started.ok || started.status !== 507 || disk) break;
+      // A node that cannot hold it (507) or did not answer in time (now marked unreachable) passes it to the next.
+      if (started.ok || (started.status !== 507 && started.code !== "NODE_UNREACHABLE") || disk) break;
       refusedBy.add(node.id);
       refusals.push(`node ${node.id}: ${started.message}`);
     }
@@ -455,7 +463,8 @@ export class AppRuntime extends DurableObject<Env> {
   /** Asks the node to stop a process; a stop that could not be delivered is retried by the alarm. */
   private async retire(instance: Instance, drainSeconds: number): Promise<void> {
     const node = await nodeRef(this.env, instance.node).catch(() => null);
-    // A node that left the fleet or was lost cannot be told; its sandboxes end with its builder (--die-with-parent).
+    // A node that left the fleet or was lost cannot be told; a lost one that returns is told by its heartbeat's
+    // answer to stop what no app runs there any more (fleet.ts), and its disks' writers ended with its lease.
     if (!node || (await lostNode(this.env, instance.node))) return;
     const stopped = await stopProcess(this.config, node, instance.processId, drainSeconds).catch(() => null);
     if (stopped?.ok) return;

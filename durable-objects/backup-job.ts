@@ -37,13 +37,13 @@ export class BackupJob extends SingleBuilderJob {
     const backup = found?.backup;
     if (!found || backup?.status !== "creating" || this.ctx.storage.kv.get("multipartUploadId")) return;
     const disk = await this.db
-      .select({ sizeGb: disks.sizeGb, nodeId: disks.nodeId, generation: disks.generation })
+      .select({ id: disks.id, sizeGb: disks.sizeGb, nodeId: disks.nodeId, generation: disks.generation })
       .from(disks)
       .where(eq(disks.id, backup.diskId))
       .get();
-    const node = disk ? await diskNode(this.env, disk).catch(() => null) : null;
-    if (!disk || !node) {
-      await this.fail(disk ? "the disk's node is no longer a member of the fleet" : "the disk no longer exists");
+    const node = disk ? await diskNode(this.env, disk).catch((err: unknown) => (err instanceof Error ? err : new Error(String(err)))) : null;
+    if (!disk || !node || node instanceof Error) {
+      await this.fail(!disk ? "the disk no longer exists" : node instanceof Error ? node.message : "the disk's node is no longer a member of the fleet");
       return;
     }
     const upload = await this.env.BUCKET.createMultipartUpload(backup.objectKey, {

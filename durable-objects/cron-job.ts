@@ -4,7 +4,7 @@ import { type JobSpec, type JobStatus, RELEASE_PATH } from "../builder/src/proto
 import { countingD1, openDb } from "../worker/db/client";
 import { cronRuns, crons, type Plan } from "../worker/db/schema";
 import { configOf, type Env } from "../worker/env";
-import { cancelJob, describeWait, findJob, getJob, jobLog, LONE_BUILDER_ID, type NodeRef, submitJob } from "../worker/lib/builder-client";
+import { cancelJob, describeWait, findJob, getJob, jobLog, LONE_BUILDER_ID, neverSent, type NodeRef, submitJob } from "../worker/lib/builder-client";
 import { lostNode, nodeRef } from "../worker/services/fleet";
 import { diskNode, placeStateless } from "../worker/services/placement";
 import { nextRuns } from "../worker/lib/cron";
@@ -450,7 +450,7 @@ export class CronJob extends DurableObject<Env> {
     }
     try {
       // A run of an app with a disk goes to the disk's node; any other to the least loaded (no D1 read either way).
-      const node = disk ? await diskNode(this.env, { nodeId: disk.nodeId ?? null }) : await placeStateless(this.env);
+      const node = disk ? await diskNode(this.env, { id: disk.id, nodeId: disk.nodeId ?? null }) : await placeStateless(this.env);
       this.ctx.storage.sql.exec("UPDATE runs SET node_id = ? WHERE job_name = ?", node.id, jobName);
       const spec: JobSpec = {
         key: `${job.id}/${jobName}`,
@@ -486,6 +486,12 @@ export class CronJob extends DurableObject<Env> {
       this.ctx.storage.sql.exec("UPDATE runs SET builder_job_id = ? WHERE job_name = ?", submitted.value.id, jobName);
       this.noteStatus(jobName, submitted.value);
     } catch (err) {
+      // Its node is held sick and was not asked: the run never started anywhere, and says why now.
+      if (neverSent(err)) {
+        const error = `the run did not start: ${(err as Error).message}`;
+        await this.complete(jobName, { status: "failed", exitCode: null, error, log: logLine(`error: ${error}`) });
+        return false;
+      }
       // Unreachable even after retries. The key lets the next poll find the run if the builder did get it.
       const error = `the builder could not be reached: ${err instanceof Error ? err.message : String(err)}`;
       this.kv.put(`unreachable:${jobName}`, error);

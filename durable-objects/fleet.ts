@@ -5,7 +5,7 @@ import { openDb } from "../worker/db/client";
 import { apps, backups, disks, type NodeRow, type NodeState, nodeJoinTokens, nodes, restores } from "../worker/db/schema";
 import { type Config, configOf, type Env } from "../worker/env";
 import type { ErrorCode } from "../worker/lib/errors";
-import type { NodeRef } from "../worker/lib/builder-client";
+import { type NodeRef, probe } from "../worker/lib/builder-client";
 import { newId } from "../worker/lib/ids";
 import { appRuntimeStub, runsProcess } from "../worker/services/app-runtime";
 import { setAppStatus } from "../worker/services/apps";
@@ -33,6 +33,8 @@ export type FleetNode = Pick<
   | "joinedAt"
   | "lastHeartbeatAt"
   | "lostAt"
+  | "unreachableSince"
+  | "unreachableReason"
   | "maxCores"
   | "maxMemoryMb"
   | "maxDiskBytes"
@@ -104,6 +106,14 @@ type Move = {
 const FAILOVER_RETRY_MS = 30_000;
 /** How often the alarm advances moves under way. */
 const MOVE_TICK_MS = 1_000;
+/** How often an unreachable node is probed (its /healthz, within a call's deadline) until it answers. */
+const PROBE_EVERY_MS = 2_000;
+/**
+ * How long after a lost node's last possible lease a disk of it may be restored
+ * elsewhere: the node's watchdog checks its lease every second and needs a
+ * moment to kill the disk's writers and unmount it (docs/fleet.md, "Leases").
+ */
+export const LEASE_MARGIN_MS = 5_000;
 
 /**
  * The fleet's one object (DESIGN §10): every change of membership goes
@@ -224,6 +234,9 @@ export class Fleet extends DurableObject<Env> {
         ...this.hold(nodeId, request.capacity, known),
         pid: request.pid ?? null,
         lastHeartbeatAt: now,
+        // It proved it is alive and said where it is reached now: calls are tried again (a deadline missed marks it again).
+        unreachableSince: null,
+        unreachableReason: null,
         ...(known.state === "lost" ? { state: "ready" as const, lostAt: null } : {}),
       })
       .where(eq(nodes.id, nodeId));
@@ -278,21 +291,72 @@ export class Fleet extends DurableObject<Env> {
   }
 
   /** A heartbeat: capacity and load recorded, the deadline moved; the answer names copies to fence. */
+  /**
+   * A node's heartbeat: its report is recorded, and the answer names its
+   * stale copies and grants its lease (docs/fleet.md, "Leases"): a node
+   * that is not lost may hold its disks for NODE_LEASE_SECONDS more. A lost
+   * node that heartbeats is back, unless calls to it still go unanswered
+   * (a partition in one direction): then it stays lost, gets no lease, and
+   * its watchdog stops its disks' writers before any of them is restored
+   * elsewhere.
+   */
   async heartbeat(nodeId: string, report: NodeHeartbeat, now = Date.now()): Promise<NodeHeartbeatReply | null> {
     const [node] = await this.db
-      .select({ state: nodes.state, maxCores: nodes.maxCores, maxMemoryMb: nodes.maxMemoryMb, maxDiskBytes: nodes.maxDiskBytes })
+      .select({
+        state: nodes.state,
+        unreachableSince: nodes.unreachableSince,
+        maxCores: nodes.maxCores,
+        maxMemoryMb: nodes.maxMemoryMb,
+        maxDiskBytes: nodes.maxDiskBytes,
+      })
       .from(nodes)
       .where(eq(nodes.id, nodeId));
     if (!node) return null;
-    const wasLost = node.state === "lost";
+    const returned = node.state === "lost" && node.unreachableSince === null;
     this.quarantined.set(nodeId, report.quarantined);
-    if (wasLost) await this.returned(nodeId, now);
+    if (returned) await this.returned(nodeId, now);
     await this.db
       .update(nodes)
-      .set({ ...this.hold(nodeId, report.capacity, node), lastHeartbeatAt: now, ...(wasLost ? { state: "ready" as const, lostAt: null } : {}) })
+      .set({ ...this.hold(nodeId, report.capacity, node), lastHeartbeatAt: now, ...(returned ? { state: "ready" as const, lostAt: null } : {}) })
       .where(eq(nodes.id, nodeId));
     await this.arm();
-    return { fence: await this.staleCopies(nodeId, report) };
+    const lost = node.state === "lost" && !returned;
+    const stop = returned ? await this.strayProcesses(nodeId, report) : [];
+    return {
+      fence: await this.staleCopies(nodeId, report),
+      leaseSeconds: lost ? 0 : this.config.NODE_LEASE_SECONDS,
+      ...(stop.length > 0 ? { stop } : {}),
+    };
+  }
+
+  /**
+   * The processes a node back from lost still runs whose apps no longer run
+   * there (they were started elsewhere while it was lost): nothing new is
+   * placed on a lost node, so any process of it that is not its app's live
+   * one is a leftover.
+   */
+  private async strayProcesses(nodeId: string, report: NodeHeartbeat): Promise<string[]> {
+    const running = report.processes ?? [];
+    if (running.length === 0) return [];
+    const live = await this.db.select({ processId: apps.liveProcessId }).from(apps).where(eq(apps.liveNode, nodeId));
+    const kept = new Set(live.map((row) => row.processId));
+    const stray = running.filter((process) => !kept.has(process.id)).map((process) => process.id);
+    if (stray.length > 0) console.log(JSON.stringify({ event: "node.stray_processes", node: nodeId, stop: stray }));
+    return stray;
+  }
+
+  /**
+   * A call to the node missed its deadline (builder-client.ts): it takes no
+   * new work from now, calls about what it holds answer NODE_UNREACHABLE at
+   * once, and it is probed until it answers. Marked once: the first miss
+   * says since when.
+   */
+  async markUnreachable(nodeId: string, reason: string, at = Date.now()): Promise<void> {
+    const node = (await this.nodes).get(nodeId);
+    if (!node || node.unreachableSince !== null) return;
+    await this.db.update(nodes).set({ unreachableSince: at, unreachableReason: reason }).where(eq(nodes.id, nodeId));
+    console.log(JSON.stringify({ event: "node.unreachable", node: nodeId, name: node.name, reason }));
+    await this.arm();
   }
 
   /** A lost node is back (it joined again or heartbeats): disks still recorded on it were never restored elsewhere. */
@@ -352,7 +416,8 @@ export class Fleet extends DurableObject<Env> {
     if (node.state !== "lost") await this.lose(node, why);
     if (restoreDisksNow) {
       this.ctx.storage.kv.put(`failoverNow:${nodeId}`, true);
-      await this.failOver(node, Date.now());
+      // Not before the node's last lease has surely run out: until then, one of its disks' writers may still run there.
+      if (this.failoverDue(node, Date.now())) await this.failOver(node, Date.now());
     }
     await this.arm();
     return { ok: true, value: node };
@@ -378,9 +443,13 @@ export class Fleet extends DurableObject<Env> {
   override async alarm(): Promise<void> {
     const now = Date.now();
     const lostAfter = this.config.NODE_LOST_AFTER_SECONDS * 1000;
-    for (const node of (await this.nodes).values()) {
+    const all = [...(await this.nodes).values()];
+    await Promise.all(all.filter((node) => node.unreachableSince !== null).map((node) => this.probe(node)));
+    for (const node of all) {
       if (node.state !== "lost" && now - node.lastHeartbeatAt >= lostAfter) {
         await this.lose(node, `no heartbeat for ${Math.round((now - node.lastHeartbeatAt) / 1000)} s`);
+      } else if (node.state !== "lost" && node.unreachableSince !== null && now - node.unreachableSince >= lostAfter) {
+        await this.lose(node, `no answer to calls for ${Math.round((now - node.unreachableSince) / 1000)} s (${node.unreachableReason})`);
       }
       if (node.state === "lost" && this.failoverDue(node, now)) await this.failOver(node, now);
     }
@@ -388,10 +457,31 @@ export class Fleet extends DurableObject<Env> {
     await this.arm();
   }
 
-  /** A lost node's disks are restored elsewhere once it has been lost for the grace period (or at once, on the operator's word). */
+  /** An unreachable node that answers its probe is reachable again (a lost one then returns at its next heartbeat). */
+  private async probe(node: FleetNode): Promise<void> {
+    if (!(await probe(node))) return;
+    await this.db.update(nodes).set({ unreachableSince: null, unreachableReason: null }).where(eq(nodes.id, node.id));
+    console.log(JSON.stringify({ event: "node.reachable", node: node.id, name: node.name, after: Date.now() - (node.unreachableSince ?? Date.now()) }));
+    node.unreachableSince = null;
+    node.unreachableReason = null;
+  }
+
+  /**
+   * When a lost node's disks may be restored elsewhere: after the grace period
+   * (at once on the operator's word), and never before its last lease has
+   * surely run out (granted at the latest when it was declared lost), so no
+   * writer is left on it by then.
+   */
+  private failoverAt(node: FleetNode): number | null {
+    if (node.lostAt === null) return null;
+    const leaseOut = node.lostAt + this.config.NODE_LEASE_SECONDS * 1000 + LEASE_MARGIN_MS;
+    if (this.ctx.storage.kv.get(`failoverNow:${node.id}`)) return leaseOut;
+    return Math.max(leaseOut, node.lostAt + this.config.DISK_FAILOVER_GRACE_SECONDS * 1000);
+  }
+
   private failoverDue(node: FleetNode, now: number): boolean {
-    if (this.ctx.storage.kv.get(`failoverNow:${node.id}`)) return true;
-    return node.lostAt !== null && now >= node.lostAt + this.config.DISK_FAILOVER_GRACE_SECONDS * 1000;
+    const at = this.failoverAt(node);
+    return at !== null && now >= at;
   }
 
   /**
@@ -550,14 +640,15 @@ export class Fleet extends DurableObject<Env> {
   /** One alarm: the earliest heartbeat deadline of a node not yet lost, a lost node's failover, or the next step of a move. */
   private async arm(): Promise<void> {
     const lostAfter = this.config.NODE_LOST_AFTER_SECONDS * 1000;
-    const grace = this.config.DISK_FAILOVER_GRACE_SECONDS * 1000;
     let next = this.moves().length > 0 ? Date.now() + MOVE_TICK_MS : Number.POSITIVE_INFINITY;
     for (const node of (await this.nodes).values()) {
-      if (node.state !== "lost") next = Math.min(next, node.lastHeartbeatAt + lostAfter);
+      // An unreachable node is probed until it answers (lost or not: a lost one that heartbeats waits for it).
+      if (node.unreachableSince !== null) next = Math.min(next, Date.now() + PROBE_EVERY_MS);
+      if (node.state !== "lost") next = Math.min(next, node.lastHeartbeatAt + lostAfter, node.unreachableSince === null ? next : node.unreachableSince + lostAfter);
       // Its disks' failover is due at the end of the grace period; until they have left, a lost node
       // keeps the alarm coming (a failover that found no room, or no backup yet, tries again).
       else if (node.lostAt !== null && (await this.holdsDisks(node.id))) {
-        const due = this.failoverDue(node, Date.now()) ? Date.now() + FAILOVER_RETRY_MS : node.lostAt + grace;
+        const due = this.failoverDue(node, Date.now()) ? Date.now() + FAILOVER_RETRY_MS : (this.failoverAt(node) ?? Date.now());
         next = Math.min(next, due);
       }
     }

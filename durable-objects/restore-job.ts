@@ -30,9 +30,9 @@ export class RestoreJob extends SingleBuilderJob {
     if (!found || restore?.status !== "running") return;
     this.ctx.storage.kv.put("restoreId", restoreId);
     const disk = await this.db.select().from(disks).where(eq(disks.id, restore.diskId)).get();
-    const node = disk ? await diskNode(this.env, disk).catch(() => null) : null;
-    if (!disk || !node) {
-      await this.fail(disk ? "the disk's node is no longer a member of the fleet" : "the disk no longer exists");
+    const node = disk ? await diskNode(this.env, disk).catch((err: unknown) => (err instanceof Error ? err : new Error(String(err)))) : null;
+    if (!disk || !node || node instanceof Error) {
+      await this.fail(!disk ? "the disk no longer exists" : node instanceof Error ? node.message : "the disk's node is no longer a member of the fleet");
       return;
     }
     const { url } = await presign(this.config, {

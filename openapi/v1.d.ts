@@ -2719,6 +2719,15 @@ export interface paths {
                         "application/json": components["schemas"]["Error"];
                     };
                 };
+                /** @description The node holding the app's disk is not answering (NODE_UNREACHABLE); Retry-After says when to ask again */
+                503: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
             };
         };
         delete?: never;
@@ -5767,6 +5776,11 @@ export interface components {
             }[];
             /** @enum {string} */
             state: "ready" | "cordoned" | "draining" | "lost";
+            /** @description Since when calls to the node go unanswered (it missed a call's deadline) and what it missed; null while it answers. An unreachable node takes no new work and is probed until it answers; after the lost threshold it is declared lost, heartbeats or not. */
+            unreachable: {
+                reason: string;
+                since: string;
+            } | null;
         };
         /**
          * @example {

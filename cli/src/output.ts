@@ -179,6 +179,8 @@ function hintFor(err: RequestFailed): string | undefined {
       return "send less data in one request";
     case "BUILDER_UNAVAILABLE":
       return "the builder service is not reachable; locally, `npm start` runs it next to the API";
+    case "NODE_UNREACHABLE":
+      return `the node holding it is not answering: try again${failure.retryAfter ? ` in ${failure.retryAfter} s` : " in a moment"}; the message says what happens meanwhile`;
     case "INTERNAL":
       return "this is a server-side fault: try again, and report the request id if it keeps happening";
     default: {

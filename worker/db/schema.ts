@@ -224,6 +224,16 @@ export const nodes = sqliteTable(
     lastHeartbeatAt: integer("last_heartbeat_at").notNull(),
     lostAt: integer("lost_at"),
     /**
+     * When the node first missed a control-plane call's deadline (or refused its
+     * connections) without answering one since; null while it answers. An
+     * unreachable node takes no new work, and calls about what it holds answer
+     * 503 NODE_UNREACHABLE at once; the Fleet object probes it until it answers,
+     * and declares it lost after NODE_LOST_AFTER_SECONDS, heartbeats or not.
+     */
+    unreachableSince: integer("unreachable_since"),
+    /** What it missed (`status of job_… : no answer within 1.5 s`), while unreachable. */
+    unreachableReason: text("unreachable_reason"),
+    /**
      * What the operator allows the node to claim (its join token's caps, or
      * `PATCH /v1/operator/nodes/{node}`); null: the fleet's defaults
      * (NODE_MAX_*). Placement never believes more than this, whatever the node reports.

@@ -25,11 +25,51 @@ import { ApiError } from "./errors";
  */
 export type BuilderResult<T> = { ok: true; value: T } | { ok: false; status: number; code: string; message: string };
 
-/** A node to talk to: its id (whose key signs) and where it is reached. */
-export type NodeRef = { id: string; address: string };
+/**
+ * Why calls to a node are not made now: it missed a call's deadline
+ * (`unreachable`) or went silent past the heartbeat threshold (`lost`), at
+ * `since`; the fleet's view, at most 2 s old (fleet.ts).
+ */
+export type NodeSickness = { state: "unreachable" | "lost"; since: number; reason: string };
+
+/** A node to talk to: its id (whose key signs), where it is reached, and whether the fleet holds it sick. */
+export type NodeRef = { id: string; address: string; name?: string; sick?: NodeSickness | null };
 
 /** The id of the lone builder at BUILDER_URL, which signs with BUILDER_SECRET itself (a control plane without joined nodes). */
 export const LONE_BUILDER_ID = "builder";
+
+/**
+ * How long each kind of call may wait for a node's answer (its headers)
+ * before the node counts as unreachable. A healthy node answers every call
+ * but a disk's making in milliseconds (it queues jobs and starts processes
+ * in the background), so these are seconds: a hung node costs the API call
+ * that found it at most this, and the calls after it nothing (they answer
+ * NODE_UNREACHABLE at once).
+ */
+export const DEADLINES_MS = {
+  /** Submissions, lookups, status reads, stops, cancels, a stream's first byte. */
+  call: 1_500,
+  /** Making a disk (a filesystem image on the node) or removing one. */
+  disk: 10_000,
+  /** A stream's body that is complete on the node (not followed): silence this long ends it. */
+  streamIdle: 10_000,
+  /** A followed stream's silence after which the node is asked whether it is alive (a quiet log is no fault). */
+  followIdle: 15_000,
+} as const;
+
+/** How long a client is told to wait before asking again about a sick node's resources. */
+const RETRY_AFTER_SECONDS = 10;
+
+/**
+ * Who hears that a node missed a deadline: the Fleet object, registered
+ * once per isolate by worker/services/fleet.ts (the module that hands out
+ * NodeRefs). A node missing one is marked unreachable at once.
+ */
+let unreachableListener: ((node: NodeRef, reason: string, at: number) => Promise<void>) | null = null;
+
+export function onNodeUnreachable(listener: (node: NodeRef, reason: string, at: number) => Promise<void>): void {
+  unreachableListener = listener;
+}
 
 export { nodeKey };
 
@@ -39,19 +79,130 @@ export function signingKey(config: Config, nodeId: string): Promise<string> {
   return nodeId === LONE_BUILDER_ID ? Promise.resolve(config.BUILDER_SECRET) : nodeKey(config.BUILDER_SECRET, nodeId);
 }
 
-async function builderFetch(config: Config, node: NodeRef, method: string, path: string, body?: unknown, signal?: AbortSignal): Promise<Response> {
-  const text = body === undefined ? "" : JSON.stringify(body);
+/**
+ * 503 NODE_UNREACHABLE for a call about something on a sick node: what is
+ * known (since when, why) and when to ask again. `next` says what happens
+ * to the resource meanwhile (placement.ts words it for a disk).
+ */
+export function nodeUnreachable(node: NodeRef, next?: string): ApiError {
+  const sick = node.sick;
+  const label = node.name ?? node.id;
+  const what = !sick
+    ? `node ${label} is not answering`
+    : sick.state === "lost"
+      ? `node ${label} was declared lost at ${new Date(sick.since).toISOString()} (${sick.reason})`
+      : `node ${label} stopped answering at ${new Date(sick.since).toISOString()} (${sick.reason})`;
+  return new ApiError("NODE_UNREACHABLE", `${what}${next ? `; ${next}` : ""}`, undefined, undefined, { "Retry-After": String(RETRY_AFTER_SECONDS) });
+}
+
+/** Errors for calls never sent (the node was already held sick): nothing can have started there. */
+const unsent = new WeakSet<Error>();
+
+/** A call about something on a sick node, refused without calling it: 503 NODE_UNREACHABLE, known not to have reached the node. */
+export function refuseSick(node: NodeRef, next?: string): ApiError {
+  const error = nodeUnreachable(node, next);
+  unsent.add(error);
+  return error;
+}
+
+/** Whether `err` refused a call before it was sent (a retry later cannot find it started). */
+export function neverSent(err: unknown): boolean {
+  return err instanceof Error && unsent.has(err);
+}
+
+/** Marks the node unreachable (the Fleet object hears it) and answers the error for the call that found it. */
+async function missed(node: NodeRef, reason: string): Promise<ApiError> {
+  const at = Date.now();
+  const sick: NodeSickness = { state: "unreachable", since: at, reason };
+  await unreachableListener?.(node, reason, at).catch((err: unknown) => console.error(`marking node ${node.id} unreachable failed`, err));
+  return nodeUnreachable({ ...node, sick });
+}
+
+type CallOptions = { body?: unknown; deadlineMs?: number; signal?: AbortSignal; what: string };
+
+/**
+ * One signed call to a node, bounded: no answer (headers) within its
+ * deadline marks the node unreachable and answers 503 NODE_UNREACHABLE; a
+ * node already held sick is not called at all. A refused connection (a node
+ * restarting) stays BUILDER_UNAVAILABLE: it is quick, and says nothing of a
+ * hang. The deadline ends with the headers: a body is read under the
+ * caller's own bound (streams: {@link idleBounded}).
+ */
+async function builderFetch(config: Config, node: NodeRef, method: string, path: string, options: CallOptions): Promise<Response> {
+  if (node.sick) throw refuseSick(node);
+  const deadlineMs = options.deadlineMs ?? DEADLINES_MS.call;
+  const text = options.body === undefined ? "" : JSON.stringify(options.body);
   const headers = await signRequest({ secret: await signingKey(config, node.id), method, path, body: text });
+  const deadline = new AbortController();
+  const timer = setTimeout(() => deadline.abort(), deadlineMs);
   try {
     return await fetch(new URL(path, node.address), {
       method,
-      headers: body === undefined ? headers : { ...headers, "Content-Type": "application/json" },
-      body: body === undefined ? undefined : text,
-      ...(signal ? { signal } : {}),
+      headers: options.body === undefined ? headers : { ...headers, "Content-Type": "application/json" },
+      body: options.body === undefined ? undefined : text,
+      signal: options.signal ? AbortSignal.any([deadline.signal, options.signal]) : deadline.signal,
     });
   } catch (err) {
+    if (deadline.signal.aborted && !options.signal?.aborted) throw await missed(node, `${options.what}: no answer within ${deadlineMs / 1000} s`);
     throw new ApiError("BUILDER_UNAVAILABLE", `node ${node.id} (${node.address}) could not be reached: ${err instanceof Error ? err.message : err}`);
+  } finally {
+    clearTimeout(timer);
   }
+}
+
+/**
+ * Whether the node answers at all (its unauthenticated /healthz) within a
+ * call's deadline: the Fleet object's probe of an unreachable node, and a
+ * followed stream's check after a silence.
+ */
+export async function probe(node: Pick<NodeRef, "address">, deadlineMs: number = DEADLINES_MS.call): Promise<boolean> {
+  try {
+    const res = await fetch(new URL("/healthz", node.address), { signal: AbortSignal.timeout(deadlineMs) });
+    await res.body?.cancel();
+    return res.ok;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * A stream's body passed on under an idle bound: silent for
+ * `streamIdle` (complete on the node, not followed) it ends in an error;
+ * followed, a silence of `followIdle` asks the node whether it is alive, and
+ * one that does not answer is marked unreachable and the stream ends.
+ */
+function idleBounded(node: NodeRef, res: Response, follow: boolean, what: string): Response {
+  if (!res.ok || !res.body) return res;
+  const idleMs = follow ? DEADLINES_MS.followIdle : DEADLINES_MS.streamIdle;
+  const reader = res.body.getReader();
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const silent = () =>
+    new Promise<"silent">((resolve) => {
+      timer = setTimeout(() => resolve("silent"), idleMs);
+    });
+  const body = new ReadableStream<Uint8Array>({
+    async pull(controller) {
+      for (;;) {
+        const next = await Promise.race([reader.read(), silent()]);
+        clearTimeout(timer);
+        if (next !== "silent") {
+          if (next.done) controller.close();
+          else controller.enqueue(next.value);
+          return;
+        }
+        if (follow && (await probe(node))) continue;
+        const error = follow ? await missed(node, `${what}: silent ${idleMs / 1000} s and no answer to a probe`) : new Error(`${what}: silent for ${idleMs / 1000} s`);
+        await reader.cancel(error).catch(() => undefined);
+        controller.error(error);
+        return;
+      }
+    },
+    cancel(reason) {
+      clearTimeout(timer);
+      return reader.cancel(reason);
+    },
+  });
+  return new Response(body, { status: res.status, headers: res.headers });
 }
 
 /**
@@ -64,13 +215,14 @@ async function submit(config: Config, node: NodeRef, path: string, spec: { key?:
   for (const pause of [0, 200, 800]) {
     if (pause > 0) await new Promise((resolve) => setTimeout(resolve, pause));
     try {
-      const res = await builderFetch(config, node, "POST", path, spec);
+      const res = await builderFetch(config, node, "POST", path, { body: spec, what: `submitting to ${path}` });
       if (res.ok) return { ok: true, value: await answer(node, res, JobStatus, "a job's status") };
       if (res.status < 500 || spec.key === undefined) return failure(node, res);
       lastError = new ApiError("BUILDER_UNAVAILABLE", `the builder answered HTTP ${res.status}`);
       await res.body?.cancel();
     } catch (err) {
-      if (spec.key === undefined) throw err;
+      // A node that missed the deadline is not asked again: it is marked unreachable, and the caller hears it now.
+      if (spec.key === undefined || (err instanceof ApiError && err.code === "NODE_UNREACHABLE")) throw err;
       lastError = err;
     }
   }
@@ -103,14 +255,14 @@ async function failure(node: NodeRef, res: Response): Promise<{ ok: false; statu
 
 /** Creates the disk's directory on the builder, or changes its quota. */
 export async function provisionDisk(config: Config, node: NodeRef, id: string, spec: DiskSpec): Promise<BuilderResult<DiskInfo>> {
-  const res = await builderFetch(config, node, "PUT", `/v1/disks/${id}`, spec);
+  const res = await builderFetch(config, node, "PUT", `/v1/disks/${id}`, { body: spec, deadlineMs: DEADLINES_MS.disk, what: `making disk ${id}` });
   if (!res.ok) return failure(node, res);
   return { ok: true, value: await answer(node, res, DiskInfo, "a disk's description") };
 }
 
 /** Removes the disk's data on the builder; an unknown disk counts as removed. */
 export async function destroyDisk(config: Config, node: NodeRef, id: string): Promise<BuilderResult<null>> {
-  const res = await builderFetch(config, node, "DELETE", `/v1/disks/${id}`);
+  const res = await builderFetch(config, node, "DELETE", `/v1/disks/${id}`, { deadlineMs: DEADLINES_MS.disk, what: `removing disk ${id}` });
   if (res.ok || res.status === 404) return { ok: true, value: null };
   return failure(node, res);
 }
@@ -122,33 +274,33 @@ export function submitJob(config: Config, node: NodeRef, spec: JobSpec): Promise
 
 /** The job submitted with this idempotency key (404 when the builder never got it). */
 export async function findJob(config: Config, node: NodeRef, key: string): Promise<BuilderResult<JobStatus>> {
-  const res = await builderFetch(config, node, "GET", `/v1/jobs?key=${encodeURIComponent(key)}`);
+  const res = await builderFetch(config, node, "GET", `/v1/jobs?key=${encodeURIComponent(key)}`, { what: "finding a job by its key" });
   if (!res.ok) return failure(node, res);
   return { ok: true, value: await answer(node, res, JobStatus, "a job's status") };
 }
 
 export async function getJob(config: Config, node: NodeRef, id: string): Promise<BuilderResult<JobStatus>> {
-  const res = await builderFetch(config, node, "GET", `/v1/jobs/${encodeURIComponent(id)}`);
+  const res = await builderFetch(config, node, "GET", `/v1/jobs/${encodeURIComponent(id)}`, { what: `status of ${id}` });
   if (!res.ok) return failure(node, res);
   return { ok: true, value: await answer(node, res, JobStatus, "a job's status") };
 }
 
 export async function cancelJob(config: Config, node: NodeRef, id: string): Promise<BuilderResult<JobStatus>> {
-  const res = await builderFetch(config, node, "POST", `/v1/jobs/${encodeURIComponent(id)}/cancel`);
+  const res = await builderFetch(config, node, "POST", `/v1/jobs/${encodeURIComponent(id)}/cancel`, { what: `cancelling ${id}` });
   if (!res.ok) return failure(node, res);
   return { ok: true, value: await answer(node, res, JobStatus, "a job's status") };
 }
 
 /** The job's complete log so far (the builder keeps at most 10 MiB). */
 export async function jobLog(config: Config, node: NodeRef, id: string): Promise<BuilderResult<string>> {
-  const res = await builderFetch(config, node, "GET", `/v1/jobs/${encodeURIComponent(id)}/logs?offset=0`);
+  const res = await builderFetch(config, node, "GET", `/v1/jobs/${encodeURIComponent(id)}/logs?offset=0`, { what: `log of ${id}` });
   if (!res.ok) return failure(node, res);
   return { ok: true, value: await res.text() };
 }
 
 /** The disk's size and current usage on the builder; `signal` bounds the wait (a display can do without). */
 export async function diskUsage(config: Config, node: NodeRef, id: string, signal?: AbortSignal): Promise<BuilderResult<DiskInfo>> {
-  const res = await builderFetch(config, node, "GET", `/v1/disks/${encodeURIComponent(id)}`, undefined, signal);
+  const res = await builderFetch(config, node, "GET", `/v1/disks/${encodeURIComponent(id)}`, { signal, what: `usage of disk ${id}` });
   if (!res.ok) return failure(node, res);
   return { ok: true, value: await answer(node, res, DiskInfo, "a disk's description") };
 }
@@ -170,7 +322,8 @@ export function submitBuild(config: Config, node: NodeRef, spec: BuildSpec): Pro
 
 /** The job's log as a stream; with `follow` it stays open until the job ends. */
 export async function jobLogStream(config: Config, node: NodeRef, id: string, follow: boolean): Promise<Response> {
-  return builderFetch(config, node, "GET", `/v1/jobs/${encodeURIComponent(id)}/logs?offset=0${follow ? "&follow=1" : ""}`);
+  const what = `log of ${id}`;
+  return idleBounded(node, await builderFetch(config, node, "GET", `/v1/jobs/${encodeURIComponent(id)}/logs?offset=0${follow ? "&follow=1" : ""}`, { what }), follow, what);
 }
 
 /**
@@ -190,21 +343,21 @@ export function describeWait(status: Pick<JobStatus, "status" | "waiting">): str
 
 /** Starts an app process on `node` (or, by its key, finds the one a lost reply already started). */
 export async function startProcess(config: Config, node: NodeRef, spec: ProcessSpec): Promise<BuilderResult<ProcessStatus>> {
-  const res = await builderFetch(config, node, "POST", "/v1/processes", spec);
+  const res = await builderFetch(config, node, "POST", "/v1/processes", { body: spec, what: "starting a process" });
   if (!res.ok) return failure(node, res);
   return { ok: true, value: await answer(node, res, ProcessStatus, "a process's status") };
 }
 
 /** A process's status; 404 (PROCESS_NOT_FOUND) when the node has no such process. */
 export async function getProcess(config: Config, node: NodeRef, id: string): Promise<BuilderResult<ProcessStatus>> {
-  const res = await builderFetch(config, node, "GET", `/v1/processes/${encodeURIComponent(id)}`);
+  const res = await builderFetch(config, node, "GET", `/v1/processes/${encodeURIComponent(id)}`, { what: `status of ${id}` });
   if (!res.ok) return failure(node, res);
   return { ok: true, value: await answer(node, res, ProcessStatus, "a process's status") };
 }
 
 /** Stops a process after serving `drainSeconds` more; stopping one that is gone counts as done. */
 export async function stopProcess(config: Config, node: NodeRef, id: string, drainSeconds: number): Promise<BuilderResult<null>> {
-  const res = await builderFetch(config, node, "POST", `/v1/processes/${encodeURIComponent(id)}/stop`, { drainSeconds });
+  const res = await builderFetch(config, node, "POST", `/v1/processes/${encodeURIComponent(id)}/stop`, { body: { drainSeconds }, what: `stopping ${id}` });
   if (res.ok || res.status === 404) {
     await res.body?.cancel();
     return { ok: true, value: null };
@@ -220,19 +373,20 @@ export async function appLogStream(config: Config, node: NodeRef, appId: string,
   const query = new URLSearchParams();
   for (const [name, value] of Object.entries(window)) query.set(name, String(value));
   if (follow) query.set("follow", "1");
-  return builderFetch(config, node, "GET", `/v1/app-logs/${encodeURIComponent(appId)}?${query}`);
+  const what = `runtime log of ${appId}`;
+  return idleBounded(node, await builderFetch(config, node, "GET", `/v1/app-logs/${encodeURIComponent(appId)}?${query}`, { what }), follow, what);
 }
 
 /** Stale disk copies the node set aside (fencing). */
 export async function listQuarantine(config: Config, node: NodeRef): Promise<BuilderResult<QuarantinedDisk[]>> {
-  const res = await builderFetch(config, node, "GET", "/v1/quarantine");
+  const res = await builderFetch(config, node, "GET", "/v1/quarantine", { what: "its quarantine" });
   if (!res.ok) return failure(node, res);
   return { ok: true, value: (await answer(node, res, z.object({ quarantined: z.array(QuarantinedDisk) }), "a quarantine listing")).quarantined };
 }
 
 /** Deletes a quarantined copy (the operator's decision). */
 export async function removeQuarantined(config: Config, node: NodeRef, name: string): Promise<BuilderResult<null>> {
-  const res = await builderFetch(config, node, "DELETE", `/v1/quarantine/${encodeURIComponent(name)}`);
+  const res = await builderFetch(config, node, "DELETE", `/v1/quarantine/${encodeURIComponent(name)}`, { what: `removing quarantined ${name}` });
   if (!res.ok) return failure(node, res);
   return { ok: true, value: null };
 }

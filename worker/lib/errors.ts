@@ -43,10 +43,11 @@ export type ErrorCode =
   | "RATE_LIMITED"
   | "TOO_MANY_JOBS"
   | "BUILDER_UNAVAILABLE"
+  | "NODE_UNREACHABLE"
   | "INSUFFICIENT_STORAGE"
   | "INTERNAL";
 
-export type ErrorStatus = 400 | 401 | 403 | 404 | 405 | 409 | 410 | 411 | 413 | 429 | 500 | 502 | 507;
+export type ErrorStatus = 400 | 401 | 403 | 404 | 405 | 409 | 410 | 411 | 413 | 429 | 500 | 502 | 503 | 507;
 
 /** One exhaustive code → status switch; adding a code without a status fails type-checking. */
 export function statusOf(code: ErrorCode): ErrorStatus {
@@ -103,6 +104,8 @@ export function statusOf(code: ErrorCode): ErrorStatus {
       return 500;
     case "BUILDER_UNAVAILABLE":
       return 502;
+    case "NODE_UNREACHABLE":
+      return 503;
     case "INSUFFICIENT_STORAGE":
       return 507;
     default:
@@ -120,7 +123,7 @@ export class ApiError extends Error {
     message: string,
     readonly details?: ErrorDetail[],
     status?: ErrorStatus,
-    /** Headers the answer carries (Retry-After for RATE_LIMITED). */
+    /** Headers the answer carries (Retry-After for RATE_LIMITED and NODE_UNREACHABLE). */
     readonly headers: Record<string, string> = {},
   ) {
     super(message);

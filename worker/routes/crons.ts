@@ -1,12 +1,14 @@
 import { createRoute, z } from "@hono/zod-openapi";
+import { eq } from "drizzle-orm";
 import { requireScope } from "../auth/middleware";
-import { CONCURRENCY_POLICIES, CRON_RUN_STATUSES } from "../db/schema";
+import { CONCURRENCY_POLICIES, CRON_RUN_STATUSES, disks } from "../db/schema";
 import { checkSchedule, isTimeZone, nextRuns } from "../lib/cron";
 import { ApiError } from "../lib/errors";
 import { iso } from "../lib/time";
 import { authErrors, codedIssue, errorResponse, jsonBody, newRouter, planLimited } from "../lib/router";
 import { DnsLabel, Deleted, dataOf, Ref } from "../lib/schemas";
 import { resolveApp } from "../services/apps";
+import { diskNode } from "../services/placement";
 import {
   accountPlan,
   createCron,
@@ -261,6 +263,7 @@ cronRoutes.openapi(
       ...cronNotFound,
       409: errorResponse("The app is stopped (APP_STOPPED), or the policy is forbid and a run is queued or running (RUN_IN_PROGRESS)"),
       429: errorResponse("The account has its plan's limit of jobs waiting for a slot (TOO_MANY_JOBS), or too many requests (RATE_LIMITED)"),
+      503: errorResponse("The node holding the app's disk is not answering (NODE_UNREACHABLE); Retry-After says when to ask again"),
     },
   }),
   async (c) => {
@@ -271,6 +274,9 @@ cronRoutes.openapi(
     if (app.status === "stopped") {
       throw new ApiError("APP_STOPPED", `app ${app.name} is stopped; restart it (svc apps restart ${app.name}) to run its cron jobs`);
     }
+    // A run of an app with a disk goes to the disk's node: a sick one answers 503 NODE_UNREACHABLE now, saying what comes next.
+    const disk = await db.select({ id: disks.id, nodeId: disks.nodeId }).from(disks).where(eq(disks.appId, app.id)).get();
+    if (disk?.nodeId) await diskNode(c.env, disk);
     const started = await cronStub(c.env, cron.id).runNow(await accountPlan(db, accountId));
     if (!started) throw new ApiError("CRON_NOT_FOUND", `cron job ${cron.id} not found`);
     if (!started.ok) throw new ApiError(started.code, started.message);

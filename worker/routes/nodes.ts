@@ -55,6 +55,13 @@ const NodeSchema = z
     joinedAt: z.string(),
     lastHeartbeatAt: z.string(),
     lostAt: z.string().nullable(),
+    unreachable: z
+      .object({ since: z.string(), reason: z.string() })
+      .nullable()
+      .openapi({
+        description:
+          "Since when calls to the node go unanswered (it missed a call's deadline) and what it missed; null while it answers. An unreachable node takes no new work and is probed until it answers; after the lost threshold it is declared lost, heartbeats or not.",
+      }),
     /** Ids of the disks whose copy of record is on the node. */
     disks: z.array(z.string()),
     quarantined: z.array(QuarantinedDisk),
@@ -75,6 +82,7 @@ function nodeView(config: Config, node: FleetNode, held: string[] = []): z.infer
     joinedAt: iso(node.joinedAt),
     lastHeartbeatAt: iso(node.lastHeartbeatAt),
     lostAt: isoOrNull(node.lostAt),
+    unreachable: node.unreachableSince === null ? null : { since: iso(node.unreachableSince), reason: node.unreachableReason ?? "missed a deadline" },
     disks: held,
     quarantined: node.quarantined,
   };

@@ -1,6 +1,6 @@
 import type { FleetNode } from "../../durable-objects/fleet";
 import type { Env } from "../env";
-import { LONE_BUILDER_ID, type NodeRef } from "../lib/builder-client";
+import { LONE_BUILDER_ID, type NodeRef, type NodeSickness, onNodeUnreachable } from "../lib/builder-client";
 import { ApiError } from "../lib/errors";
 
 /** How long an isolate trusts its copy of the fleet (the Fleet object's `view()`). */
@@ -21,11 +21,48 @@ export function fleetStub(env: Env) {
  * (if configured) is the whole fleet.
  */
 export async function fleet(env: Env, now = Date.now()): Promise<View> {
+  listenForMisses(env);
   if (!cached || now - cached.at > VIEW_TTL_MS) {
     const nodes = await fleetStub(env).view();
     cached = { at: now, nodes: nodes.length > 0 || !env.BUILDER_URL ? nodes : [loneBuilder(env.BUILDER_URL, now)], picks: new Map() };
   }
   return cached;
+}
+
+let listening = false;
+
+/**
+ * A node that misses a call's deadline in this isolate is marked
+ * unreachable in the Fleet object at once (one RPC), and in this isolate's
+ * copy, so the calls after it here answer NODE_UNREACHABLE without waiting.
+ * Registered the first time the isolate reads the fleet: every NodeRef comes
+ * from here (nodeRef, placement).
+ */
+function listenForMisses(env: Env): void {
+  if (listening) return;
+  listening = true;
+  onNodeUnreachable(async (node, reason, at) => {
+    const held = cached?.nodes.find((candidate) => candidate.id === node.id);
+    if (held && held.unreachableSince === null) Object.assign(held, { unreachableSince: at, unreachableReason: reason });
+    if (node.id !== LONE_BUILDER_ID) await fleetStub(env).markUnreachable(node.id, reason, at);
+  });
+}
+
+/** Why calls to `node` are not made now (lost, or unreachable since a missed deadline); null while it answers. */
+export function sicknessOf(node: Pick<FleetNode, "state" | "lostAt" | "unreachableSince" | "unreachableReason">): NodeSickness | null {
+  if (node.state === "lost") return { state: "lost", since: node.lostAt ?? Date.now(), reason: node.unreachableReason ?? "no heartbeat" };
+  if (node.unreachableSince !== null) return { state: "unreachable", since: node.unreachableSince, reason: node.unreachableReason ?? "missed a deadline" };
+  return null;
+}
+
+/** What calls to `node` need: where it is, and whether it is sick. */
+export function refOf(node: FleetNode): NodeRef {
+  return { id: node.id, address: node.address, name: node.name, sick: sicknessOf(node) };
+}
+
+/** Whether new work may go to `node`: ready, and answering. */
+export function takesWork(node: Pick<FleetNode, "state" | "unreachableSince">): boolean {
+  return node.state === "ready" && node.unreachableSince === null;
 }
 
 /** Forgets this isolate's copy (after a membership change it made itself). */
@@ -50,6 +87,8 @@ function loneBuilder(address: string, now: number): FleetNode {
     joinedAt: now,
     lastHeartbeatAt: now,
     lostAt: null,
+    unreachableSince: null,
+    unreachableReason: null,
     maxCores: null,
     maxMemoryMb: null,
     maxDiskBytes: null,
@@ -58,11 +97,11 @@ function loneBuilder(address: string, now: number): FleetNode {
   };
 }
 
-/** Where node `id` is reached; NODE_NOT_FOUND once it was removed. */
+/** Where node `id` is reached, and whether it is sick; NODE_NOT_FOUND once it was removed. */
 export async function nodeRef(env: Env, id: string): Promise<NodeRef> {
   const node = (await fleet(env)).nodes.find((candidate) => candidate.id === id);
   if (!node) throw new ApiError("NODE_NOT_FOUND", `node ${id} is no longer a member of the fleet`);
-  return { id: node.id, address: node.address };
+  return refOf(node);
 }
 
 /** The node, when it is lost (its work elsewhere must not wait for it); null otherwise. */

@@ -1,11 +1,13 @@
 import { and, eq, sql } from "drizzle-orm";
 import type { FleetNode } from "../../durable-objects/fleet";
 import type { Db } from "../db/client";
+import { openDb } from "../db/client";
 import { disks, nodes } from "../db/schema";
-import type { Env } from "../env";
-import { LONE_BUILDER_ID, type NodeRef } from "../lib/builder-client";
+import { configOf, type Env } from "../env";
+import { LONE_BUILDER_ID, type NodeRef, type NodeSickness, refuseSick } from "../lib/builder-client";
 import { ApiError } from "../lib/errors";
-import { fleet, nodeRef, notePlaced } from "./fleet";
+import { fleet, nodeRef, notePlaced, refOf, takesWork } from "./fleet";
+import { newestReadyBackup } from "./relocation";
 
 /**
  * Where work runs: the one place the control plane decides it (DESIGN §10).
@@ -35,10 +37,10 @@ export async function placeDisk(env: Env, db: Db, sizeBytes: number): Promise<No
 
 /** {@link placeDisk} over a given fleet (the Fleet object places with its own copy). */
 export async function placeDiskAmong(db: Db, all: FleetNode[], sizeBytes: number): Promise<NodeRef> {
-  const ready = all.filter((node) => node.state === "ready");
+  const ready = all.filter(takesWork);
   if (ready.length === 0) throw noReadyNode(all);
   // The lone builder of a control plane without joined nodes has no row and reports no capacity: it takes every disk.
-  if (ready.length === 1 && ready[0]!.diskTotalBytes === 0) return { id: ready[0]!.id, address: ready[0]!.address };
+  if (ready.length === 1 && ready[0]!.diskTotalBytes === 0) return refOf(ready[0]!);
   const promised = await db
     .select({ nodeId: disks.nodeId, bytes: sql<number>`sum(${disks.sizeGb}) * 1073741824`, count: sql<number>`count(*)` })
     .from(disks)
@@ -56,7 +58,7 @@ export async function placeDiskAmong(db: Db, all: FleetNode[], sizeBytes: number
       `no node can hold a disk of ${Math.round(sizeBytes / 2 ** 30)} GB: the most room left on a ready node is ${Math.max(0, Math.floor(best.room / 2 ** 30))} GB`,
     );
   }
-  return { id: best.node.id, address: best.node.address };
+  return refOf(best.node);
 }
 
 /** What a piece of stateless work needs of its node. */
@@ -74,7 +76,7 @@ export type StatelessNeed = {
  */
 export async function placeStateless(env: Env, need: StatelessNeed = {}): Promise<NodeRef> {
   const view = await fleet(env);
-  const ready = view.nodes.filter((node) => node.state === "ready" && !need.exclude?.has(node.id));
+  const ready = view.nodes.filter((node) => takesWork(node) && !need.exclude?.has(node.id));
   if (ready.length === 0) throw need.exclude?.size ? noRoomLeft(view.nodes, need) : noReadyNode(view.nodes);
   const memory = need.memoryMb;
   // The lone builder reports no capacity (memoryFreeMb 0): it is never passed over.
@@ -84,21 +86,45 @@ export async function placeStateless(env: Env, need: StatelessNeed = {}): Promis
   let best = candidates[0]!;
   for (const node of candidates) if (load(node) < load(best) || (load(node) === load(best) && Math.random() < 0.5)) best = node;
   notePlaced(view, best.id);
-  return { id: best.id, address: best.address };
+  return refOf(best);
 }
 
-/** Where work about the disk goes: the node holding it (a disk made before nodes joined: the lone builder or any ready node). */
-export async function diskNode(env: Env, disk: { nodeId: string | null }): Promise<NodeRef> {
-  return disk.nodeId ? nodeRef(env, disk.nodeId) : placeStateless(env);
+/**
+ * Where work about the disk goes: the node holding it (a disk made before
+ * nodes joined: the lone builder or any ready node). A disk on a sick node
+ * answers 503 NODE_UNREACHABLE at once, saying what happens to it next.
+ */
+export async function diskNode(env: Env, disk: { id: string; nodeId: string | null }): Promise<NodeRef> {
+  if (!disk.nodeId) return placeStateless(env);
+  const node = await nodeRef(env, disk.nodeId);
+  if (node.sick) throw refuseSick(node, await diskFate(env, disk.id, node.sick));
+  return node;
+}
+
+/**
+ * What happens to a disk whose node is sick, in words with times: declared
+ * lost after NODE_LOST_AFTER_SECONDS without an answer, then restored
+ * elsewhere from its newest ready backup after the grace period (and never
+ * before the node's lease ran out), unless the node answers first.
+ */
+async function diskFate(env: Env, diskId: string, sick: NodeSickness): Promise<string> {
+  const config = configOf(env);
+  const lostAt = sick.state === "lost" ? sick.since : sick.since + config.NODE_LOST_AFTER_SECONDS * 1000;
+  const restoreAt = lostAt + Math.max(config.DISK_FAILOVER_GRACE_SECONDS, config.NODE_LEASE_SECONDS + 5) * 1000;
+  const backup = await newestReadyBackup(openDb(env.DB), diskId);
+  const at = (ms: number) => new Date(ms).toISOString();
+  const lost = sick.state === "lost" ? "" : `it is declared lost at ${at(lostAt)} unless it answers; `;
+  if (!backup) return `${lost}disk ${diskId} has no ready backup, so it stays on that node until the node returns`;
+  return `${lost}disk ${diskId} is restored on another node from the backup of ${at(backup.completedAt ?? backup.createdAt)} (${backup.id}) at ${at(restoreAt)} unless the node returns`;
 }
 
 /** The node an app's process runs on: its disk's node when it has one, else the least loaded with room for it. */
-export async function placeProcess(env: Env, app: { disk: { nodeId: string | null } | null }, need: StatelessNeed = {}): Promise<NodeRef> {
+export async function placeProcess(env: Env, app: { disk: { id: string; nodeId: string | null } | null }, need: StatelessNeed = {}): Promise<NodeRef> {
   return app.disk ? diskNode(env, app.disk) : placeStateless(env, need);
 }
 
 function noRoomLeft(all: FleetNode[], need: StatelessNeed): ApiError {
-  const ready = all.filter((node) => node.state === "ready");
+  const ready = all.filter(takesWork);
   return new ApiError(
     "INSUFFICIENT_STORAGE",
     `no node can hold it${need.memoryMb === undefined ? "" : ` (a process with a memory limit of ${need.memoryMb} MiB)`}: every ready node (${ready.map((n) => n.name).join(", ")}) refused`,
@@ -106,6 +132,6 @@ function noRoomLeft(all: FleetNode[], need: StatelessNeed): ApiError {
 }
 
 function noReadyNode(all: FleetNode[]): ApiError {
-  const states = all.map((node) => `${node.name} ${node.state}`).join(", ");
+  const states = all.map((node) => `${node.name} ${node.state === "ready" && node.unreachableSince !== null ? "unreachable" : node.state}`).join(", ");
   return new ApiError("BUILDER_UNAVAILABLE", `no builder node is ready to take work${states ? ` (${states})` : " (none has joined)"}`);
 }

@@ -61,6 +61,8 @@ export async function proxyToProcess(
 ): Promise<Response> {
   const length = Number(request.headers.get("Content-Length") ?? 0);
   if (length > MAX_PROXY_BODY_BYTES) return plain(413, `request bodies are limited to ${MAX_PROXY_BODY_BYTES} bytes`);
+  // A node held sick (it missed a deadline, or was declared lost) is not waited for: its app is started elsewhere meanwhile.
+  if (target.node.sick) return plain(503, "The app's node is not answering; the app is being started elsewhere; try again in a moment", { "Retry-After": "5" });
   let response = await send(request, config, target);
   if (response.headers.get(HEADER_PROXY_ERROR) === "PROCESS_NOT_FOUND") {
     // The process was replaced (a deploy, a restart): the new one if there is one, else "starting", never the node's 404.
@@ -88,6 +90,6 @@ async function send(request: Request, config: Config, target: ProcessTarget): Pr
   }
 }
 
-function plain(status: number, text: string): Response {
-  return new Response(`${text}\n`, { status, headers: { "Content-Type": "text/plain; charset=utf-8", "Cache-Control": "no-store" } });
+function plain(status: number, text: string, headers: Record<string, string> = {}): Response {
+  return new Response(`${text}\n`, { status, headers: { "Content-Type": "text/plain; charset=utf-8", "Cache-Control": "no-store", ...headers } });
 }

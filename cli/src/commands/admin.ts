@@ -121,7 +121,7 @@ ever admits new nodes, never an existing one. tokens: list those still usable; r
           : table(all.data, [
               ["NAME", (n) => n.name],
               ["ID", (n) => n.id],
-              ["STATE", (n) => n.state],
+              ["STATE", (n) => (n.unreachable ? `${n.state}, unreachable ${ago(n.unreachable.since)}` : n.state)],
               ["ADDRESS", (n) => n.address],
               ["HEARTBEAT", (n) => ago(n.lastHeartbeatAt)],
               ["JOBS", (n) => String(n.capacity.runningJobs)],
