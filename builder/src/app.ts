@@ -7,6 +7,7 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { z } from "zod";
 import type { DiskLeases } from "./disk-leases.js";
+import type { DiskLease } from "./membership/lease.js";
 import { DiskFenced, DiskOwnedElsewhere, DiskStore } from "./disks.js";
 import { InsufficientStorage } from "./host-room.js";
 import type { Admission, JobManager } from "./job-manager.js";
@@ -44,6 +45,8 @@ export interface BuilderServices {
   nonces: NonceCache;
   /** Who uses which disk (jobs and app processes): deleting a disk in use is refused. */
   leases: DiskLeases;
+  /** The node's lease on its disks: without it, disk work is refused (membership/lease.ts). */
+  lease: DiskLease;
   processes: ProcessManager;
   /** App traffic (`/v1/proxy/…`), authenticated by its own headers, streamed, never read here. */
   proxy: AppProxy;
@@ -114,10 +117,18 @@ function diskId(context: RouteContext): string | null {
   return null;
 }
 
-function routes({ jobs, disks, leases, processes }: BuilderServices): Route[] {
+function routes({ jobs, disks, leases, lease, processes }: BuilderServices): Route[] {
   const jobNotFound = (response: ServerResponse) => sendError(response, 404, "JOB_NOT_FOUND", "job not found");
-  /** Refuses (409 DISK_FENCED, true) a request naming another generation of a disk than the copy here. */
+  /**
+   * Refuses (true) work on a disk while the node holds no lease on its disks (503 UNAVAILABLE), or a request
+   * naming another generation of a disk than the copy here (409 DISK_FENCED).
+   */
   const fenced = async (response: ServerResponse, disk: { id: string; generation?: number | undefined } | undefined): Promise<boolean> => {
+    const unleased = disk ? lease.problem() : null;
+    if (unleased !== null) {
+      sendError(response, 503, "UNAVAILABLE", unleased);
+      return true;
+    }
     const problem = disk ? await disks.fenceProblem(disk.id, disk.generation) : null;
     if (problem !== null) sendError(response, 409, "DISK_FENCED", problem);
     return problem !== null;
@@ -201,7 +212,7 @@ function routes({ jobs, disks, leases, processes }: BuilderServices): Route[] {
         const id = diskId(context);
         if (id === null) return;
         const spec = parseBody(DiskSpec, context);
-        if (!spec) return;
+        if (!spec || (await fenced(context.response, { id, generation: undefined }))) return;
         try {
           const { info, created } = await disks.put(id, spec.sizeBytes, spec.tenant, spec.generation);
           sendJson(context.response, created ? 201 : 200, info);

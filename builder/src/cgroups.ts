@@ -52,6 +52,8 @@ export interface JobCgroup {
 export interface Cgroups {
   /** `cgroup v1 (memory, pids, cpu)` or `cgroup v2 (memory, pids, cpu)`, for the startup line. */
   readonly description: string;
+  /** This builder's parent directories, one per hierarchy: every job's cgroup is a child of each. */
+  readonly parents: readonly string[];
   create(jobId: string, limits: JobLimits): Promise<JobCgroup>;
 }
 
@@ -149,11 +151,13 @@ async function removeStaleParents(base: string): Promise<void> {
 
 class V2Cgroups implements Cgroups {
   readonly description: string;
+  readonly parents: readonly string[];
   readonly #parent: string;
   readonly #controllers: Set<string>;
 
   constructor(parent: string, controllers: Set<string>) {
     this.#parent = parent;
+    this.parents = [parent];
     this.#controllers = controllers;
     this.description = `cgroup v2 (${[...controllers].join(", ")})`;
   }
@@ -247,11 +251,13 @@ const V1_SHARES_PER_WEIGHT = 1024 / 100;
 
 class V1Cgroups implements Cgroups {
   readonly description: string;
+  readonly parents: readonly string[];
   /** Controller name → this builder's parent directory in that hierarchy. */
   readonly #parents: Map<string, string>;
 
   constructor(parents: Map<string, string>) {
     this.#parents = parents;
+    this.parents = [...parents.values()];
     this.description = `cgroup v1 (${[...parents.keys()].join(", ")})`;
   }
 

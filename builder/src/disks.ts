@@ -31,7 +31,8 @@ import { join } from "node:path";
 import { promisify } from "node:util";
 import { FsImages, IMAGE_DATA_DIR, RESERVE_FILE, imageLayout, isMountPoint } from "./fs-image.js";
 import { DISK_ID_PATTERN, type DiskInfo, diskInodeLimit, type HeldDisk, type QuarantinedDisk } from "./protocol.js";
-import { type JobUser, formatBytes } from "./sandbox.js";
+import { formatBytes } from "./units.js";
+import type { JobUser } from "./tenants.js";
 import type { HostRoom } from "./host-room.js";
 import type { TenantUsers } from "./tenants.js";
 
@@ -435,6 +436,33 @@ export class DiskStore {
       await rm(this.#diskDir(id), { recursive: true, force: true });
       return true;
     });
+  }
+
+  /**
+   * Mounts every disk's filesystem that is not mounted (the lease watchdog
+   * unmounted them when the node's lease ran out; it holds again). An image
+   * still attached to a loop device (a lazily unmounted filesystem some
+   * process has not let go of yet) is left for the next call: mounting it
+   * twice would corrupt it.
+   */
+  async remount(): Promise<void> {
+    if (!this.images) return;
+    for (const id of await readdir(this.#root).catch(() => [] as string[])) {
+      if (!DiskStore.isValidId(id)) continue;
+      await this.#locked(id, async () => {
+        const dir = this.#diskDir(id);
+        const image = join(dir, "disk.img");
+        const mnt = join(dir, "mnt");
+        if (!(await exists(image)) || (await isMountPoint(mnt))) return;
+        const { stdout } = await run("losetup", ["-j", image], { timeout: 10_000 });
+        if (stdout.trim() !== "") {
+          console.error(`builder: disk ${id} is still attached to a loop device; it is mounted again once that lets go`);
+          return;
+        }
+        await FsImages.mount(image, mnt);
+        console.error(`builder: disk ${id} mounted again (the node holds its lease again)`);
+      });
+    }
   }
 
   /** Unmounts every disk (a clean shutdown); the next start mounts them again. */

@@ -19,7 +19,7 @@ import { chown, mkdir, open, readFile, realpath, stat, statfs, truncate } from "
 import { join } from "node:path";
 import { promisify } from "node:util";
 import { BACKUP_MAX_ENTRIES, diskInodeLimit } from "./protocol.js";
-import type { JobUser } from "./sandbox.js";
+import type { JobUser } from "./tenants.js";
 
 const run = promisify(execFile);
 const MIB = 1024 * 1024;

@@ -1165,11 +1165,27 @@ export const NodeHeartbeat = z.object({
   capacity: NodeCapacity,
   disks: z.array(HeldDisk).max(100_000),
   quarantined: z.array(QuarantinedDisk).max(100_000),
+  /** The app processes it runs (not stopped or failed); absent from nodes that predate it. */
+  processes: z
+    .array(z.object({ id: z.string().regex(/^prc_[A-Za-z0-9]{1,64}$/), appId: z.string().regex(TENANT_PATTERN) }))
+    .max(100_000)
+    .optional(),
 });
 export type NodeHeartbeat = z.infer<typeof NodeHeartbeat>;
 
 export const NodeHeartbeatReply = z.object({
   /** Disks whose copy on this node is no longer the copy of record: set them aside now. */
   fence: z.array(z.string().regex(DISK_ID_PATTERN)),
+  /**
+   * How long the node may hold its disks, counted from when it sent this
+   * heartbeat; 0: not at all (it was declared lost). Absent from a control
+   * plane without leases: the node holds them without one.
+   */
+  leaseSeconds: z.number().int().nonnegative().optional(),
+  /**
+   * Processes to stop now: a node that returns after it was declared lost runs
+   * processes whose apps were started elsewhere meanwhile.
+   */
+  stop: z.array(z.string().regex(/^prc_[A-Za-z0-9]{1,64}$/)).max(100_000).optional(),
 });
 export type NodeHeartbeatReply = z.infer<typeof NodeHeartbeatReply>;

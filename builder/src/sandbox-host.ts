@@ -15,7 +15,7 @@ import { type Cgroups, detectCgroups } from "./cgroups.js";
 import { FsImages, isMountPoint } from "./fs-image.js";
 import { RunNetwork, hostResolvers } from "./network.js";
 import { RegistryProxy } from "./registry-proxy.js";
-import type { JobUser } from "./sandbox.js";
+import type { JobUser } from "./tenants.js";
 
 const run = promisify(execFile);
 const BWRAP_CANDIDATES = ["/usr/bin/bwrap", "/usr/local/bin/bwrap"];

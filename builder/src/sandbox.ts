@@ -49,6 +49,8 @@ import { FORWARDER_SOURCE, PROXY_ENV, SANDBOX_SOCKET_PATH } from "./registry-pro
 import type { JobCgroup } from "./cgroups.js";
 import type { NetworkSlot } from "./network.js";
 import type { SandboxHost } from "./sandbox-host.js";
+import type { JobUser } from "./tenants.js";
+import { formatBytes, formatCount } from "./units.js";
 
 /** PATH a job gets unless its own env sets one. */
 export const DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin";
@@ -80,16 +82,14 @@ function scratchTmpfsBytes(memoryLimitBytes: number): number {
 }
 /** Most processes (and threads) of one job alive at once. */
 const MAX_PROCESSES = 1024;
+/** The cgroup name prefix of a sandbox that holds a disk (what the lease watchdog ends). */
+export const DISK_HOLDER_CGROUP_PREFIX = "disk-";
+
 /** A disk with less free room than this after a failed job was what made it fail. */
 const DISK_FULL_BYTES = 64 * 1024;
 const NEWLINE = Buffer.from("\n");
 const MIB = 1024 * 1024;
 
-/** Unix user and group a job's processes run as. */
-export interface JobUser {
-  uid: number;
-  gid: number;
-}
 
 // ---------------------------------------------------------------------------
 // Job log
@@ -516,22 +516,7 @@ function formatMiB(bytes: number): string {
   return `${Math.round(bytes / MIB)} MiB`;
 }
 
-/** Formats a byte count for people (disk usage). */
-export function formatBytes(bytes: number): string {
-  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
-  let value = bytes;
-  let unit = 0;
-  while (value >= 1024 && unit < units.length - 1) {
-    value /= 1024;
-    unit++;
-  }
-  return unit === 0 ? `${bytes} B` : `${value.toFixed(1)} ${units[unit]}`;
-}
 
-/** Formats a count for people: 262,144. */
-export function formatCount(count: number): string {
-  return count.toLocaleString("en-US");
-}
 
 /** Free bytes of the filesystem holding `path` (the disk's own, when disks are images). */
 function freeBytes(path: string): number {
@@ -592,7 +577,8 @@ export async function runInSandbox(options: SandboxOptions): Promise<SandboxOutc
   let cgroup: JobCgroup | null = null;
   if (host.cgroups) {
     try {
-      cgroup = await host.cgroups.create(options.jobId, {
+      // A sandbox holding a disk is named for it: the node's lease watchdog ends exactly these (membership/lease.ts).
+      cgroup = await host.cgroups.create(options.disk ? `${DISK_HOLDER_CGROUP_PREFIX}${options.jobId}` : options.jobId, {
         memoryBytes: options.memoryLimitBytes,
         pids: MAX_PROCESSES,
         cpuWeight: 100,

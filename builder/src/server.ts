@@ -18,7 +18,8 @@ import { HostRoom } from "./host-room.js";
 import { JobManager } from "./job-manager.js";
 import { ProcessManager } from "./processes/manager.js";
 import { AppProxy } from "./processes/proxy.js";
-import { heartbeat, joinFleet } from "./membership.js";
+import { DiskLease } from "./membership/lease.js";
+import { heartbeat, joinFleet } from "./membership/membership.js";
 import { type NodeCredentials, NonceCache } from "./protocol.js";
 import { SandboxHost } from "./sandbox-host.js";
 import { TenantUsers } from "./tenants.js";
@@ -56,7 +57,14 @@ const room = new HostRoom({
   memoryReserveBytes: config.hostMemoryReserveBytes,
   ...(config.memoryLedgerDir ? { ledgerDir: config.memoryLedgerDir } : {}),
 });
+// A node of a fleet holds its disks under a lease its heartbeats renew (membership/lease.ts); a lone builder needs none.
+// Opened before the disks are mounted: it ends the watchdog a previous run of this node left.
+const leaseDir = join(config.dataDir, "lease");
+const lease = config.join
+  ? await DiskLease.open({ dir: leaseDir, disksRoot: join(config.dataDir, "disks"), cgroupParents: host.cgroups?.parents ?? [] })
+  : DiskLease.none(leaseDir);
 const disks = await DiskStore.open(join(config.dataDir, "disks"), tenants, host.images, { room });
+lease.onRegained(() => void disks.remount().catch((error: unknown) => console.error(`builder: mounting the disks again failed: ${String(error)}`)));
 const leases = new DiskLeases();
 
 // Listening comes first (a node joining must say where it is reached, and BUILDER_PORT=0 picks the
@@ -103,10 +111,10 @@ const jobs = await JobManager.open({
   pip: { indexUrl: config.pipIndexUrl, findLinks: config.pipFindLinks },
 });
 
-const processes = await ProcessManager.open({ dataDir: config.dataDir, credentials, host, room, tenants, disks, leases });
+const processes = await ProcessManager.open({ dataDir: config.dataDir, credentials, host, room, tenants, disks, leases, lease });
 const proxy = new AppProxy({ secret: credentials.key, lookup: (id) => processes.lookup(id) });
 
-handler = createRequestHandler({ secret: credentials.key, jobs, disks, nonces: new NonceCache(), leases, processes, proxy });
+handler = createRequestHandler({ secret: credentials.key, jobs, disks, nonces: new NonceCache(), leases, lease, processes, proxy });
 // WebSockets (and any other upgrade) of the apps' traffic; every other path is refused there.
 server.on("upgrade", (request, socket, head) => proxy.upgrade(request, socket, head));
 if (config.join) {
@@ -116,7 +124,9 @@ if (config.join) {
     intervalMs: heartbeatMs,
     dataDir: config.dataDir,
     disks,
+    lease,
     load: { jobs: () => jobs.load, processes: () => processes.live, memoryFreeMb },
+    processes,
     signal: membership.signal,
   });
 }
@@ -131,6 +141,7 @@ async function stop(): Promise<void> {
   await Promise.all([jobs.shutdown(config.shutdownGraceMs), processes.shutdown()]);
   server.closeAllConnections();
   await disks.close();
+  await lease.close();
   await host.close();
   room.close();
   process.exit(0);

@@ -11,7 +11,9 @@ import { join } from "node:path";
 import { Readable, Transform } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import type { ReadableStream as NodeWebReadableStream } from "node:stream/web";
-import { type JobLog, type JobUser, formatBytes } from "./sandbox.js";
+import { type JobLog } from "./sandbox.js";
+import { formatBytes } from "./units.js";
+import type { JobUser } from "./tenants.js";
 
 /** Largest source archive the builder downloads. */
 const MAX_SOURCE_BYTES = 1024 * 1024 * 1024;

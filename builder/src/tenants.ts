@@ -29,7 +29,12 @@ import { randomUUID } from "node:crypto";
 import { link, mkdir, readFile, readdir, rm, unlink, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { TENANT_PATTERN } from "./protocol.js";
-import type { JobUser } from "./sandbox.js";
+
+/** Unix user and group a job's processes run as. */
+export interface JobUser {
+  uid: number;
+  gid: number;
+}
 
 /** Uids handed out per host; above this, allocation fails rather than wraps. */
 const MAX_TENANTS = 1_000_000;

@@ -19,16 +19,9 @@ import { COMMON_OUTPUT_DIRS, PROJECT_ROOT, type ProjectFiles, planSite, readPack
 import type { JobOutcome } from "../job-manager.js";
 import { type BuildResult, type BuildSpec, GENERATED_WEB_SERVER_CONFIG_PATH, type NodeCredentials } from "../protocol.js";
 import type { SandboxHost } from "../sandbox-host.js";
-import {
-  DEFAULT_PATH,
-  type JobLog,
-  type JobUser,
-  SANDBOX_TOOLS_DIR,
-  SANDBOX_WORK_DIR,
-  type SandboxOutcome,
-  formatBytes,
-  runInSandbox,
-} from "../sandbox.js";
+import { DEFAULT_PATH, type JobLog, SANDBOX_TOOLS_DIR, SANDBOX_WORK_DIR, type SandboxOutcome, runInSandbox } from "../sandbox.js";
+import { formatBytes } from "../units.js";
+import type { JobUser } from "../tenants.js";
 import { downloadSource } from "../source-archive.js";
 import { projectFiles, realDirInside } from "../static/files.js";
 import { buildManifest } from "../static/manifest.js";

@@ -28,7 +28,8 @@ import { createGunzip } from "node:zlib";
 import { type DiskStore, measureDisk } from "../disks.js";
 import type { JobContext, JobOutcome } from "../job-manager.js";
 import type { RestoreSpec } from "../protocol.js";
-import { type JobUser, formatBytes } from "../sandbox.js";
+import { formatBytes } from "../units.js";
+import type { JobUser } from "../tenants.js";
 import { ArchiveRejected, type ExtractSummary, TarFormatError, extractTar } from "../tar/extract.js";
 import { failed, messageOf, succeeded } from "./outcome.js";
 

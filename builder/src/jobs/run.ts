@@ -8,7 +8,8 @@ import { rm, rmdir } from "node:fs/promises";
 import type { DiskStore } from "../disks.js";
 import type { JobSpec } from "../protocol.js";
 import type { SandboxHost } from "../sandbox-host.js";
-import { type JobLog, type JobUser, type SandboxOutcome, runInSandbox } from "../sandbox.js";
+import { type JobLog, type SandboxOutcome, runInSandbox } from "../sandbox.js";
+import type { JobUser } from "../tenants.js";
 import { downloadSource } from "../source-archive.js";
 
 /** Inputs of {@link runJob}. */

@@ -9,7 +9,7 @@ import { join } from "node:path";
 import type { DiskStore } from "../disks.js";
 import type { JobContext, JobOutcome } from "../job-manager.js";
 import type { SnapshotSpec, NodeCredentials } from "../protocol.js";
-import { formatBytes } from "../sandbox.js";
+import { formatBytes } from "../units.js";
 import { PartUploadFailed, uploadDirectoryArchive } from "../tar/multipart-upload.js";
 import { SnapshotLimitExceeded } from "../tar/pack.js";
 import { failed, messageOf, succeeded } from "./outcome.js";

@@ -13,8 +13,9 @@ import { readFile, rename, statfs, writeFile } from "node:fs/promises";
 import { availableParallelism, hostname, totalmem } from "node:os";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
-import type { JoinConfig } from "./config.js";
-import type { DiskStore } from "./disks.js";
+import type { JoinConfig } from "../config.js";
+import type { DiskStore } from "../disks.js";
+import { type DiskLease, uptime } from "./lease.js";
 import {
   type NodeCapacity,
   type NodeCredentials,
@@ -23,7 +24,7 @@ import {
   type NodeRejoin,
   NodeRejoined,
   signRequest,
-} from "./protocol.js";
+} from "../protocol.js";
 
 /** What the node reports as its load; read at every heartbeat. */
 export interface NodeLoad {
@@ -31,6 +32,12 @@ export interface NodeLoad {
   processes(): number;
   /** Memory (MiB) the node may still promise to app processes. */
   memoryFreeMb(): number;
+}
+
+/** The node's app processes, as heartbeats report them and their answers stop them. */
+export interface NodeProcesses {
+  running(): { id: string; appId: string }[];
+  stop(id: string, drainSeconds: number): unknown;
 }
 
 type SavedIdentity = { nodeId: string; key: string };
@@ -126,14 +133,22 @@ async function retrying<T>(signal: AbortSignal, controlUrl: string, attempt: () 
   }
 }
 
-/** Heartbeats until `signal` aborts; quarantines what the answers name. */
+/** A control plane that grants no lease (it predates leases): the node holds its disks as before. */
+const UNLEASED_SECONDS = 10 * 365 * 24 * 3600;
+
+/**
+ * Heartbeats until `signal` aborts; quarantines what the answers name, then
+ * takes the lease they grant (counted from the heartbeat's sending).
+ */
 export async function heartbeat(options: {
   controlUrl: string;
   credentials: NodeCredentials;
   intervalMs: number;
   dataDir: string;
   disks: DiskStore;
+  lease: DiskLease;
   load: NodeLoad;
+  processes: NodeProcesses;
   signal: AbortSignal;
 }): Promise<void> {
   const url = new URL("/internal/nodes/heartbeat", options.controlUrl);
@@ -144,8 +159,10 @@ export async function heartbeat(options: {
         capacity: await measureCapacity(options.dataDir, options.load),
         disks: await options.disks.held(),
         quarantined: await options.disks.quarantined(),
+        processes: options.processes.running(),
       });
       const headers = await signRequest({ secret: options.credentials.key, node: options.credentials.node, method: "POST", path: url.pathname, body });
+      const sentAt = uptime();
       const response = await fetch(url, {
         method: "POST",
         headers: { ...headers, "Content-Type": "application/json" },
@@ -155,6 +172,11 @@ export async function heartbeat(options: {
       if (!response.ok) throw new Error(`HTTP ${response.status}: ${(await response.text()).slice(0, 200)}`);
       const reply = NodeHeartbeatReply.parse(await response.json());
       for (const id of reply.fence) await options.disks.fence(id);
+      await options.lease.grant(sentAt, reply.leaseSeconds ?? UNLEASED_SECONDS);
+      for (const id of reply.stop ?? []) {
+        console.error(`builder: stopping process ${id}: its app runs on another node now`);
+        options.processes.stop(id, 0);
+      }
       if (failing) console.error("builder: heartbeats reach the control plane again");
       failing = false;
     } catch (error) {

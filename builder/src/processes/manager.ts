@@ -21,12 +21,13 @@ import { mkdir, readFile, readdir, rename, rm, writeFile } from "node:fs/promise
 import { join } from "node:path";
 import { deliverCallback } from "../callback.js";
 import type { DiskLeases } from "../disk-leases.js";
+import type { DiskLease } from "../membership/lease.js";
 import type { DiskStore } from "../disks.js";
 import { type HostRoom, InsufficientMemory } from "../host-room.js";
 import { isId, newId } from "../ids.js";
 import { type ProcessSpec, ProcessStatus, TENANT_PATTERN, type NodeCredentials } from "../protocol.js";
 import type { SandboxHost } from "../sandbox-host.js";
-import { formatBytes } from "../sandbox.js";
+import { formatBytes } from "../units.js";
 import type { TenantUsers } from "../tenants.js";
 import { AppLogs, ProcessOutput } from "./app-log.js";
 import type { ProxiedProcess } from "./proxy.js";
@@ -51,6 +52,8 @@ export interface ProcessManagerOptions {
   tenants: TenantUsers;
   disks: DiskStore;
   leases: DiskLeases;
+  /** The node's lease on its disks: a disk's process is not restarted without it. */
+  lease: DiskLease;
 }
 
 /** Answer to `POST /v1/processes` (`existing`: its key named a process already); refusals are values. */
@@ -108,7 +111,16 @@ export class ProcessManager {
     return manager;
   }
 
-  /** Processes not yet stopped or failed (what heartbeats report). */
+  /** Processes not yet stopped or failed, with their apps (what heartbeats report). */
+  running(): { id: string; appId: string }[] {
+    const running: { id: string; appId: string }[] = [];
+    for (const [id, entry] of this.#entries) {
+      if (entry.supervisor && !isFinal(entry.status.state)) running.push({ id, appId: entry.supervisor.spec.appId });
+    }
+    return running;
+  }
+
+  /** How many processes are not yet stopped or failed. */
   get live(): number {
     let live = 0;
     for (const entry of this.#entries.values()) if (!isFinal(entry.status.state)) live++;
@@ -180,6 +192,7 @@ export class ProcessManager {
         output: new ProcessOutput(appLog, id, spec.labels?.deploymentId ?? null),
         dir,
         releaseDisk,
+        diskProblem: () => this.#options.lease.problem(),
         changed: (status) => this.#changed(entry, status),
       },
       new Date().toISOString(),

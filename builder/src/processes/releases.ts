@@ -18,7 +18,7 @@ import { pipeline } from "node:stream/promises";
 import type { ReadableStream as NodeWebReadableStream } from "node:stream/web";
 import { setTimeout as sleep } from "node:timers/promises";
 import { createGunzip } from "node:zlib";
-import { formatBytes } from "../sandbox.js";
+import { formatBytes } from "../units.js";
 
 /** A fetch is tried this many times in all when the failure may pass (network errors, 429, 5xx). */
 const DOWNLOAD_ATTEMPTS = 5;

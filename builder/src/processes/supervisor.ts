@@ -30,7 +30,9 @@ import { setTimeout as sleep } from "node:timers/promises";
 import type { DiskStore } from "../disks.js";
 import { DEFAULT_START_TIMEOUT_SECONDS, type ProcessExitReason, type ProcessSpec, type ProcessState, type ProcessStatus } from "../protocol.js";
 import type { SandboxHost } from "../sandbox-host.js";
-import { type JobUser, type SandboxOutcome, formatBytes, runInSandbox } from "../sandbox.js";
+import { type SandboxOutcome, runInSandbox } from "../sandbox.js";
+import { formatBytes } from "../units.js";
+import type { JobUser } from "../tenants.js";
 import { ArchiveRejected, TarFormatError } from "../tar/extract.js";
 import type { HostRoom } from "../host-room.js";
 import type { ProcessOutput } from "./app-log.js";
@@ -48,6 +50,9 @@ export const RESTART_POLICY = {
   crashLoopExits: 5,
   crashLoopRetryMs: 60_000,
 } as const;
+
+/** How often a disk's process waiting for the node's lease checks it again. */
+const LEASE_RECHECK_MS = 1_000;
 
 /** Between SIGTERM and SIGKILL when an instance is ended. */
 export const STOP_GRACE_MS = 10_000;
@@ -106,6 +111,8 @@ export interface SupervisorContext {
   dir: string;
   /** Returns the process's lease on its disk (a no-op without one). */
   releaseDisk: () => void;
+  /** Why a process with a disk may not start an instance now (the node holds no lease on its disks), or null. */
+  diskProblem: () => string | null;
   /** Called after every change of the status (persist it, report it). */
   changed: (status: ProcessStatus) => void;
 }
@@ -158,6 +165,8 @@ export class Supervisor {
   /** Exits without 10 minutes of running in between. */
   #exits = 0;
   #timer: NodeJS.Timeout | null = null;
+  /** Whether a restart waits for the node's lease (said once in the log). */
+  #waitingForLease = false;
   #release: ReleaseHandle | null = null;
   #tree: WorkTree | null = null;
   readonly #preparing = new AbortController();
@@ -294,6 +303,16 @@ export class Supervisor {
   #launch(): void {
     this.#timer = null;
     if (this.#stop || !this.#tree) return;
+    // A disk's writer is not started while the node holds no lease on its disks (its watchdog may have
+    // ended the last one): it waits, and starts once the lease holds again, unless it is stopped meanwhile.
+    const unleased = this.spec.disk ? this.#context.diskProblem() : null;
+    if (unleased !== null) {
+      if (!this.#waitingForLease) this.#note(`not restarted: ${unleased}`);
+      this.#waitingForLease = true;
+      this.#timer = setTimeout(() => this.#launch(), LEASE_RECHECK_MS);
+      return;
+    }
+    this.#waitingForLease = false;
     const number = ++this.#instances;
     if (number > 1) {
       this.#status.restarts = number - 1;

@@ -23,7 +23,8 @@ import { createGunzip } from "node:zlib";
 import { FsImages, IMAGE_DATA_DIR } from "../fs-image.js";
 import type { HostRoom } from "../host-room.js";
 import type { SandboxHost } from "../sandbox-host.js";
-import { formatBytes, type JobUser } from "../sandbox.js";
+import { formatBytes } from "../units.js";
+import type { JobUser } from "../tenants.js";
 import { extractTar } from "../tar/extract.js";
 
 const GIB = 1024 * 1024 * 1024;

@@ -39,8 +39,8 @@ import { chmod, chown, lchown, link, lstat, lutimes, mkdir, open, readFile, syml
 import { join } from "node:path";
 import { type Header, extract as tarExtract } from "tar-stream";
 import { BACKUP_MAX_PATH_BYTES } from "../protocol.js";
-import type { JobUser } from "../sandbox.js";
-import { formatBytes, formatCount } from "../sandbox.js";
+import type { JobUser } from "../tenants.js";
+import { formatBytes, formatCount } from "../units.js";
 import { whenWritable } from "./pack.js";
 import {
   MapReader,

@@ -39,7 +39,7 @@ import { type FileHandle, lstat, open, opendir, readlink, statfs } from "node:fs
 import { promisify } from "node:util";
 import { type Header, type Pack, pack as tarPack } from "tar-stream";
 import { BACKUP_MAX_ENTRIES, BACKUP_MAX_OVERHEAD_BYTES, BACKUP_MAX_PATH_BYTES, BACKUP_MAX_SPARSE_REGIONS } from "../protocol.js";
-import { formatBytes, formatCount } from "../sandbox.js";
+import { formatBytes, formatCount } from "../units.js";
 import { type Region, dataRegions, encodeMap, fileAllocation, regionsAllocation, regionsBytes, symlinkAllocation } from "./sparse.js";
 
 /** Bytes read from a file at once. */
