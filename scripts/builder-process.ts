@@ -1,6 +1,6 @@
 import { spawn } from "node:child_process";
 import { createWriteStream, rmSync } from "node:fs";
-import { mkdtemp } from "node:fs/promises";
+import { mkdir, mkdtemp } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { bundleForNode } from "./bundle.js";
@@ -19,6 +19,11 @@ export type LaunchOptions = {
   env?: Record<string, string>;
   /** Where the builder's output goes besides `output()`: this terminal, a log file, or nowhere. */
   log?: "inherit" | { file: string } | "none";
+  /**
+   * A cgroup v2 directory the builder starts in (made if missing), so every socket it opens is
+   * that cgroup's: a test cuts one node's network with nftables' `socket cgroupv2` (test/e2e/partition.ts).
+   */
+  cgroup?: string;
 };
 
 export type BuilderProcess = {
@@ -63,7 +68,12 @@ export function builderBundle(): Promise<string> {
  * through this.
  */
 export async function launchBuilder(options: LaunchOptions): Promise<BuilderProcess> {
-  const child = spawn(process.execPath, [await builderBundle()], {
+  if (options.cgroup) await mkdir(options.cgroup, { recursive: true });
+  // In its cgroup before its first instruction: the shell joins it, then becomes the builder (same pid).
+  const argv = options.cgroup
+    ? ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', options.cgroup, process.execPath, await builderBundle()]
+    : [process.execPath, await builderBundle()];
+  const child = spawn(argv[0]!, argv.slice(1), {
     cwd: ROOT,
     env: {
       PATH: process.env.PATH ?? "/usr/bin:/bin",

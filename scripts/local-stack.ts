@@ -52,6 +52,8 @@ export type LocalStackOptions = {
   nodes?: number;
   /** Worker vars over wrangler.toml's (e.g. a short NODE_LOST_AFTER_SECONDS for a failover test). */
   workerVars?: Record<string, string>;
+  /** A cgroup v2 directory under which each node runs in a cgroup named after it (local-1, …): a test cuts one node's network by it. */
+  nodeCgroupRoot?: string;
 };
 
 /** One builder node the stack runs (supervised: started again on its port and data directory when it dies). */
@@ -377,6 +379,7 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
             BUILDER_NODE_NAME: `local-${i}`,
           },
           log: opts.output === "files" ? { file: join(opts.stateDir, i === 1 ? "builder.log" : `builder-${i}.log`) } : "inherit",
+          ...(opts.nodeCgroupRoot ? { cgroup: join(opts.nodeCgroupRoot, `local-${i}`) } : {}),
         });
       let supervised = await launch();
       const { nodeId } = JSON.parse(await readFile(join(dataDir, "node.json"), "utf8")) as { nodeId: string };

@@ -98,7 +98,7 @@ export async function startStack(): Promise<LocalStack & { stateDir: string }> {
 
 /** One local stack (wrangler dev + builder) in a temporary directory, removed again by `stop()`; its logs are in `stateDir`. */
 export async function startOwnStack(
-  options: Pick<LocalStackOptions, "nodes" | "workerVars" | "workerLogs" | "builderEnv"> = {},
+  options: Pick<LocalStackOptions, "nodes" | "workerVars" | "workerLogs" | "builderEnv" | "nodeCgroupRoot"> = {},
 ): Promise<LocalStack & { stateDir: string }> {
   const dir = await mkdtemp(join(tmpdir(), "svc-cli-stack-"));
   const stack = await startLocalStack({

@@ -1,21 +1,19 @@
 import { existsSync } from "node:fs";
-import { cp, mkdtemp, readdir, readFile, rm } from "node:fs/promises";
+import { cp, mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { setTimeout as sleep } from "node:timers/promises";
 import { afterAll, beforeAll, describe, expect, it, onTestFailed } from "vitest";
 import { type LocalNode, type LocalStack, ROOT } from "../../scripts/local-stack.js";
 import { STACK_START_TIMEOUT_MS, startOwnStack, svc, tempHome } from "../cli/svc.js";
+import { type DiskView, fleetApi, type Run, until } from "./fleet-api.js";
 import { expectExit, siteRequest } from "./sites.js";
 
-/** Short enough for a test, the same code paths as the defaults (60 s, 300 s). */
+/** Short enough for a test, the same code paths as the defaults (60 s, 300 s, 60 s). */
 const LOST_AFTER_S = 5;
 const GRACE_S = 5;
+/** A lost node's disks are restored elsewhere no sooner than its lease ran out, plus 5 s (durable-objects/fleet.ts). */
+const LEASE_S = 4;
 
-type Json = Record<string, unknown>;
-type NodeView = { id: string; name: string; state: string; disks: string[]; quarantined: { diskId: string; name: string }[] };
-type DiskView = { id: string; name: string; status: string; placement: string | null };
-type Run = { jobName: string; status: string; error: string | null };
 
 /**
  * Issue 19's acceptance: three node processes joined to one control plane
@@ -30,14 +28,21 @@ describe("a fleet of three nodes", () => {
   const dirs: string[] = [];
   /** A node killed and not yet started again: it is revived before the stack stops, so it unmounts its disks. */
   let dead: LocalNode | null = null;
+  let api: ReturnType<typeof fleetApi>;
 
   beforeAll(async () => {
     stack = await startOwnStack({
       workerLogs: true,
       nodes: 3,
-      workerVars: { NODE_HEARTBEAT_SECONDS: "1", NODE_LOST_AFTER_SECONDS: String(LOST_AFTER_S), DISK_FAILOVER_GRACE_SECONDS: String(GRACE_S) },
+      workerVars: {
+        NODE_HEARTBEAT_SECONDS: "1",
+        NODE_LOST_AFTER_SECONDS: String(LOST_AFTER_S),
+        DISK_FAILOVER_GRACE_SECONDS: String(GRACE_S),
+        NODE_LEASE_SECONDS: String(LEASE_S),
+      },
     });
     home = await tempHome();
+    api = fleetApi(stack);
   }, STACK_START_TIMEOUT_MS);
   afterAll(async () => {
     await dead?.revive();
@@ -46,110 +51,28 @@ describe("a fleet of three nodes", () => {
     await Promise.all(dirs.map((dir) => rm(dir, { recursive: true, force: true })));
   });
 
-  const showLog = async () => {
-    const log = await readFile(join(stack.stateDir, "wrangler.log"), "utf8").catch(() => "");
-    const lines = log.split("\n").filter((l) => /fleet|disk\.|node\.|app\.|error|Error|restart|crash|exited/i.test(l));
-    console.log(`wrangler.log (fleet, disk, app, node, error and restart lines):\n${lines.slice(-80).join("\n")}`);
-  };
-  /**
-   * One API call. `wrangler dev` answers 503 with a plain-text "try sending the request again"
-   * when its runtime restarted under the request (it retries only GET and HEAD itself); the
-   * call is sent again, as a client would, and says it was (`resent`).
-   */
-  const call = async <T = Json>(
-    method: string,
-    path: string,
-    body?: unknown,
-    token = stack.adminKey,
-  ): Promise<{ status: number; data: T; resent: boolean }> => {
-    for (let attempt = 0; ; attempt++) {
-      const res = await fetch(`${stack.apiUrl}${path}`, {
-        method,
-        headers: { Authorization: `Bearer ${token}`, ...(body === undefined ? {} : { "Content-Type": "application/json" }) },
-        body: body === undefined ? undefined : JSON.stringify(body),
-      });
-      const text = await res.text();
-      if (res.status === 503 && text.includes("try sending the request again") && attempt < 60) {
-        console.log(`fleet e2e: ${method} ${path} dropped by wrangler dev restarting its runtime; sent again`);
-        await sleep(1000);
-        continue;
-      }
-      let parsed: { data?: T } = {};
-      try {
-        parsed = text ? (JSON.parse(text) as { data?: T }) : {};
-      } catch {
-        throw new Error(`${method} ${path}: ${res.status} ${text}`);
-      }
-      return { status: res.status, data: (parsed.data ?? parsed) as T, resent: attempt > 0 };
-    }
-  };
-  const ok = async <T = Json>(method: string, path: string, body?: unknown, token?: string): Promise<T> => {
-    const res = await call<T>(method, path, body, token);
-    // A create sent again after a dropped request that had gone through: the named thing exists.
-    const name = (body as { name?: unknown } | undefined)?.name;
-    if (res.resent && res.status === 409 && method === "POST" && typeof name === "string") return ok<T>("GET", `${path}/${name}`, undefined, token);
-    if (res.status >= 300) throw new Error(`${method} ${path}: ${res.status} ${JSON.stringify(res.data)}`);
-    return res.data;
-  };
-  const operator = () => stack.secrets.OPERATOR_TOKEN;
-  const nodesNow = () => ok<NodeView[]>("GET", "/v1/operator/nodes", undefined, operator());
-  const holder = (diskId: string): LocalNode | undefined => stack.nodes.find((node) => existsSync(join(node.dataDir, "disks", diskId, "disk.json")));
-  const until = async <T>(what: string, probe: () => Promise<T | null | undefined | false>, ms = 60_000): Promise<T> => {
-    const deadline = Date.now() + ms;
-    for (;;) {
-      const value = await probe().catch(() => null);
-      if (value) return value;
-      if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-      await sleep(200);
-    }
-  };
-  const newApp = (name: string, runtime = "static") => ok<{ id: string }>("POST", "/v1/apps", { name, runtime, memoryMb: 256 });
-  const newCron = (appId: string, name: string, command: string) =>
-    ok<{ id: string }>("POST", "/v1/crons", { appId, name, schedule: "0 0 1 1 *", command, concurrencyPolicy: "allow", timeoutSeconds: 300 });
-  /** Starts a manual run; with `wait`, resolves to its end and its log. */
-  const run = async (cronId: string, wait = true, token?: string): Promise<Run & { log: string }> => {
-    // A client told to wait (the account's queue is full, or the key's rate) waits and asks again.
-    let attempt = await call<Run>("POST", `/v1/crons/${cronId}/run`, {}, token);
-    for (let tries = 0; attempt.status === 429 && tries < 120; tries++) {
-      await sleep(500);
-      attempt = await call<Run>("POST", `/v1/crons/${cronId}/run`, {}, token);
-    }
-    if (attempt.status >= 300) throw new Error(`POST /v1/crons/${cronId}/run: ${attempt.status} ${JSON.stringify(attempt.data)}`);
-    const started = attempt.data;
-    if (!wait) return { ...started, log: "" };
-    const ended = await until(`run ${started.jobName}`, async () => {
-      const runs = await ok<Run[]>("GET", `/v1/crons/${cronId}/runs`);
-      const found = runs.find((r) => r.jobName === started.jobName);
-      return found && found.status !== "running" ? found : null;
-    });
-    const res = await fetch(`${stack.apiUrl}/v1/crons/${cronId}/runs/${started.jobName}/logs`, { headers: { Authorization: `Bearer ${stack.adminKey}` } });
-    return { ...ended, log: await res.text() };
-  };
-  const jobsOn = async (node: LocalNode) => (await readdir(join(node.dataDir, "jobs")).catch(() => [])).length;
-  const diskInfo = (name: string) => ok<DiskView>("GET", `/v1/disks/${name}`);
-
   it("spreads 200 runs of an app without a disk over the three nodes: none gets more than half", async () => {
-    onTestFailed(showLog);
-    expect((await nodesNow()).map((n) => n.state)).toEqual(["ready", "ready", "ready"]);
-    const app = await newApp("spread");
-    const cron = await newCron(app.id, "tick", "true");
-    const before = await Promise.all(stack.nodes.map(jobsOn));
+    onTestFailed(() => api.showLog());
+    expect((await api.nodesNow()).map((n) => n.state)).toEqual(["ready", "ready", "ready"]);
+    const app = await api.newApp("spread");
+    const cron = await api.newCron(app.id, "tick", "true");
+    const before = await Promise.all(stack.nodes.map((node) => api.jobsOn(node)));
     const runs = 200;
     // Four keys of the account: one key may make 100 requests in 10 s, as CI's keys would.
     const keys = await Promise.all(
-      [1, 2, 3, 4].map(async (n) => (await ok<{ key: string }>("POST", "/v1/api-keys", { name: `spread-${n}`, scopes: ["deploy"] })).key),
+      [1, 2, 3, 4].map(async (n) => (await api.ok<{ key: string }>("POST", "/v1/api-keys", { name: `spread-${n}`, scopes: ["deploy"] })).key),
     );
     // Eight at a time: within the account's queue (its plan lets 24 wait) and its six at once.
-    for (let i = 0; i < runs; i += 8) await Promise.all(Array.from({ length: 8 }, (_, j) => run(cron.id, false, keys[(i + j) % keys.length])));
+    for (let i = 0; i < runs; i += 8) await Promise.all(Array.from({ length: 8 }, (_, j) => api.run(cron.id, false, keys[(i + j) % keys.length])));
     await until(
       "every run to end",
       async () => {
-        const all = await ok<Run[]>("GET", `/v1/crons/${cron.id}/runs`, undefined, keys[0]);
+        const all = await api.ok<Run[]>("GET", `/v1/crons/${cron.id}/runs`, undefined, keys[0]);
         return all.every((r) => r.status !== "running");
       },
       120_000,
     );
-    const per = (await Promise.all(stack.nodes.map(jobsOn))).map((after, i) => after - before[i]!);
+    const per = (await Promise.all(stack.nodes.map((node) => api.jobsOn(node)))).map((after, i) => after - before[i]!);
     console.log(`fleet e2e: ${runs} runs per node: ${per.join(", ")}`);
     // A run asked again after a dropped request may have started twice; none is missing.
     const total = per.reduce((a, b) => a + b, 0);
@@ -160,59 +83,59 @@ describe("a fleet of three nodes", () => {
   it(
     "a node killed with kill -9: lost within the threshold, its app serves again elsewhere, its backed-up disk comes back byte-identical, the other is reported lost; back again it is fenced; a drain loses nothing",
     async () => {
-      onTestFailed(showLog);
+      onTestFailed(() => api.showLog());
       // Two disks and an app on one node: the first disk decides which; the others are cordoned meanwhile.
-      const keeper = await newApp("keeper");
-      const lonely = await newApp("lonely");
-      const kept = await ok<DiskView>("POST", "/v1/disks", { name: "kept", sizeGb: 1, mountPath: "/data" });
-      const victim = holder(kept.id)!;
+      const keeper = await api.newApp("keeper");
+      const lonely = await api.newApp("lonely");
+      const kept = await api.ok<DiskView>("POST", "/v1/disks", { name: "kept", sizeGb: 1, mountPath: "/data" });
+      const victim = api.holder(kept.id)!;
       expect(victim).toBeDefined();
       const others = stack.nodes.filter((node) => node !== victim);
-      for (const node of others) await ok("POST", `/v1/operator/nodes/${node.id}/cordon`, {}, operator());
-      const lone = await ok<DiskView>("POST", "/v1/disks", { name: "lone", sizeGb: 1, mountPath: "/data" });
-      expect(holder(lone.id)).toBe(victim);
+      for (const node of others) await api.ok("POST", `/v1/operator/nodes/${node.id}/cordon`, {}, api.operator());
+      const lone = await api.ok<DiskView>("POST", "/v1/disks", { name: "lone", sizeGb: 1, mountPath: "/data" });
+      expect(api.holder(lone.id)).toBe(victim);
       const web = "fleetweb";
-      await newApp(web, "node");
+      await api.newApp(web, "node");
       const source = await mkdtemp(join(tmpdir(), "svc-fleet-app-"));
       dirs.push(source);
       await cp(join(ROOT, "test", "fixtures", "apps", "node-features"), source, { recursive: true });
       const env = { ...home.env, SVC_API_URL: stack.apiUrl, SVC_API_KEY: stack.adminKey };
       expectExit(await svc(["deploy", "--source", source, "--app", web], env), 0, "deploy");
       expect((await siteRequest(stack, web, "/")).status).toBe(200);
-      for (const node of others) await ok("POST", `/v1/operator/nodes/${node.id}/uncordon`, {}, operator());
+      for (const node of others) await api.ok("POST", `/v1/operator/nodes/${node.id}/uncordon`, {}, api.operator());
 
-      await ok("POST", `/v1/disks/${kept.id}/attach`, { app: keeper.id });
-      await ok("POST", `/v1/disks/${lone.id}/attach`, { app: lonely.id });
+      await api.ok("POST", `/v1/disks/${kept.id}/attach`, { app: keeper.id });
+      await api.ok("POST", `/v1/disks/${lone.id}/attach`, { app: lonely.id });
       const write = "head -c 3000000 /dev/urandom > /data/blob && mkdir -p /data/d && echo hello > /data/d/note && sha256sum /data/blob /data/d/note";
-      const keeperWrite = await run((await newCron(keeper.id, "keeper-write", write)).id);
-      const lonelyWrite = await run((await newCron(lonely.id, "lonely-write", write)).id);
+      const keeperWrite = await api.run((await api.newCron(keeper.id, "keeper-write", write)).id);
+      const lonelyWrite = await api.run((await api.newCron(lonely.id, "lonely-write", write)).id);
       expect(keeperWrite.status).toBe("success");
       expect(lonelyWrite.status).toBe("success");
       const sums = (log: string) => [...log.matchAll(/([0-9a-f]{64}) {2}(\/data\/[a-z/]+)/g)].map((m) => `${m[1]} ${m[2]}`).sort();
       const keptSums = sums(keeperWrite.log);
       const loneSums = sums(lonelyWrite.log);
       expect(keptSums).toHaveLength(2);
-      const backup = await ok<{ id: string }>("POST", `/v1/disks/${kept.id}/backups`, { description: "before the failure" });
+      const backup = await api.ok<{ id: string }>("POST", `/v1/disks/${kept.id}/backups`, { description: "before the failure" });
       await until("the backup", async () =>
-        (await ok<{ id: string; status: string }[]>("GET", `/v1/disks/${kept.id}/backups`)).some((b) => b.id === backup.id && b.status === "ready"),
+        (await api.ok<{ id: string; status: string }[]>("GET", `/v1/disks/${kept.id}/backups`)).some((b) => b.id === backup.id && b.status === "ready"),
       );
-      const check = await newCron(keeper.id, "keeper-check", "sha256sum /data/blob /data/d/note");
+      const check = await api.newCron(keeper.id, "keeper-check", "sha256sum /data/blob /data/d/note");
       // A run in progress on the node when it dies: it may have done part of its work, so it is not repeated.
-      const sleeperCron = await newCron(keeper.id, "sleeper", "sleep 120");
-      const sleeper = await run(sleeperCron.id, false);
+      const sleeperCron = await api.newCron(keeper.id, "sleeper", "sleep 120");
+      const sleeper = await api.run(sleeperCron.id, false);
       await until("the sleeper to start", async () =>
-        (await ok<(Run & { phase: string | null })[]>("GET", `/v1/crons/${sleeperCron.id}/runs`)).some((r) => r.jobName === sleeper.jobName && r.phase === "running"),
+        (await api.ok<(Run & { phase: string | null })[]>("GET", `/v1/crons/${sleeperCron.id}/runs`)).some((r) => r.jobName === sleeper.jobName && r.phase === "running"),
       );
 
       const killedAt = Date.now();
       victim.kill();
       dead = victim;
-      const lostAt = await until("the node to be lost", async () => ((await nodesNow()).find((n) => n.id === victim.id)?.state === "lost" ? Date.now() : null), 30_000);
+      const lostAt = await until("the node to be lost", async () => ((await api.nodesNow()).find((n) => n.id === victim.id)?.state === "lost" ? Date.now() : null), 30_000);
       const servingAt = await until("the app to serve again", async () => ((await siteRequest(stack, web, "/")).status === 200 ? Date.now() : null), 60_000);
       const restored = await until(
         "the backed-up disk to be restored elsewhere",
         async () => {
-          const disk = await diskInfo("kept");
+          const disk = await api.diskInfo("kept");
           return disk.status === "available" && disk.placement?.includes("restored on node") ? { disk, at: Date.now() } : null;
         },
         120_000,
@@ -224,14 +147,14 @@ describe("a fleet of three nodes", () => {
       expect(servingAt - lostAt).toBeLessThanOrEqual(10_000);
       expect(restored.disk.placement).toMatch(new RegExp(`node local-\\d was lost at .*; restored on node local-\\d from the backup of .* \\(${backup.id}\\); writes after it are lost`));
       expect(others.some((node) => existsSync(join(node.dataDir, "disks", kept.id, "disk.json")))).toBe(true);
-      expect(sums((await run(check.id)).log)).toEqual(keptSums);
+      expect(sums((await api.run(check.id)).log)).toEqual(keptSums);
       const loneNow = await until("the lone disk's report", async () => {
-        const disk = await diskInfo("lone");
+        const disk = await api.diskInfo("lone");
         return disk.placement?.includes("no ready backup") ? disk : null;
       });
       expect(loneNow.placement).toMatch(/was lost at .* with this disk, which had no ready backup: its data is only on that node/);
       const sleeperRun = await until("the sleeper's end", async () => {
-        const runs = await ok<Run[]>("GET", `/v1/crons/${sleeperCron.id}/runs`);
+        const runs = await api.ok<Run[]>("GET", `/v1/crons/${sleeperCron.id}/runs`);
         const found = runs.find((r) => r.jobName === sleeper.jobName);
         return found && found.status !== "running" ? found : null;
       });
@@ -241,45 +164,45 @@ describe("a fleet of three nodes", () => {
       await victim.revive();
       dead = null;
       const back = await until("the node to return, its stale copy quarantined", async () => {
-        const node = (await nodesNow()).find((n) => n.id === victim.id);
+        const node = (await api.nodesNow()).find((n) => n.id === victim.id);
         return node?.state === "ready" && node.quarantined.some((q) => q.diskId === kept.id) ? node : null;
       });
       expect(back.quarantined.map((q) => q.diskId)).toEqual([kept.id]);
       expect(existsSync(join(victim.dataDir, "disks", kept.id))).toBe(false);
-      expect((await diskInfo("lone")).placement).toMatch(/came back .* nothing was lost/);
-      expect(sums((await run((await newCron(lonely.id, "lonely-check", "sha256sum /data/blob /data/d/note")).id)).log)).toEqual(loneSums);
-      expect(sums((await run(check.id)).log)).toEqual(keptSums);
+      expect((await api.diskInfo("lone")).placement).toMatch(/came back .* nothing was lost/);
+      expect(sums((await api.run((await api.newCron(lonely.id, "lonely-check", "sha256sum /data/blob /data/d/note")).id)).log)).toEqual(loneSums);
+      expect(sums((await api.run(check.id)).log)).toEqual(keptSums);
 
       // A drain of a node holding two disks with data moves both with nothing lost.
-      const from = holder(kept.id)!;
-      for (const node of stack.nodes.filter((n) => n !== from)) await ok("POST", `/v1/operator/nodes/${node.id}/cordon`, {}, operator());
-      const second = await newApp("second");
-      const third = await ok<DiskView>("POST", "/v1/disks", { name: "third", sizeGb: 1, mountPath: "/data" });
-      for (const node of stack.nodes.filter((n) => n !== from)) await ok("POST", `/v1/operator/nodes/${node.id}/uncordon`, {}, operator());
-      expect(holder(third.id)).toBe(from);
-      await ok("POST", `/v1/disks/${third.id}/attach`, { app: second.id });
-      const thirdSums = sums((await run((await newCron(second.id, "second-write", write)).id)).log);
-      const secondCheck = await newCron(second.id, "second-check", "sha256sum /data/blob /data/d/note");
-      await ok("POST", `/v1/operator/nodes/${from.id}/drain`, {}, operator());
+      const from = api.holder(kept.id)!;
+      for (const node of stack.nodes.filter((n) => n !== from)) await api.ok("POST", `/v1/operator/nodes/${node.id}/cordon`, {}, api.operator());
+      const second = await api.newApp("second");
+      const third = await api.ok<DiskView>("POST", "/v1/disks", { name: "third", sizeGb: 1, mountPath: "/data" });
+      for (const node of stack.nodes.filter((n) => n !== from)) await api.ok("POST", `/v1/operator/nodes/${node.id}/uncordon`, {}, api.operator());
+      expect(api.holder(third.id)).toBe(from);
+      await api.ok("POST", `/v1/disks/${third.id}/attach`, { app: second.id });
+      const thirdSums = sums((await api.run((await api.newCron(second.id, "second-write", write)).id)).log);
+      const secondCheck = await api.newCron(second.id, "second-check", "sha256sum /data/blob /data/d/note");
+      await api.ok("POST", `/v1/operator/nodes/${from.id}/drain`, {}, api.operator());
       for (const [name, id] of [["kept", kept.id], ["third", third.id]] as const) {
         const moved = await until(
           `the drain to move ${name}`,
           async () => {
-            const disk = await diskInfo(name);
+            const disk = await api.diskInfo(name);
             return disk.status === "available" && disk.placement?.startsWith("moved from node") && existsSync(join(from.dataDir, "disks", id)) === false ? disk : null;
           },
           120_000,
         );
         expect(moved.placement).toMatch(/by a drain: its app was stopped and nothing written before the final snapshot/);
       }
-      expect(sums((await run(check.id)).log)).toEqual(keptSums);
-      expect(sums((await run(secondCheck.id)).log)).toEqual(thirdSums);
+      expect(sums((await api.run(check.id)).log)).toEqual(keptSums);
+      expect(sums((await api.run(secondCheck.id)).log)).toEqual(thirdSums);
       // Started again after the drain (static sites with nothing deployed: not_deployed, not stopped).
-      for (const app of [keeper.id, second.id]) expect((await ok<{ status: string }>("GET", `/v1/apps/${app}`)).status).toBe("not_deployed");
+      for (const app of [keeper.id, second.id]) expect((await api.ok<{ status: string }>("GET", `/v1/apps/${app}`)).status).toBe("not_deployed");
       // Emptied: it holds nothing now, and the operator may remove it.
       // Its old copies are set aside, listed once its next heartbeat reports them.
       const listed = await until("the drained node's old copies to be listed", async () => {
-        const node = (await nodesNow()).find((n) => n.id === from.id);
+        const node = (await api.nodesNow()).find((n) => n.id === from.id);
         return node && node.quarantined.length === 2 ? node : null;
       });
       expect(listed.state).toBe("draining");
