@@ -11,7 +11,7 @@ import { join } from "node:path";
 import { Readable, Transform } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import type { ReadableStream as NodeWebReadableStream } from "node:stream/web";
-import { type JobLog } from "./sandbox.js";
+import type { JobLog } from "./sandbox.js";
 import { formatBytes } from "./units.js";
 import type { JobUser } from "./tenants.js";
 

@@ -26,7 +26,7 @@ import { join } from "node:path";
 import { pipeline } from "node:stream/promises";
 import { setTimeout as sleep } from "node:timers/promises";
 import { PartUrlResponse, SNAPSHOT_MAX_PARTS, type SnapshotPart, signRequest, type NodeCredentials } from "../protocol.js";
-import { type JobLog } from "../sandbox.js";
+import type { JobLog } from "../sandbox.js";
 import { formatBytes } from "../units.js";
 import { DirectoryPacker, type PackLimits } from "./pack.js";
 import { parallelGzip } from "./parallel-gzip.js";
