@@ -48,7 +48,13 @@ export const LONE_BUILDER_ID = "builder";
  */
 export const DEADLINES_MS = {
   /** Submissions, lookups, status reads, stops, cancels, a stream's first byte. */
-  call: 1_500,
+  call: 1_200,
+  /**
+   * After a missed deadline, the node's /healthz gets this long to show it is
+   * alive (busy on that one call) before it is marked unreachable: the call
+   * that found a hung node still answers within 2 s.
+   */
+  confirm: 500,
   /** Making a disk (a filesystem image on the node) or removing one. */
   disk: 10_000,
   /** A stream's body that is complete on the node (not followed): silence this long ends it. */
@@ -110,10 +116,18 @@ export function neverSent(err: unknown): boolean {
   return err instanceof Error && unsent.has(err);
 }
 
-/** Marks the node unreachable (the Fleet object hears it) and answers the error for the call that found it. */
-async function missed(node: NodeRef, reason: string): Promise<ApiError> {
+/**
+ * A call missed its deadline: unless the node shows at once that it is alive
+ * (only busy on that call), it is marked unreachable (the Fleet object hears
+ * it); either way the call that found it answers NODE_UNREACHABLE now.
+ */
+async function missed(node: NodeRef, reason: string, alreadyProbed = false): Promise<ApiError> {
   const at = Date.now();
   const sick: NodeSickness = { state: "unreachable", since: at, reason };
+  if (!alreadyProbed && (await probe(node, DEADLINES_MS.confirm))) {
+    const message = `node ${node.name ?? node.id} is busy (${reason}, though it answers its health check); try again`;
+    return new ApiError("NODE_UNREACHABLE", message, undefined, undefined, { "Retry-After": "2" });
+  }
   await unreachableListener?.(node, reason, at).catch((err: unknown) => console.error(`marking node ${node.id} unreachable failed`, err));
   return nodeUnreachable({ ...node, sick });
 }
@@ -191,7 +205,7 @@ function idleBounded(node: NodeRef, res: Response, follow: boolean, what: string
           return;
         }
         if (follow && (await probe(node))) continue;
-        const error = follow ? await missed(node, `${what}: silent ${idleMs / 1000} s and no answer to a probe`) : new Error(`${what}: silent for ${idleMs / 1000} s`);
+        const error = follow ? await missed(node, `${what}: silent ${idleMs / 1000} s and no answer to a probe`, true) : new Error(`${what}: silent for ${idleMs / 1000} s`);
         await reader.cancel(error).catch(() => undefined);
         controller.error(error);
         return;
