@@ -48,7 +48,7 @@ export const LONE_BUILDER_ID = "builder";
  */
 export const DEADLINES_MS = {
   /** Submissions, lookups, status reads, stops, cancels, a stream's first byte. */
-  call: 1_200,
+  call: 1_000,
   /**
    * After a missed deadline, the node's /healthz gets this long to show it is
    * alive (busy on that one call) before it is marked unreachable: the call
