@@ -4440,6 +4440,7 @@ export interface paths {
                             appsDomain: string;
                             heartbeatSeconds: number;
                             key: string;
+                            leaseSeconds?: number;
                             nodeId: string;
                         };
                     };

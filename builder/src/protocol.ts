@@ -1154,6 +1154,8 @@ export const NodeRejoined = z.object({
   heartbeatSeconds: z.int().positive(),
   /** Apps are served at `<app>.<appsDomain>`: a cookie an app sets for this domain (or a parent of it) is dropped. */
   appsDomain: z.string().min(1),
+  /** The node's first lease on its disks (as a heartbeat's answer grants it), counted from the request's sending; absent: no leases. */
+  leaseSeconds: z.int().nonnegative().optional(),
 });
 export type NodeRejoined = z.infer<typeof NodeRejoined>;
 

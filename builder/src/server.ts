@@ -20,7 +20,7 @@ import { ProcessManager } from "./processes/manager.js";
 import { LogShipper } from "./processes/log-shipper.js";
 import { AppProxy } from "./processes/proxy.js";
 import { DiskLease } from "./membership/lease.js";
-import { heartbeat, joinFleet } from "./membership/membership.js";
+import { heartbeat, joinFleet, UNLEASED_SECONDS } from "./membership/membership.js";
 import { type NodeCredentials, NonceCache } from "./protocol.js";
 import { SandboxHost } from "./sandbox-host.js";
 import { TenantUsers } from "./tenants.js";
@@ -89,6 +89,8 @@ if (config.join) {
     const joined = await joinFleet({ join: config.join, dataDir: config.dataDir, listening, disks, load: { jobs: () => 0, processes: () => 0, memoryFreeMb }, signal: membership.signal });
     credentials = joined.credentials;
     heartbeatMs = joined.heartbeatMs;
+    // Joining was contact with the control plane: the node holds its disks from now (the heartbeats renew it).
+    await lease.grant(joined.leaseSentAt, joined.leaseSeconds ?? UNLEASED_SECONDS);
     console.log(`builder node: joined ${config.join.controlUrl} as ${joined.name} (${joined.credentials.node}), heartbeat every ${heartbeatMs / 1000} s`);
   } catch (error) {
     console.error(`builder: ${error instanceof Error ? error.message : String(error)}`);

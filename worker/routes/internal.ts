@@ -98,7 +98,10 @@ internalRoutes.post("/nodes/rejoin", async (c) => {
   if (!result.ok) throw new ApiError(result.code, result.message);
   forgetFleet();
   const config = c.get("config");
-  return c.json({ nodeId: node, heartbeatSeconds: config.NODE_HEARTBEAT_SECONDS, appsDomain: config.APPS_DOMAIN }, 200);
+  return c.json(
+    { nodeId: node, heartbeatSeconds: config.NODE_HEARTBEAT_SECONDS, appsDomain: config.APPS_DOMAIN, leaseSeconds: config.NODE_LEASE_SECONDS },
+    200,
+  );
 });
 
 /** A node's heartbeat: capacity, load and the disks it holds; the answer names copies to set aside. */

@@ -165,7 +165,13 @@ nodeRoutes.openapi(
     const { nodeId } = unwrap(await fleetStub(c.env).join(await hashSecret(presented), c.req.valid("json")));
     forgetFleet();
     return c.json(
-      { nodeId, key: await nodeKey(config.BUILDER_SECRET, nodeId), heartbeatSeconds: config.NODE_HEARTBEAT_SECONDS, appsDomain: config.APPS_DOMAIN },
+      {
+        nodeId,
+        key: await nodeKey(config.BUILDER_SECRET, nodeId),
+        heartbeatSeconds: config.NODE_HEARTBEAT_SECONDS,
+        appsDomain: config.APPS_DOMAIN,
+        leaseSeconds: config.NODE_LEASE_SECONDS,
+      },
       200,
     );
   },

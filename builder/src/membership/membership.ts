@@ -42,8 +42,15 @@ export interface NodeProcesses {
 
 type SavedIdentity = { nodeId: string; key: string };
 
-/** What joining gave the node. */
-export type Membership = { credentials: NodeCredentials; heartbeatMs: number; name: string; appsDomain: string };
+/** What joining gave the node: with its first lease on its disks (seconds, from `leaseSentAt` on the boot clock). */
+export type Membership = {
+  credentials: NodeCredentials;
+  heartbeatMs: number;
+  name: string;
+  appsDomain: string;
+  leaseSeconds: number | undefined;
+  leaseSentAt: number;
+};
 
 /** A refusal that waiting will not change (a spent token, a taken name): the node stops and says why. */
 class Refused extends Error {}
@@ -77,8 +84,10 @@ export async function joinFleet(options: {
     capacity: await measureCapacity(dataDir, options.load),
     disks: await disks.held(),
   };
+  let sentAt = uptime();
   if (saved) {
     const again = await retrying(options.signal, config.controlUrl, async () => {
+      sentAt = uptime();
       const text = JSON.stringify(body);
       const path = "/internal/nodes/rejoin";
       const headers = await signRequest({ secret: saved.key, node: saved.nodeId, method: "POST", path, body: text });
@@ -87,7 +96,10 @@ export async function joinFleet(options: {
       if (response.status === 401 || response.status === 404) return null;
       return NodeRejoined.parse(await accepted(response));
     });
-    if (again) return { credentials: { node: saved.nodeId, key: saved.key }, heartbeatMs: again.heartbeatSeconds * 1000, name, appsDomain: again.appsDomain };
+    if (again) {
+      const lease = { leaseSeconds: again.leaseSeconds, leaseSentAt: sentAt };
+      return { credentials: { node: saved.nodeId, key: saved.key }, heartbeatMs: again.heartbeatSeconds * 1000, name, appsDomain: again.appsDomain, ...lease };
+    }
     if (!config.token) throw new Error(`the control plane no longer knows node ${saved.nodeId}; start it with a new BUILDER_JOIN_TOKEN (svc admin nodes token) to join as a new node`);
     console.error(`builder: the control plane no longer knows node ${saved.nodeId}; joining as a new node with the join token`);
   } else if (!config.token) {
@@ -95,13 +107,15 @@ export async function joinFleet(options: {
   }
   const token = config.token!;
   const joined = await retrying(options.signal, config.controlUrl, async () => {
+    sentAt = uptime();
     const response = await post(config.controlUrl, "/v1/nodes/join", { Authorization: `Bearer ${token}`, "Content-Type": "application/json" }, JSON.stringify(body), options.signal);
     return NodeJoined.parse(await accepted(response));
   });
   const identity: SavedIdentity = { nodeId: joined.nodeId, key: joined.key };
   await writeFile(`${identityFile}.tmp`, JSON.stringify(identity), { mode: 0o600 });
   await rename(`${identityFile}.tmp`, identityFile);
-  return { credentials: { node: joined.nodeId, key: joined.key }, heartbeatMs: joined.heartbeatSeconds * 1000, name, appsDomain: joined.appsDomain };
+  const lease = { leaseSeconds: joined.leaseSeconds, leaseSentAt: sentAt };
+  return { credentials: { node: joined.nodeId, key: joined.key }, heartbeatMs: joined.heartbeatSeconds * 1000, name, appsDomain: joined.appsDomain, ...lease };
 }
 
 function post(controlUrl: string, path: string, headers: Record<string, string>, body: string, signal: AbortSignal): Promise<Response> {
@@ -134,7 +148,7 @@ async function retrying<T>(signal: AbortSignal, controlUrl: string, attempt: () 
 }
 
 /** A control plane that grants no lease (it predates leases): the node holds its disks as before. */
-const UNLEASED_SECONDS = 10 * 365 * 24 * 3600;
+export const UNLEASED_SECONDS = 10 * 365 * 24 * 3600;
 
 /**
  * Heartbeats until `signal` aborts; quarantines what the answers name, then
