@@ -11,6 +11,7 @@ import { appRuntimeStub, runsProcess } from "../worker/services/app-runtime";
 import { setAppStatus } from "../worker/services/apps";
 import { startBackup } from "../worker/services/backups";
 import { appChanged } from "../worker/services/cron-targets";
+import { failoverDelayMs } from "../worker/services/fleet";
 import { GIB } from "../worker/services/disks";
 import { placeDiskAmong } from "../worker/services/placement";
 import { newestReadyBackup, relocateDisk } from "../worker/services/relocation";
@@ -108,12 +109,7 @@ const FAILOVER_RETRY_MS = 30_000;
 const MOVE_TICK_MS = 1_000;
 /** How often an unreachable node is probed (its /healthz, within a call's deadline) until it answers. */
 const PROBE_EVERY_MS = 2_000;
-/**
- * How long after a lost node's last possible lease a disk of it may be restored
- * elsewhere: the node's watchdog checks its lease every second and needs a
- * moment to kill the disk's writers and unmount it (docs/fleet.md, "Leases").
- */
-export const LEASE_MARGIN_MS = 5_000;
+
 
 /**
  * The fleet's one object (DESIGN §10): every change of membership goes
@@ -474,9 +470,7 @@ export class Fleet extends DurableObject<Env> {
    */
   private failoverAt(node: FleetNode): number | null {
     if (node.lostAt === null) return null;
-    const leaseOut = node.lostAt + this.config.NODE_LEASE_SECONDS * 1000 + LEASE_MARGIN_MS;
-    if (this.ctx.storage.kv.get(`failoverNow:${node.id}`)) return leaseOut;
-    return Math.max(leaseOut, node.lostAt + this.config.DISK_FAILOVER_GRACE_SECONDS * 1000);
+    return node.lostAt + failoverDelayMs(this.config, Boolean(this.ctx.storage.kv.get(`failoverNow:${node.id}`)));
   }
 
   private failoverDue(node: FleetNode, now: number): boolean {

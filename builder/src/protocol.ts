@@ -1163,13 +1163,16 @@ export type NodeRejoined = z.infer<typeof NodeRejoined>;
 export const NodeJoined = NodeRejoined.extend({ key: z.string().regex(/^[0-9a-f]{64}$/) });
 export type NodeJoined = z.infer<typeof NodeJoined>;
 
+/** An app process's id as heartbeats report it and their answers name it (ids.ts: `prc_…`). */
+const ReportedProcessId = z.string().regex(/^prc_[A-Za-z0-9]{1,64}$/);
+
 export const NodeHeartbeat = z.object({
   capacity: NodeCapacity,
   disks: z.array(HeldDisk).max(100_000),
   quarantined: z.array(QuarantinedDisk).max(100_000),
   /** The app processes it runs (not stopped or failed); absent from nodes that predate it. */
   processes: z
-    .array(z.object({ id: z.string().regex(/^prc_[A-Za-z0-9]{1,64}$/), appId: z.string().regex(TENANT_PATTERN) }))
+    .array(z.object({ id: ReportedProcessId, appId: z.string().regex(TENANT_PATTERN) }))
     .max(100_000)
     .optional(),
 });
@@ -1203,6 +1206,6 @@ export const NodeHeartbeatReply = z.object({
    * Processes to stop now: a node that returns after it was declared lost runs
    * processes whose apps were started elsewhere meanwhile.
    */
-  stop: z.array(z.string().regex(/^prc_[A-Za-z0-9]{1,64}$/)).max(100_000).optional(),
+  stop: z.array(ReportedProcessId).max(100_000).optional(),
 });
 export type NodeHeartbeatReply = z.infer<typeof NodeHeartbeatReply>;

@@ -29,7 +29,7 @@ if ("reason" in partitions) throw new Error(`the partition tests cannot cut the 
  * sandbox's last exec) whose command carries `marker`. The sandbox's own processes (bwrap) carry
  * the command among their arguments too, and are not counted.
  */
-async function processesWith(marker: string): Promise<number[]> {
+async function writersWith(marker: string): Promise<number[]> {
   const found: number[] = [];
   for (const entry of await readdir("/proc")) {
     if (!/^\d+$/.test(entry)) continue;
@@ -128,7 +128,7 @@ describe("sick nodes", () => {
     const started = await api.run(writer.id, false);
     await until("the writer to run", async () => {
       const runs = await api.ok<(Run & { phase: string | null })[]>("GET", `/v1/crons/${writer.id}/runs`);
-      return runs.some((r) => r.jobName === started.jobName && r.phase === "running") && (await processesWith(marker)).length === 1;
+      return runs.some((r) => r.jobName === started.jobName && r.phase === "running") && (await writersWith(marker)).length === 1;
     });
     return { app, disk, marker, writer, check };
   };
@@ -211,7 +211,7 @@ describe("sick nodes", () => {
       const sick = await sickSamples(boundOf(p99(healthy)));
 
       // Its agent is stopped, yet its lease watchdog ends the writer once the lease has run out.
-      const goneAt = await until("the hung node's writer to end", async () => ((await processesWith(marker)).length === 0 ? Date.now() : null), 30_000);
+      const goneAt = await until("the hung node's writer to end", async () => ((await writersWith(marker)).length === 0 ? Date.now() : null), 30_000);
       console.log(`sick nodes: the hung node's disk writer ended ${((goneAt - hungAt) / 1000).toFixed(1)} s after the hang (lease ${LEASE_S} s)`);
       expect(goneAt - hungAt).toBeLessThanOrEqual(WRITER_GONE_WITHIN_MS);
 
@@ -229,7 +229,7 @@ describe("sick nodes", () => {
       expect(stack.nodes.some((node) => node !== victim && existsSync(join(node.dataDir, "disks", disk.id, "disk.json")))).toBe(true);
       // The writer again, on the disk's new node: one writer, never two.
       await api.run(writer.id, false);
-      await until("the new writer", async () => (await processesWith(marker)).length === 1);
+      await until("the new writer", async () => (await writersWith(marker)).length === 1);
 
       thaw();
       const back = await until("the hung node to return with its stale copy quarantined", async () => {
@@ -238,7 +238,7 @@ describe("sick nodes", () => {
       });
       expect(back.disks).not.toContain(disk.id);
       await sleep(2_000);
-      expect(await processesWith(marker)).toHaveLength(1);
+      expect(await writersWith(marker)).toHaveLength(1);
       await expectKeptSpeed(healthy, sick, "a node hangs");
     },
     240_000,
@@ -264,7 +264,7 @@ describe("sick nodes", () => {
         if (cut !== "from-node") expect((await nodeView(victim)).unreachable).not.toBeNull();
         if (cut === "both") sick = await sickSamples(boundOf(p99(healthy)));
         // Cut off from the control plane (or declared lost while heartbeating), the node ends its disk's writers.
-        const goneAt = await until("the partitioned node's writer to end", async () => ((await processesWith(marker)).length === 0 ? Date.now() : null), 30_000);
+        const goneAt = await until("the partitioned node's writer to end", async () => ((await writersWith(marker)).length === 0 ? Date.now() : null), 30_000);
         const lostAt = await until("the node to be lost", async () => ((await nodeView(victim)).state === "lost" ? Date.now() : null), 30_000);
         console.log(`sick nodes (${cut}): writer ended ${((goneAt - cutAt) / 1000).toFixed(1)} s after the cut, node lost ${((lostAt - cutAt) / 1000).toFixed(1)} s after`);
         // Unable to renew its lease, the node ends its writers within it; one still heartbeating ends them once it

@@ -90,12 +90,10 @@ export function signingKey(config: Config, nodeId: string): Promise<string> {
  * known (since when, why) and when to ask again. `next` says what happens
  * to the resource meanwhile (placement.ts words it for a disk).
  */
-export function nodeUnreachable(node: NodeRef, next?: string): ApiError {
-  const sick = node.sick;
+function nodeUnreachable(node: NodeRef, sick: NodeSickness, next?: string): ApiError {
   const label = node.name ?? node.id;
-  const what = !sick
-    ? `node ${label} is not answering`
-    : sick.state === "lost"
+  const what =
+    sick.state === "lost"
       ? `node ${label} was declared lost at ${new Date(sick.since).toISOString()} (${sick.reason})`
       : `node ${label} stopped answering at ${new Date(sick.since).toISOString()} (${sick.reason})`;
   return new ApiError("NODE_UNREACHABLE", `${what}${next ? `; ${next}` : ""}`, undefined, undefined, { "Retry-After": String(RETRY_AFTER_SECONDS) });
@@ -105,8 +103,8 @@ export function nodeUnreachable(node: NodeRef, next?: string): ApiError {
 const unsent = new WeakSet<Error>();
 
 /** A call about something on a sick node, refused without calling it: 503 NODE_UNREACHABLE, known not to have reached the node. */
-export function refuseSick(node: NodeRef, next?: string): ApiError {
-  const error = nodeUnreachable(node, next);
+export function refuseSick(node: NodeRef, sick: NodeSickness, next?: string): ApiError {
+  const error = nodeUnreachable(node, sick, next);
   unsent.add(error);
   return error;
 }
@@ -129,7 +127,7 @@ async function missed(node: NodeRef, reason: string, alreadyProbed = false): Pro
     return new ApiError("NODE_UNREACHABLE", message, undefined, undefined, { "Retry-After": "2" });
   }
   await unreachableListener?.(node, reason, at).catch((err: unknown) => console.error(`marking node ${node.id} unreachable failed`, err));
-  return nodeUnreachable({ ...node, sick });
+  return nodeUnreachable(node, sick);
 }
 
 type CallOptions = { body?: unknown; deadlineMs?: number; signal?: AbortSignal; what: string };
@@ -143,7 +141,7 @@ type CallOptions = { body?: unknown; deadlineMs?: number; signal?: AbortSignal; 
  * caller's own bound (streams: {@link idleBounded}).
  */
 async function builderFetch(config: Config, node: NodeRef, method: string, path: string, options: CallOptions): Promise<Response> {
-  if (node.sick) throw refuseSick(node);
+  if (node.sick) throw refuseSick(node, node.sick);
   const deadlineMs = options.deadlineMs ?? DEADLINES_MS.call;
   const text = options.body === undefined ? "" : JSON.stringify(options.body);
   const headers = await signRequest({ secret: await signingKey(config, node.id), method, path, body: text });

@@ -1,5 +1,5 @@
 import type { FleetNode } from "../../durable-objects/fleet";
-import type { Env } from "../env";
+import type { Config, Env } from "../env";
 import { LONE_BUILDER_ID, type NodeRef, type NodeSickness, onNodeUnreachable } from "../lib/builder-client";
 import { ApiError } from "../lib/errors";
 
@@ -64,6 +64,21 @@ export function refOf(node: FleetNode): NodeRef {
 export function takesWork(node: Pick<FleetNode, "state" | "unreachableSince">): boolean {
   return node.state === "ready" && node.unreachableSince === null;
 }
+
+/**
+ * How long a lost node's disks wait before they are restored elsewhere, from
+ * when it was declared lost: the grace period (none on the operator's word,
+ * `skipGrace`), and never less than its lease plus {@link LEASE_MARGIN_MS}:
+ * the lease it was last granted has surely run out by then, so no writer is
+ * left on it (docs/fleet.md, "Leases").
+ */
+export function failoverDelayMs(config: Config, skipGrace = false): number {
+  const leaseOut = config.NODE_LEASE_SECONDS * 1000 + LEASE_MARGIN_MS;
+  return skipGrace ? leaseOut : Math.max(leaseOut, config.DISK_FAILOVER_GRACE_SECONDS * 1000);
+}
+
+/** The lease watchdog's reaction: it checks every second, then kills the disk's writers and unmounts it. */
+const LEASE_MARGIN_MS = 5_000;
 
 /** Forgets this isolate's copy (after a membership change it made itself). */
 export function forgetFleet(): void {

@@ -6,7 +6,7 @@ import { disks, nodes } from "../db/schema";
 import { configOf, type Env } from "../env";
 import { LONE_BUILDER_ID, type NodeRef, type NodeSickness, refuseSick } from "../lib/builder-client";
 import { ApiError } from "../lib/errors";
-import { fleet, nodeRef, notePlaced, refOf, takesWork } from "./fleet";
+import { failoverDelayMs, fleet, nodeRef, notePlaced, refOf, takesWork } from "./fleet";
 import { newestReadyBackup } from "./relocation";
 
 /**
@@ -97,7 +97,7 @@ export async function placeStateless(env: Env, need: StatelessNeed = {}): Promis
 export async function diskNode(env: Env, disk: { id: string; nodeId: string | null }): Promise<NodeRef> {
   if (!disk.nodeId) return placeStateless(env);
   const node = await nodeRef(env, disk.nodeId);
-  if (node.sick) throw refuseSick(node, await diskFate(env, disk.id, node.sick));
+  if (node.sick) throw refuseSick(node, node.sick, await diskFate(env, disk.id, node.sick));
   return node;
 }
 
@@ -110,7 +110,7 @@ export async function diskNode(env: Env, disk: { id: string; nodeId: string | nu
 async function diskFate(env: Env, diskId: string, sick: NodeSickness): Promise<string> {
   const config = configOf(env);
   const lostAt = sick.state === "lost" ? sick.since : sick.since + config.NODE_LOST_AFTER_SECONDS * 1000;
-  const restoreAt = lostAt + Math.max(config.DISK_FAILOVER_GRACE_SECONDS, config.NODE_LEASE_SECONDS + 5) * 1000;
+  const restoreAt = lostAt + failoverDelayMs(config);
   const backup = await newestReadyBackup(openDb(env.DB), diskId);
   const at = (ms: number) => new Date(ms).toISOString();
   const lost = sick.state === "lost" ? "" : `it is declared lost at ${at(lostAt)} unless it answers; `;
