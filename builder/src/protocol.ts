@@ -1178,13 +1178,8 @@ export const NodeHeartbeat = z.object({
 });
 export type NodeHeartbeat = z.infer<typeof NodeHeartbeat>;
 
-/**
- * Most bytes of one app's runtime log a node ships in one request (every 3 s):
- * room for the longest line, little enough that an app printing at its full
- * rate costs the node (which also proxies other accounts' traffic) and the
- * control plane little work per round.
- */
-export const LOG_SHIPMENT_MAX_BYTES = 96 * 1024;
+/** Most bytes of one app's runtime log a node ships in one request. */
+export const LOG_SHIPMENT_MAX_BYTES = 256 * 1024;
 
 /**
  * Lines an app's runtime log gained on a node, shipped off it as they are

@@ -13,13 +13,15 @@
  * not take is sent again next round. What an earlier run of the agent wrote
  * counts as shipped (that run shipped it, or it is on the node's disk).
  */
-import { LOG_SHIPMENT_MAX_BYTES, type NodeCredentials, signRequest } from "../protocol.js";
+import { LOG_MAX_LINE_BYTES, LOG_SHIPMENT_MAX_BYTES, type NodeCredentials, signRequest } from "../protocol.js";
 import type { AppLog, AppLogs } from "./app-log.js";
 
 /** How often the logs' new lines are shipped. */
 export const SHIP_EVERY_MS = 3_000;
 /** Each request may wait this long for the control plane. */
 const SHIP_DEADLINE_MS = 10_000;
+/** A shipment's JSON stays under the control plane's body limit (1 MiB): escaped control bytes take six each. */
+const BODY_MAX_BYTES = 900 * 1024;
 
 export class LogShipper {
   readonly #controlUrl: string;
@@ -66,10 +68,16 @@ export class LogShipper {
     const behind = log.end - shipped;
     const from = behind > 4 * LOG_SHIPMENT_MAX_BYTES ? log.end - LOG_SHIPMENT_MAX_BYTES : shipped;
     const gap = from > shipped ? `${new Date().toISOString()} svc -/node ${from - shipped} bytes of this log were printed too fast to leave the node; they are on it\n` : "";
-    // 96 KiB of lines stays under the control plane's 1 MiB body limit as JSON even if every byte is an escaped control byte (six).
-    const { lines, next } = await log.linesFrom(from, LOG_SHIPMENT_MAX_BYTES - gap.length);
+    let budget = LOG_SHIPMENT_MAX_BYTES - gap.length;
+    let read = await log.linesFrom(from, budget);
+    let body = JSON.stringify({ appId, text: gap + read.lines.toString("utf8") });
+    while (Buffer.byteLength(body) > BODY_MAX_BYTES && budget > 2 * LOG_MAX_LINE_BYTES) {
+      budget = Math.floor(budget / 2);
+      read = await log.linesFrom(from, budget);
+      body = JSON.stringify({ appId, text: gap + read.lines.toString("utf8") });
+    }
+    const { lines, next } = read;
     if (lines.length === 0) return;
-    const body = JSON.stringify({ appId, text: gap + lines.toString("utf8") });
     const path = "/internal/app-logs";
     try {
       const headers = await signRequest({ secret: this.#credentials.key, node: this.#credentials.node, method: "POST", path, body });
