@@ -1178,21 +1178,6 @@ export const NodeHeartbeat = z.object({
 });
 export type NodeHeartbeat = z.infer<typeof NodeHeartbeat>;
 
-/** Most bytes of one app's runtime log a node ships in one request. */
-export const LOG_SHIPMENT_MAX_BYTES = 256 * 1024;
-
-/**
- * Lines an app's runtime log gained on a node, shipped off it as they are
- * written (`POST /internal/app-logs`, signed): the control plane keeps them,
- * so the log outlives the node (a failover, a drain).
- */
-export const AppLogShipment = z.object({
-  appId: z.string().regex(TENANT_PATTERN),
-  /** Whole lines in the app log's line format, each ending in a newline. */
-  text: z.string().min(1).max(LOG_SHIPMENT_MAX_BYTES),
-});
-export type AppLogShipment = z.infer<typeof AppLogShipment>;
-
 export const NodeHeartbeatReply = z.object({
   /** Disks whose copy on this node is no longer the copy of record: set them aside now. */
   fence: z.array(z.string().regex(DISK_ID_PATTERN)),

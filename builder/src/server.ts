@@ -17,7 +17,6 @@ import { DiskStore } from "./disks.js";
 import { HostRoom } from "./host-room.js";
 import { JobManager } from "./job-manager.js";
 import { ProcessManager } from "./processes/manager.js";
-import { LogShipper } from "./processes/log-shipper.js";
 import { AppProxy } from "./processes/proxy.js";
 import { DiskLease } from "./membership/lease.js";
 import { heartbeat, joinFleet, UNLEASED_SECONDS } from "./membership/membership.js";
@@ -120,9 +119,6 @@ const proxy = new AppProxy({ secret: credentials.key, lookup: (id) => processes.
 handler = createRequestHandler({ secret: credentials.key, jobs, disks, nonces: new NonceCache(), leases, lease, processes, proxy });
 // WebSockets (and any other upgrade) of the apps' traffic; every other path is refused there.
 server.on("upgrade", (request, socket, head) => proxy.upgrade(request, socket, head));
-// A node's apps' runtime logs leave it as they are written, so they outlive it (a failover, a drain).
-const shipper = config.join ? new LogShipper({ controlUrl: config.join.controlUrl, credentials, logs: processes.appLogs }) : null;
-shipper?.start();
 if (config.join) {
   void heartbeat({
     controlUrl: config.join.controlUrl,
@@ -145,7 +141,6 @@ async function stop(): Promise<void> {
   server.close();
   // App processes end with the builder (their sandboxes die with it anyway): stopped cleanly, reported.
   await Promise.all([jobs.shutdown(config.shutdownGraceMs), processes.shutdown()]);
-  await shipper?.stop();
   server.closeAllConnections();
   await disks.close();
   await lease.close();

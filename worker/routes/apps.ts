@@ -9,8 +9,7 @@ import { authErrors, errorResponse, jsonBody, newRouter, planLimited, UNCOMPRESS
 import { ApplyQuery, DnsLabel, Deleted, dataOf, Ref, withRollout } from "../lib/schemas";
 import { appRuntimeStub, runsProcess } from "../services/app-runtime";
 import { appChanged } from "../services/cron-targets";
-import { dropShipped, shippedHistory } from "../services/app-logs";
-import { fleet, nodeRef } from "../services/fleet";
+import { nodeRef } from "../services/fleet";
 import { deleteAppCrons } from "../services/crons";
 import { APP_STATES, appView, appViews, createApp, deleteApp, listApps, resolveApp, setAppStatus, updateAppSettings } from "../services/apps";
 import { applyPending, configChanged } from "../services/rollout";
@@ -285,34 +284,12 @@ appRoutes.openapi(
     const [disk] = await c.get("db").select({ nodeId: disks.nodeId }).from(disks).where(eq(disks.appId, app.id)).limit(1);
     const nodeId = (await appRuntimeStub(c.env, app.id).logNode(process)) ?? disk?.nodeId ?? null;
     const node = nodeId ? await nodeRef(c.env, nodeId).catch(() => null) : null;
+    if (!node) return c.body("", 200, { "Content-Type": "text/plain; charset=utf-8", "Cache-Control": "no-store" });
     const window = since !== undefined ? { since } : lines !== undefined ? { lines } : { tail };
-    const scope = { ...window, ...(process ? { process } : {}) };
-    // What other nodes wrote (a failover, a drain moved the app) comes from what they shipped; the node the log
-    // lives on now gives its own lines. A node that is not answering: what it shipped is all there is.
-    const answering = node && !node.sick ? node : null;
-    const names = new Map((await fleet(c.env)).nodes.map((n) => [n.id, n.name]));
-    const nameOf = (id: string) => names.get(id) ?? id;
-    const history = await shippedHistory(c.env, app.id, answering?.id ?? null, scope, nameOf);
-    const plain = { "Content-Type": "text/plain; charset=utf-8", "Cache-Control": "no-store" };
-    if (!answering) {
-      const silent = node?.sick ? `${new Date().toISOString()} svc -/fleet node ${nameOf(node.id)} is not answering (${node.sick.reason}); lines it wrote after the last above are on it\n` : "";
-      return c.body(history.text + silent, 200, plain);
-    }
-    const live = await appLogStream(c.get("config"), answering, app.id, scope, follow === "true");
-    if (!live.ok && live.status !== 404) throw new ApiError("BUILDER_UNAVAILABLE", `the app's node could not return the log (HTTP ${live.status})`);
-    const moved =
-      history.lastNode !== null ? `${new Date().toISOString()} svc -/fleet the app moved from node ${nameOf(history.lastNode)} to node ${nameOf(answering.id)}; its lines there follow\n` : "";
-    const head = history.text + moved;
-    if (live.status === 404 || !live.body) return c.body(head, 200, plain);
-    if (head === "") return c.body(live.body, 200, { ...plain, ...UNCOMPRESSED_STREAM });
-    const joined = new TransformStream<Uint8Array, Uint8Array>();
-    void (async () => {
-      const writer = joined.writable.getWriter();
-      await writer.write(new TextEncoder().encode(head));
-      writer.releaseLock();
-      await live.body!.pipeTo(joined.writable);
-    })().catch(() => undefined);
-    return c.body(joined.readable, 200, { ...plain, ...UNCOMPRESSED_STREAM });
+    const live = await appLogStream(c.get("config"), node, app.id, { ...window, ...(process ? { process } : {}) }, follow === "true");
+    if (live.status === 404) return c.body("", 200, { "Content-Type": "text/plain; charset=utf-8", "Cache-Control": "no-store" });
+    if (!live.ok) throw new ApiError("BUILDER_UNAVAILABLE", `the app's node could not return the log (HTTP ${live.status})`);
+    return c.body(live.body ?? "", 200, { "Content-Type": "text/plain; charset=utf-8", ...UNCOMPRESSED_STREAM });
   },
 );
 
@@ -336,7 +313,6 @@ appRoutes.openapi(
     if (runsProcess(app.runtime)) await appRuntimeStub(c.env, app.id).stop(app.id);
     await deleteAppCrons(c.get("db"), c.env, app.id);
     await deleteApp(c.get("db"), app);
-    c.executionCtx.waitUntil(dropShipped(c.env, app.id));
     return c.json({ data: { id: app.id, deleted: true as const } }, 200);
   },
 );

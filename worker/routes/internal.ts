@@ -1,7 +1,5 @@
-import { eq } from "drizzle-orm";
 import { Hono, type MiddlewareHandler } from "hono";
 import {
-  AppLogShipment,
   BlobsRequest,
   HEADER_NODE,
   JobStatus,
@@ -14,10 +12,8 @@ import {
   verifyRequest,
 } from "../../builder/src/protocol";
 import type { AppEnv } from "../context";
-import { apps } from "../db/schema";
 import { LONE_BUILDER_ID, signingKey } from "../lib/builder-client";
 import { ApiError } from "../lib/errors";
-import { keepShipped } from "../services/app-logs";
 import { appRuntimeStub } from "../services/app-runtime";
 import { backupStub, restoreStub } from "../services/backups";
 import { cronStub } from "../services/crons";
@@ -111,15 +107,6 @@ internalRoutes.post("/nodes/heartbeat", async (c) => {
   const reply = await fleetStub(c.env).heartbeat(c.get("node"), parsed.data);
   if (!reply) throw new ApiError("NODE_NOT_FOUND", "this node is not a member of the fleet; join again");
   return c.json(reply, 200);
-});
-
-/** Lines an app's runtime log gained on the node, kept off it (services/app-logs.ts); an unknown app's are dropped. */
-internalRoutes.post("/app-logs", async (c) => {
-  const parsed = AppLogShipment.safeParse(c.get("signedBody"));
-  if (!parsed.success) throw new ApiError("VALIDATION_ERROR", "body is not an app log shipment");
-  const known = await c.get("db").select({ id: apps.id }).from(apps).where(eq(apps.id, parsed.data.appId)).get();
-  if (known) await keepShipped(c.env, parsed.data.appId, c.get("node"), parsed.data.text);
-  return c.body(null, 204);
 });
 
 /** A state change of an app's process, routed to the app's object by the labels it gave the process. */

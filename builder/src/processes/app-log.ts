@@ -153,8 +153,6 @@ export class AppLog {
   #writeFailed = false;
   /** Pipes paused while the queue is over its bound; resumed once it drains. */
   readonly #paused = new Set<Readable>();
-  /** Where the log ended when this builder opened it: what an earlier run wrote comes before. */
-  openedAt = 0;
 
   private constructor(dir: string) {
     this.#dir = dir;
@@ -168,7 +166,6 @@ export class AppLog {
     log.#currentBytes = await sizeOf(join(dir, CURRENT));
     // A builder that died mid-write may have left half a line: end it, so the next record starts its own.
     if (log.#currentBytes > 0 && (await lastByte(join(dir, CURRENT))) !== 0x0a) log.append(NEWLINE);
-    log.openedAt = log.end;
     return log;
   }
 
@@ -180,27 +177,6 @@ export class AppLog {
   /** Logical offset of the oldest byte still kept. */
   get start(): number {
     return this.#base;
-  }
-
-  /**
-   * Whole lines from logical `offset` (or the oldest kept, if that is gone),
-   * at most `maxBytes` of them (a longer single line whole), and the offset
-   * after them: what the log shipper sends off the node.
-   */
-  async linesFrom(offset: number, maxBytes: number): Promise<{ lines: Buffer; next: number }> {
-    const from = await this.#lineStart(Math.max(offset, this.start));
-    const parts: Buffer[] = [];
-    let position = from;
-    while (position < this.end && position - from < maxBytes) {
-      const chunk = await this.#read(position, Math.min(CHUNK_BYTES, maxBytes - (position - from), this.end - position));
-      if (chunk.length === 0) break;
-      parts.push(chunk);
-      position += chunk.length;
-    }
-    const read = Buffer.concat(parts);
-    const last = read.lastIndexOf(0x0a);
-    const lines = last === -1 ? Buffer.alloc(0) : read.subarray(0, last + 1);
-    return { lines, next: from + lines.length };
   }
 
   /** Queues whole records (lines with their newline) for the file. */
@@ -540,11 +516,6 @@ export class AppLogs {
 
   constructor(root: string) {
     this.#root = root;
-  }
-
-  /** The logs opened so far, by app id. */
-  opened(): IterableIterator<[string, Promise<AppLog>]> {
-    return this.#logs.entries();
   }
 
   /** The app's log (appId already validated: it becomes a directory name). */
