@@ -61,8 +61,9 @@ export async function proxyToProcess(
 ): Promise<Response> {
   const length = Number(request.headers.get("Content-Length") ?? 0);
   if (length > MAX_PROXY_BODY_BYTES) return plain(413, `request bodies are limited to ${MAX_PROXY_BODY_BYTES} bytes`);
-  // A node held sick (it missed a deadline, or was declared lost) is not waited for: its app is started elsewhere meanwhile.
-  if (target.node.sick) return plain(503, "The app's node is not answering; the app is being started elsewhere; try again in a moment", { "Retry-After": "5" });
+  // A lost node is not waited for: its app is started elsewhere meanwhile. One merely unreachable (it missed a
+  // call's deadline) is still tried: a node busy under an app's log spam can miss one, and its apps must not fail for it.
+  if (target.node.sick?.state === "lost") return plain(503, "The app's node is lost; the app is being started elsewhere; try again in a moment", { "Retry-After": "5" });
   let response = await send(request, config, target);
   if (response.headers.get(HEADER_PROXY_ERROR) === "PROCESS_NOT_FOUND") {
     // The process was replaced (a deploy, a restart): the new one if there is one, else "starting", never the node's 404.
