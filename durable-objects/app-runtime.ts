@@ -9,7 +9,7 @@ import { ApiError } from "../worker/lib/errors";
 import { appChanged } from "../worker/services/cron-targets";
 import { GIB } from "../worker/services/disks";
 import { envOf } from "../worker/services/env-vars";
-import { fleet, forgetFleet, lostNode, nodeRef, takesWork } from "../worker/services/fleet";
+import { forgetFleet, lostNode, nodeRef } from "../worker/services/fleet";
 import { placeProcess } from "../worker/services/placement";
 import { noteProgress } from "../worker/services/deployments";
 import { EDGE_APP_TTL_MS } from "../worker/sites/serve";
@@ -201,13 +201,6 @@ export class AppRuntime extends DurableObject<Env> {
       const found = node ? await getProcess(this.config, node, live.processId).catch(() => null) : null;
       const lost = found?.ok ? null : await lostNode(this.env, live.node);
       if (!node || lost) await this.replaceLost(`node ${lost?.name ?? live.node} ${lost ? "was lost" : "left the fleet"}`);
-      // An app without a disk does not wait for a node that stopped answering to be declared lost: when another
-      // node takes work, it starts there now, and its old process is stopped once its node answers again (or
-      // returns from lost). With no other node, the process it has is kept: the node may only be slow.
-      else if (node.sick && (await this.canMoveOff(live.node))) {
-        await this.retire(live, 0);
-        await this.replaceLost(`node ${node.name ?? node.id} stopped answering (${node.sick.reason})`);
-      }
       else if (found && !found.ok && found.status === 404) await this.replaceLost(`the node has no process ${live.processId} (it restarted without it)`);
     }
     await this.schedule();
@@ -450,13 +443,6 @@ export class AppRuntime extends DurableObject<Env> {
         .set({ status: "cancelled", error: why, finishedAt: Date.now() })
         .where(and(eq(deployments.id, pending.deploymentId), eq(deployments.status, "deploying")));
     }
-  }
-
-  /** Whether the app (one without a disk) could start on a node other than `nodeId` now. */
-  private async canMoveOff(nodeId: string): Promise<boolean> {
-    const appId = this.ctx.storage.kv.get<string>("appId");
-    if (!appId || (await this.db.select({ id: disks.id }).from(disks).where(eq(disks.appId, appId)).get())) return false;
-    return (await fleet(this.env)).nodes.some((node) => node.id !== nodeId && takesWork(node));
   }
 
   /** The live process is gone (its node restarted without it, or it failed for good): start the release again. */
