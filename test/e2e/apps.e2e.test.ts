@@ -308,7 +308,7 @@ function bodyRequest(stack: LocalStack, app: string, method: string, path: strin
   const port = new URL(stack.apiUrl).port;
   return new Promise((resolve, reject) => {
     const req = request(
-      { host: "127.0.0.1", port, path, method, headers: { Host: `${app}.localhost:${port}`, "Content-Length": body.length } },
+      { host: "127.0.0.1", port, path, method, agent: false, headers: { Host: `${app}.localhost:${port}`, "Content-Length": body.length } },
       (res) => {
         const chunks: Buffer[] = [];
         res.on("data", (c: Buffer) => chunks.push(c));
@@ -325,7 +325,7 @@ function bodyRequest(stack: LocalStack, app: string, method: string, path: strin
 function chunkTimes(stack: LocalStack, app: string, path: string, headers: Record<string, string>): Promise<{ first: number; last: number; text: string }> {
   const port = new URL(stack.apiUrl).port;
   return new Promise((resolve, reject) => {
-    const req = request({ host: "127.0.0.1", port, path, headers: { ...headers, Host: `${app}.localhost:${port}` } }, (res) => {
+    const req = request({ host: "127.0.0.1", port, path, agent: false, headers: { ...headers, Host: `${app}.localhost:${port}` } }, (res) => {
       let first = 0;
       let last = 0;
       let text = "";

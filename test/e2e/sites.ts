@@ -55,6 +55,8 @@ export function siteRequest(
         host: "127.0.0.1",
         port: api.port,
         path,
+        // A connection of its own: a kept-alive one the server is closing as the request goes out ends as "socket hang up".
+        agent: false,
         method: options.method ?? "GET",
         headers: { ...options.headers, Host: `${app}.localhost:${api.port}` },
       },
