@@ -5,10 +5,10 @@ import { nextRuns } from "../worker/lib/cron.js";
  * The Worker's cron triggers, locally. `wrangler dev` does not run
  * `scheduled()` by itself ("Scheduled Workers are not automatically triggered
  * during local development"), but the platform needs it: the hourly retention
- * sweep and the cron watchdog every 5 minutes. So the local stack starts
- * the Worker with wrangler's `testScheduled` (`wrangler dev --test-scheduled`)
- * and fires each trigger of wrangler.toml at its time through the
- * `/__scheduled?cron=<expr>` route it adds,
+ * sweep and the cron watchdog every 5 minutes. So the local stack fires each
+ * trigger of wrangler.toml at its time through the `/__scheduled?cron=<expr>`
+ * route of the local Worker's entry (worker-dev-entry.ts, as `wrangler dev
+ * --test-scheduled` has it),
  * which is how the trigger reaches `scheduled()` in production too
  * (`controller.cron` is the expression). Nothing fires between the real times,
  * so a test stack is not disturbed.

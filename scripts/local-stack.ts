@@ -8,7 +8,8 @@ import { superviseBuilder } from "./builder-process";
 import { cronsOf, scheduleTriggers } from "./local-crons.js";
 import { ROOT } from "./root.js";
 import { quietDisconnects } from "./wrangler-output.js";
-import type { WorkerDevOptions } from "./worker-dev.js";
+import { SCHEDULED_PATH } from "./scheduled-route.js";
+import { parseDotenv, type WorkerDevOptions } from "./worker-dev.js";
 
 /**
  * Starts the whole system locally: D1 migrations, the builder, the Worker (wrangler's dev server, scripts/worker-dev.ts),
@@ -102,13 +103,7 @@ function freshSecrets(): LocalSecrets {
 
 /** Reads the dotenv secrets file, adding any missing secret with a fresh random value. */
 export async function ensureSecrets(file: string): Promise<LocalSecrets> {
-  const existing: Record<string, string> = {};
-  if (existsSync(file)) {
-    for (const line of (await readFile(file, "utf8")).split("\n")) {
-      const m = /^([A-Z0-9_]+)=(.*)$/.exec(line.trim());
-      if (m) existing[m[1]!] = m[2]!.replace(/^"(.*)"$/, "$1");
-    }
-  }
+  const existing = existsSync(file) ? parseDotenv(await readFile(file, "utf8")) : {};
   const secrets = { ...freshSecrets(), ...existing } as LocalSecrets;
   const missing = Object.keys(secrets).some((k) => !(k in existing));
   if (missing) {
@@ -403,10 +398,9 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
     triggers = scheduleTriggers({
       crons: await cronsOf(join(ROOT, "wrangler.toml")),
       fire: async (cron) => {
-        const res = await fetch(`${apiUrl}/__scheduled?cron=${encodeURIComponent(cron)}`).catch((err: unknown) => err);
-        if (res instanceof Response) await res.body?.cancel();
-        if (res instanceof Response && res.ok) return;
-        const why = res instanceof Response ? `HTTP ${res.status}` : String(res);
+        const res = await fetch(`${apiUrl}${SCHEDULED_PATH}?cron=${encodeURIComponent(cron)}`).catch((err: unknown) => err);
+        if (res instanceof Response && res.ok) return void (await res.body?.cancel());
+        const why = res instanceof Response ? `HTTP ${res.status}: scheduled() ended with "${await res.text()}"` : String(res);
         await say(`local stack: the cron trigger "${cron}" could not be fired (${why})\n`);
       },
     });
