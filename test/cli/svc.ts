@@ -123,19 +123,14 @@ export async function startOwnStack(
 
 /** Creates a key straight through the API (not the CLI), for tests whose subject is another command. */
 export async function createKey(stack: LocalStack, name: string, scopes: string[]): Promise<{ id: string; key: string }> {
-  for (let attempt = 0; ; attempt++) {
-    // A request `wrangler dev` dropped (its 503 "try sending the request again", which it retries itself only for
-    // GET and HEAD) is sent again, under another name should the first have gone through: a key is shown once.
-    const res = await fetch(`${stack.apiUrl}/v1/api-keys`, {
-      method: "POST",
-      headers: { Authorization: `Bearer ${stack.adminKey}`, "Content-Type": "application/json" },
-      body: JSON.stringify({ name: attempt === 0 ? name : `${name}-${attempt}`, scopes }),
-    });
-    const text = await res.text();
-    if (res.status === 503 && text.includes("try sending the request again") && attempt < 3) continue;
-    if (res.status !== 201) throw new Error(`creating key ${name}: ${res.status} ${text}`);
-    return JSON.parse(text) as { id: string; key: string };
-  }
+  const res = await fetch(`${stack.apiUrl}/v1/api-keys`, {
+    method: "POST",
+    headers: { Authorization: `Bearer ${stack.adminKey}`, "Content-Type": "application/json" },
+    body: JSON.stringify({ name, scopes }),
+  });
+  const text = await res.text();
+  if (res.status !== 201) throw new Error(`creating key ${name}: ${res.status} ${text}`);
+  return JSON.parse(text) as { id: string; key: string };
 }
 
 /** Every process's command line on this machine, arguments joined by spaces (what `ps` shows any user). */

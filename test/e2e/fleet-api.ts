@@ -32,43 +32,24 @@ export async function until<T>(what: string, probe: () => Promise<T | null | und
  * (`npm start -- --nodes 3`'s kind), as its admin (or another key).
  */
 export function fleetApi(stack: LocalStack & { stateDir: string }) {
-  /**
-   * One API call. `wrangler dev` answers 503 with a plain-text "try sending the request again"
-   * when its runtime restarted under the request (it retries only GET and HEAD itself); the
-   * call is sent again, as a client would, and says it was (`resent`).
-   */
-  const call = async <T = Json>(
-    method: string,
-    path: string,
-    body?: unknown,
-    token = stack.adminKey,
-  ): Promise<{ status: number; data: T; resent: boolean; headers: Headers }> => {
-    for (let attempt = 0; ; attempt++) {
-      const res = await fetch(`${stack.apiUrl}${path}`, {
-        method,
-        headers: { Authorization: `Bearer ${token}`, ...(body === undefined ? {} : { "Content-Type": "application/json" }) },
-        body: body === undefined ? undefined : JSON.stringify(body),
-      });
-      const text = await res.text();
-      if (res.status === 503 && text.includes("try sending the request again") && attempt < 60) {
-        console.log(`fleet e2e: ${method} ${path} dropped by wrangler dev restarting its runtime; sent again`);
-        await sleep(1000);
-        continue;
-      }
-      let parsed: { data?: T } = {};
-      try {
-        parsed = text ? (JSON.parse(text) as { data?: T }) : {};
-      } catch {
-        throw new Error(`${method} ${path}: ${res.status} ${text}`);
-      }
-      return { status: res.status, data: (parsed.data ?? parsed) as T, resent: attempt > 0, headers: res.headers };
+  /** One API call: its status, its `data` (or the whole body when there is none) and its headers. */
+  const call = async <T = Json>(method: string, path: string, body?: unknown, token = stack.adminKey): Promise<{ status: number; data: T; headers: Headers }> => {
+    const res = await fetch(`${stack.apiUrl}${path}`, {
+      method,
+      headers: { Authorization: `Bearer ${token}`, ...(body === undefined ? {} : { "Content-Type": "application/json" }) },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    const text = await res.text();
+    let parsed: { data?: T } = {};
+    try {
+      parsed = text ? (JSON.parse(text) as { data?: T }) : {};
+    } catch {
+      throw new Error(`${method} ${path}: ${res.status} ${text}`);
     }
+    return { status: res.status, data: (parsed.data ?? parsed) as T, headers: res.headers };
   };
   const ok = async <T = Json>(method: string, path: string, body?: unknown, token?: string): Promise<T> => {
     const res = await call<T>(method, path, body, token);
-    // A create sent again after a dropped request that had gone through: the named thing exists.
-    const name = (body as { name?: unknown } | undefined)?.name;
-    if (res.resent && res.status === 409 && method === "POST" && typeof name === "string") return ok<T>("GET", `${path}/${name}`, undefined, token);
     if (res.status >= 300) throw new Error(`${method} ${path}: ${res.status} ${JSON.stringify(res.data)}`);
     return res.data;
   };
