@@ -22,7 +22,7 @@
  */
 import { Agent, request } from "node:http";
 import { loadavg } from "node:os";
-import { signProxy } from "../builder/src/protocol.js";
+import { signProxy } from "../builder/src/protocol/processes.js";
 import { startBuilder } from "../test/builder/builder-process.js";
 import { APP_SERVER, makeRelease, pidsWith, startControlPlane, startProcess, stopProcess, waitFor, webSpec } from "../test/builder/process-support.js";
 

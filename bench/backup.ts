@@ -32,7 +32,7 @@ import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
-import { RestoreResult, SnapshotResult } from "../builder/src/protocol.js";
+import { RestoreResult, SnapshotResult } from "../builder/src/protocol/disks.js";
 import { diskDataPath, diskFolderAtRest, followLog, jobStatus, putDisk, signedFetch, startBuilder } from "../test/builder/builder-process.js";
 import { generate, MiB } from "./disk-data.js";
 

@@ -17,8 +17,8 @@ import { spawn } from "node:child_process";
 import { mkdtemp, rm } from "node:fs/promises";
 import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
-import { SandboxHost } from "../builder/src/sandbox-host.js";
-import { JobLog, runInSandbox } from "../builder/src/sandbox.js";
+import { SandboxHost } from "../builder/src/sandbox/host.js";
+import { JobLog, runInSandbox } from "../builder/src/sandbox/sandbox.js";
 import { followLog, startBuilder, submitJob } from "../test/builder/builder-process.js";
 
 const iterations = Number(process.argv[2] ?? 200);

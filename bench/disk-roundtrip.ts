@@ -52,7 +52,9 @@ import { Writable } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import { setTimeout as sleep } from "node:timers/promises";
 import { createGunzip } from "node:zlib";
-import { JobStatus, nodeKey, RestoreResult, SnapshotResult } from "../builder/src/protocol.js";
+import { RestoreResult, SnapshotResult } from "../builder/src/protocol/disks.js";
+import { JobStatus } from "../builder/src/protocol/job-status.js";
+import { nodeKey } from "../builder/src/protocol/node.js";
 import { type LocalStack, startLocalStack } from "../scripts/local-stack.js";
 import { type BuilderTarget, diskDataPath, diskFolderAtRest, signedFetch } from "../test/builder/builder-process.js";
 import { generate, MiB } from "./disk-data.js";
@@ -203,7 +205,7 @@ function put(url: string, body: Buffer): Promise<void> {
   });
 }
 
-/** Timestamped `svc` lines of a builder job log (protocol.ts's line format). */
+/** Timestamped `svc` lines of a builder job log (protocol/jobs.ts's line format). */
 function svcLines(log: string): { at: number; text: string }[] {
   return log.split("\n").flatMap((line) => {
     const match = /^(\S+) svc (.*)$/.exec(line);

@@ -1,6 +1,6 @@
 import { DurableObject } from "cloudflare:workers";
 import { and, eq } from "drizzle-orm";
-import { DEFAULT_START_TIMEOUT_SECONDS, type ProcessSpec, type ProcessStatus } from "../builder/src/protocol";
+import { DEFAULT_START_TIMEOUT_SECONDS, type ProcessSpec, type ProcessStatus } from "../builder/src/protocol/processes";
 import { openDb } from "../worker/db/client";
 import { type AppRow, apps, type DeploymentRow, deployments, disks } from "../worker/db/schema";
 import { configOf, type Env } from "../worker/env";

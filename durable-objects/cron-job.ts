@@ -1,6 +1,8 @@
 import { DurableObject } from "cloudflare:workers";
 import { and, asc, eq } from "drizzle-orm";
-import { type JobSpec, type JobStatus, RELEASE_PATH } from "../builder/src/protocol";
+import type { JobStatus } from "../builder/src/protocol/job-status";
+import type { JobSpec } from "../builder/src/protocol/jobs";
+import { RELEASE_PATH } from "../builder/src/protocol/processes";
 import { countingD1, openDb } from "../worker/db/client";
 import { cronRuns, crons, type Plan } from "../worker/db/schema";
 import { configOf, type Env } from "../worker/env";

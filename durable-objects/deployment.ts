@@ -1,11 +1,6 @@
 import { and, eq, inArray } from "drizzle-orm";
-import {
-  type BlobsRequest,
-  type BlobsResponse,
-  GENERATED_WEB_SERVER_CONFIG_PATH,
-  type ReleaseTarget,
-  ServerRuntime,
-} from "../builder/src/protocol";
+import { type ReleaseTarget, ServerRuntime } from "../builder/src/protocol/processes";
+import { type BlobsRequest, type BlobsResponse, GENERATED_WEB_SERVER_CONFIG_PATH } from "../builder/src/protocol/static";
 import { accounts, apps, type DeploymentRow, deployments } from "../worker/db/schema";
 import type { Env } from "../worker/env";
 import { cancelJob, jobLog, type NodeRef, submitBuild } from "../worker/lib/builder-client";

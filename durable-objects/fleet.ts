@@ -1,6 +1,6 @@
 import { DurableObject } from "cloudflare:workers";
 import { and, desc, eq, gt, inArray, isNull, ne, sql } from "drizzle-orm";
-import type { NodeCapacity, NodeHeartbeat, NodeHeartbeatReply, NodeJoin, NodeRejoin, QuarantinedDisk } from "../builder/src/protocol";
+import type { NodeCapacity, NodeHeartbeat, NodeHeartbeatReply, NodeJoin, NodeRejoin, QuarantinedDisk } from "../builder/src/protocol/node";
 import { openDb } from "../worker/db/client";
 import { apps, backups, disks, type NodeRow, type NodeState, nodeJoinTokens, nodes, restores } from "../worker/db/schema";
 import { type Config, configOf, type Env } from "../worker/env";

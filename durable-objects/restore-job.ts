@@ -1,5 +1,5 @@
 import { eq } from "drizzle-orm";
-import { BACKUP_MAX_ENTRIES, backupMaxExpandedBytes } from "../builder/src/protocol";
+import { BACKUP_MAX_ENTRIES, backupMaxExpandedBytes } from "../builder/src/protocol/disks";
 import { accounts, apps, disks, restores } from "../worker/db/schema";
 import { submitRestore } from "../worker/lib/builder-client";
 import { diskNode } from "../worker/services/placement";
@@ -47,7 +47,7 @@ export class RestoreJob extends SingleBuilderJob {
       archiveUrl: url,
       expectedSizeBytes: restore.sizeBytes,
       ...(restore.sha256 ? { expectedSha256: restore.sha256 } : {}),
-      // The backup limits snapshots enforce too (protocol.ts), so every ready backup restores.
+      // The backup limits snapshots enforce too (protocol/disks.ts), so every ready backup restores.
       maxEntries: BACKUP_MAX_ENTRIES,
       // The disk's size in file data plus what a backup may hold besides (headers, maps): the bound
       // every snapshot of this disk was checked against. The builder checks the data against the

@@ -1,5 +1,5 @@
 import { DurableObject } from "cloudflare:workers";
-import type { JobStatus } from "../builder/src/protocol";
+import type { JobStatus } from "../builder/src/protocol/job-status";
 import { openDb } from "../worker/db/client";
 import { configOf, type Env } from "../worker/env";
 import { type BuilderResult, describeWait, findJob, getJob, type NodeRef } from "../worker/lib/builder-client";

@@ -2,7 +2,7 @@ import type { Context, MiddlewareHandler } from "hono";
 import { bodyLimit } from "hono/body-limit";
 import { HTTPException } from "hono/http-exception";
 import { requestId } from "hono/request-id";
-import { CALLBACK_OVERHEAD_BYTES, MAX_MANIFEST_BYTES } from "../builder/src/protocol";
+import { CALLBACK_OVERHEAD_BYTES, MAX_MANIFEST_BYTES } from "../builder/src/protocol/static";
 import { keyByHash } from "./auth/authenticate";
 import { requireKey } from "./auth/middleware";
 import type { AppEnv } from "./context";

@@ -1,37 +1,27 @@
 /**
  * The builder's HTTP API in one request handler, shared by the entry point and
  * anything that embeds the builder. Every route but `GET /healthz` requires a
- * valid signature (protocol.ts), except apps' proxied traffic (`/v1/proxy/…`,
+ * valid signature (protocol/signing.ts), except apps' proxied traffic (`/v1/proxy/…`,
  * processes/proxy.ts), which carries its own; answers are JSON except logs.
  */
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { z } from "zod";
-import type { DiskLeases } from "./disk-leases.js";
-import type { DiskLease } from "./membership/lease.js";
-import { DiskFenced, DiskOwnedElsewhere, DiskStore } from "./disks.js";
-import { InsufficientStorage } from "./host-room.js";
-import type { Admission, JobManager } from "./job-manager.js";
+import type { DiskLeases } from "./disks/leases.js";
+import type { DiskLease } from "./node/lease.js";
+import { DiskFenced, DiskOwnedElsewhere, DiskStore } from "./disks/store.js";
+import { InsufficientStorage } from "./sandbox/host-room.js";
+import type { Admission, JobManager } from "./jobs/manager.js";
 import { streamLog } from "./logs.js";
 import { isId } from "./ids.js";
 import type { LogWindow } from "./processes/app-log.js";
 import type { ProcessAdmission, ProcessManager } from "./processes/manager.js";
 import { type AppProxy, PROXY_PREFIX } from "./processes/proxy.js";
-import {
-  BuildSpec,
-  type BuilderError,
-  type BuilderErrorCode,
-  DiskSpec,
-  JOB_KEY_PATTERN,
-  JobSpec,
-  type NonceCache,
-  ProcessSpec,
-  ProcessStop,
-  RestoreSpec,
-  processSpecProblems,
-  SnapshotSpec,
-  TENANT_PATTERN,
-  verifyRequest,
-} from "./protocol.js";
+import { DiskSpec, RestoreSpec, SnapshotSpec } from "./protocol/disks.js";
+import { JOB_KEY_PATTERN, JobSpec } from "./protocol/jobs.js";
+import { ProcessSpec, ProcessStop, processSpecProblems } from "./protocol/processes.js";
+import { type BuilderError, type BuilderErrorCode, TENANT_PATTERN } from "./protocol/shared.js";
+import { type NonceCache, verifyRequest } from "./protocol/signing.js";
+import { BuildSpec } from "./protocol/static.js";
 
 /** Largest request body accepted (a JobSpec holds at most a 100k-character command plus env). */
 const MAX_BODY_BYTES = 1024 * 1024;
@@ -45,7 +35,7 @@ export interface BuilderServices {
   nonces: NonceCache;
   /** Who uses which disk (jobs and app processes): deleting a disk in use is refused. */
   leases: DiskLeases;
-  /** The node's lease on its disks: without it, disk work is refused (membership/lease.ts). */
+  /** The node's lease on its disks: without it, disk work is refused (node/lease.ts). */
   lease: DiskLease;
   processes: ProcessManager;
   /** App traffic (`/v1/proxy/…`), authenticated by its own headers, streamed, never read here. */

@@ -6,7 +6,10 @@
  * poll `GET /v1/jobs/:id`.
  */
 import { setTimeout as sleep } from "node:timers/promises";
-import { type JobStatus, type ProcessStatus, signRequest, type NodeCredentials } from "./protocol.js";
+import type { JobStatus } from "./protocol/job-status.js";
+import type { ProcessStatus } from "./protocol/processes.js";
+import type { NodeCredentials } from "./protocol/shared.js";
+import { signRequest } from "./protocol/signing.js";
 
 /** Inputs of {@link deliverCallback}; the timings exist so tests and operators can tune them. */
 export interface CallbackOptions {

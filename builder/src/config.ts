@@ -4,7 +4,7 @@
  */
 import { resolve } from "node:path";
 import { z } from "zod";
-import { DEFAULT_TENANT_REGISTRY } from "./tenants.js";
+import { DEFAULT_TENANT_REGISTRY } from "./sandbox/tenants.js";
 
 /** Validated settings the server runs with. */
 export interface BuilderConfig {
@@ -38,7 +38,7 @@ export interface BuilderConfig {
   hostReserveBytes: number | null;
   /** Bytes of the host's memory never promised to app processes; null: 10 % of it, at least 1 GiB. */
   hostMemoryReserveBytes: number | null;
-  /** Where every node on this host records the memory it promised (host-room.ts); null: /run/svc-builder/memory. */
+  /** Where every node on this host records the memory it promised (sandbox/host-room.ts); null: /run/svc-builder/memory. */
   memoryLedgerDir: string | null;
   /**
    * Python package index (PEP 503 "simple" URL) pip installs python apps'

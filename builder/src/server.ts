@@ -12,17 +12,18 @@ import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import { createRequestHandler } from "./app.js";
 import { loadConfig } from "./config.js";
-import { DiskLeases } from "./disk-leases.js";
-import { DiskStore } from "./disks.js";
-import { HostRoom } from "./host-room.js";
-import { JobManager } from "./job-manager.js";
+import { DiskLeases } from "./disks/leases.js";
+import { DiskStore } from "./disks/store.js";
+import { HostRoom } from "./sandbox/host-room.js";
+import { JobManager } from "./jobs/manager.js";
 import { ProcessManager } from "./processes/manager.js";
 import { AppProxy } from "./processes/proxy.js";
-import { DiskLease } from "./membership/lease.js";
-import { heartbeat, joinFleet, UNLEASED_SECONDS } from "./membership/membership.js";
-import { type NodeCredentials, NonceCache } from "./protocol.js";
-import { SandboxHost } from "./sandbox-host.js";
-import { TenantUsers } from "./tenants.js";
+import { DiskLease } from "./node/lease.js";
+import { heartbeat, joinFleet, UNLEASED_SECONDS } from "./node/membership.js";
+import type { NodeCredentials } from "./protocol/shared.js";
+import { NonceCache } from "./protocol/signing.js";
+import { SandboxHost } from "./sandbox/host.js";
+import { TenantUsers } from "./sandbox/tenants.js";
 
 const loaded = loadConfig(process.env, process.cwd());
 if (!loaded.ok) {
@@ -57,7 +58,7 @@ const room = new HostRoom({
   memoryReserveBytes: config.hostMemoryReserveBytes,
   ...(config.memoryLedgerDir ? { ledgerDir: config.memoryLedgerDir } : {}),
 });
-// A node of a fleet holds its disks under a lease its heartbeats renew (membership/lease.ts); a lone builder needs none.
+// A node of a fleet holds its disks under a lease its heartbeats renew (node/lease.ts); a lone builder needs none.
 // Opened before the disks are mounted: it ends the watchdog a previous run of this node left.
 const leaseDir = join(config.dataDir, "lease");
 const lease = config.join

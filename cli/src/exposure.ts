@@ -7,7 +7,7 @@
  * itself when it is served as a plain folder.
  */
 import { basename } from "node:path";
-import { leftOutOfPlainFolder } from "../../builder/src/detect.js";
+import { leftOutOfPlainFolder } from "../../builder/src/static/detect.js";
 
 /** Names of files that hold secrets; `.env.example` and the like are templates meant to be committed. */
 const SECRET_NAME = /^(?:\.env(?:\.(?!example$|sample$|template$|dist$|defaults$)[^/]+)?|\.netrc|\.pypirc|id_(?:rsa|dsa|ecdsa|ed25519)|.+\.(?:pem|key|p12|pfx))$/i;

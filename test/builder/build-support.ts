@@ -12,15 +12,9 @@ import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import {
-  BlobsRequest,
-  type BlobsResponse,
-  type BuildResult,
-  type BuildSpec,
-  JobStatus,
-  NonceCache,
-  verifyRequest,
-} from "../../builder/src/protocol.js";
+import { JobStatus } from "../../builder/src/protocol/job-status.js";
+import { NonceCache, verifyRequest } from "../../builder/src/protocol/signing.js";
+import { BlobsRequest, type BlobsResponse, type BuildResult, type BuildSpec } from "../../builder/src/protocol/static.js";
 import { type BuilderTarget, followLog, jobStatus, signedFetch } from "./builder-process.js";
 
 /** `test/fixtures/sites`. */

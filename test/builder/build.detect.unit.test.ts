@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { type ProjectFiles, describeNotStatic, detectProject, findLockfile } from "../../builder/src/detect.js";
-import { ManifestEntry, projectDir } from "../../builder/src/protocol.js";
+import { type ProjectFiles, describeNotStatic, detectProject, findLockfile } from "../../builder/src/static/detect.js";
+import { ManifestEntry, projectDir } from "../../builder/src/protocol/static.js";
 import { contentTypeFor } from "../../builder/src/static/content-types.js";
 import { parseSvcJson } from "../../builder/src/static/project-config.js";
 import { generateServerFiles } from "../../builder/src/static/server-config.js";

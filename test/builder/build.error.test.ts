@@ -2,7 +2,8 @@ import { mkdir, mkdtemp, rm, symlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { BuilderError, type BuildSpec } from "../../builder/src/protocol.js";
+import { BuilderError } from "../../builder/src/protocol/shared.js";
+import type { BuildSpec } from "../../builder/src/protocol/static.js";
 import { type BuilderProcess, followLog, jobStatus, signedFetch, startBuilder, TEST_TENANT } from "./builder-process.js";
 import { type FakeWorker, buildToEnd, packProject, sitesDir, startFakeWorker, submitBuild, svcLines } from "./build-support.js";
 

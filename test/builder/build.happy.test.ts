@@ -4,7 +4,7 @@ import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { BuildSpec } from "../../builder/src/protocol.js";
+import type { BuildSpec } from "../../builder/src/protocol/static.js";
 import { type BuilderProcess, startBuilder, TEST_TENANT } from "./builder-process.js";
 import { type FakeWorker, buildToEnd, copyFixture, packProject, sitesDir, startFakeWorker, svcLines } from "./build-support.js";
 

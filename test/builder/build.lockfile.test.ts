@@ -5,7 +5,7 @@ import { request } from "node:https";
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { BuildSpec } from "../../builder/src/protocol.js";
+import type { BuildSpec } from "../../builder/src/protocol/static.js";
 import { type FakeWorker, buildToEnd, copyFixture, packProject, startFakeWorker, svcLines } from "./build-support.js";
 import { type BuilderProcess, TEST_TENANT, startBuilder } from "./builder-process.js";
 

@@ -8,7 +8,9 @@ import { existsSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { type JobSpec, JobStatus, signRequest } from "../../builder/src/protocol.js";
+import { JobStatus } from "../../builder/src/protocol/job-status.js";
+import type { JobSpec } from "../../builder/src/protocol/jobs.js";
+import { signRequest } from "../../builder/src/protocol/signing.js";
 import { launchBuilder } from "../../scripts/builder-process.js";
 
 /** Options of {@link startBuilder}; everything has a throwaway default. */

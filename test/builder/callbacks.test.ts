@@ -1,7 +1,8 @@
 import { type Server, createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { JobStatus, verifyRequest } from "../../builder/src/protocol.js";
+import { JobStatus } from "../../builder/src/protocol/job-status.js";
+import { verifyRequest } from "../../builder/src/protocol/signing.js";
 import { type BuilderProcess, startBuilder, submitJob } from "./builder-process.js";
 
 interface Delivery {

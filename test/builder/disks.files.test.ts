@@ -2,7 +2,7 @@ import { readFileSync } from "node:fs";
 import { opendir } from "node:fs/promises";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { DiskInfo, SnapshotResult } from "../../builder/src/protocol.js";
+import { DiskInfo, SnapshotResult } from "../../builder/src/protocol/disks.js";
 import { type BuilderProcess, diskDataPath, followLog, jobStatus, putDisk, signedFetch, startBuilder, submitJob } from "./builder-process.js";
 import { type FakeStorage, restoreToEnd, snapshotToEnd, startFakeStorage } from "./snapshot-storage.js";
 

@@ -4,7 +4,7 @@ import { lstatSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { measureTree } from "../../builder/src/disks.js";
+import { measureTree } from "../../builder/src/sandbox/usage.js";
 
 /**
  * A builder without filesystem images measures a disk by walking it: in

@@ -3,7 +3,8 @@ import { statfs } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { DiskInfo, parseLogLine } from "../../builder/src/protocol.js";
+import { DiskInfo } from "../../builder/src/protocol/disks.js";
+import { parseLogLine } from "../../builder/src/protocol/jobs.js";
 import {
   type BuilderProcess,
   diskDataPath,

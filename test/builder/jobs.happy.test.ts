@@ -6,7 +6,8 @@ import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { JobStatus, parseLogLine } from "../../builder/src/protocol.js";
+import { JobStatus } from "../../builder/src/protocol/job-status.js";
+import { parseLogLine } from "../../builder/src/protocol/jobs.js";
 import { type BuilderProcess, followLog, jobStatus, runToEnd, signedFetch, startBuilder, submitJob } from "./builder-process.js";
 
 let builder: BuilderProcess;

@@ -3,7 +3,7 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { JobStatus } from "../../builder/src/protocol.js";
+import { JobStatus } from "../../builder/src/protocol/job-status.js";
 import { type BuilderProcess, followLog, jobStatus, signedFetch, startBuilder, submitJob } from "./builder-process.js";
 
 let dataDir: string;

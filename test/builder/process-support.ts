@@ -12,7 +12,8 @@ import { type IncomingMessage, createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { NonceCache, type ProcessSpec, ProcessStatus, signProxy, verifyRequest } from "../../builder/src/protocol.js";
+import { type ProcessSpec, ProcessStatus, signProxy } from "../../builder/src/protocol/processes.js";
+import { NonceCache, verifyRequest } from "../../builder/src/protocol/signing.js";
 import { type BuilderTarget, TEST_TENANT, signedFetch } from "./builder-process.js";
 
 /** A release: the archive, and what ProcessSpec's `release` says of it (its URL once served). */

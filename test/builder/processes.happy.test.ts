@@ -1,7 +1,7 @@
 import { createHash, randomBytes } from "node:crypto";
 import { connect } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { ProcessStatus, parseAppLogLine } from "../../builder/src/protocol.js";
+import { ProcessStatus, parseAppLogLine } from "../../builder/src/protocol/processes.js";
 import { type BuilderProcess, signedFetch, startBuilder } from "./builder-process.js";
 import {
   APP_SERVER,

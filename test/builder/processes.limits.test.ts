@@ -4,7 +4,7 @@ import { tmpdir, totalmem } from "node:os";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { parseAppLogLine } from "../../builder/src/protocol.js";
+import { parseAppLogLine } from "../../builder/src/protocol/processes.js";
 import { LOG_RATE } from "../../builder/src/processes/app-log.js";
 import { type BuilderProcess, signedFetch, startBuilder } from "./builder-process.js";
 import { APP_SERVER, type ControlPlane, type Release, makeRelease, startControlPlane, startProcess, stopProcess, waitFor, webSpec } from "./process-support.js";

@@ -1,6 +1,7 @@
 import { connect } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { HEADER_PROXY_SIGNATURE, HEADER_PROXY_TIMESTAMP, MAX_PROXY_BODY_BYTES, signProxy, signRequest } from "../../builder/src/protocol.js";
+import { HEADER_PROXY_SIGNATURE, HEADER_PROXY_TIMESTAMP, MAX_PROXY_BODY_BYTES, signProxy } from "../../builder/src/protocol/processes.js";
+import { signRequest } from "../../builder/src/protocol/signing.js";
 import { type BuilderProcess, TEST_TENANT, putDisk, runToEnd, signedFetch, startBuilder } from "./builder-process.js";
 import {
   APP_SERVER,

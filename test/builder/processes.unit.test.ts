@@ -4,13 +4,14 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { PassThrough } from "node:stream";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { DiskLeases } from "../../builder/src/disk-leases.js";
+import { DiskLeases } from "../../builder/src/disks/leases.js";
 import { isId, newId } from "../../builder/src/ids.js";
 import { APP_LOG_FILE_BYTES, AppLog, type LogWindow, ProcessOutput } from "../../builder/src/processes/app-log.js";
 import { cookieDomainProblem, forwardedRequestHeaders, forwardedResponseHeaders, parseProxyPath } from "../../builder/src/processes/proxy.js";
 import { RESTART_POLICY, TRANSITIONS, afterExit } from "../../builder/src/processes/supervisor.js";
 import { workTreeBytes } from "../../builder/src/processes/worktree.js";
-import { LOG_LIMIT_BYTES, type ProcessSpec, ProcessState, parseAppLogLine, processSpecProblems } from "../../builder/src/protocol.js";
+import { LOG_LIMIT_BYTES } from "../../builder/src/protocol/jobs.js";
+import { type ProcessSpec, ProcessState, parseAppLogLine, processSpecProblems } from "../../builder/src/protocol/processes.js";
 
 describe("restart policy", () => {
   it("backs off 0.5, 1, 2, 4 s, then calls the fifth exit a crash loop retried every 60 s", () => {

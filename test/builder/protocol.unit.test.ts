@@ -1,15 +1,6 @@
 import { describe, expect, it } from "vitest";
-import {
-  HEADER_NONCE,
-  HEADER_SIGNATURE,
-  HEADER_TIMESTAMP,
-  JobSpec,
-  NonceCache,
-  SIGNATURE_WINDOW_SECONDS,
-  parseLogLine,
-  signRequest,
-  verifyRequest,
-} from "../../builder/src/protocol.js";
+import { JobSpec, parseLogLine } from "../../builder/src/protocol/jobs.js";
+import { HEADER_NONCE, HEADER_SIGNATURE, HEADER_TIMESTAMP, NonceCache, SIGNATURE_WINDOW_SECONDS, signRequest, verifyRequest } from "../../builder/src/protocol/signing.js";
 
 const secret = "unit-test-secret-0123456789";
 const asHeaders = (record: Record<string, string>) => new Headers(record);

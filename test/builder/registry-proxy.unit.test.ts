@@ -4,7 +4,7 @@ import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { RegistryProxy } from "../../builder/src/registry-proxy.js";
+import { RegistryProxy } from "../../builder/src/sandbox/registry-proxy.js";
 
 /** The build proxy with a python package index configured: the index's origin is reachable, nothing else is. */
 let dir: string;

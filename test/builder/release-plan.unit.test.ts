@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
-import type { ProjectFiles } from "../../builder/src/detect.js";
-import { detectRuntime, parseProcfile, planRelease, shellWord } from "../../builder/src/release-plan.js";
+import type { ProjectFiles } from "../../builder/src/static/detect.js";
+import { detectRuntime, parseProcfile, planRelease, shellWord } from "../../builder/src/jobs/release-plan.js";
 import { parseSvcJson, type SvcJson } from "../../builder/src/static/project-config.js";
 
 /** A project held in memory. */

@@ -2,7 +2,7 @@ import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { BuilderError } from "../../builder/src/protocol.js";
+import { BuilderError } from "../../builder/src/protocol/shared.js";
 import { type FakeWorker, startFakeWorker, svcLines } from "./build-support.js";
 import { type BuilderProcess, signedFetch, startBuilder, TEST_TENANT } from "./builder-process.js";
 import { appsDir, copyApp, releaseSpec, releaseToEnd } from "./release-support.js";

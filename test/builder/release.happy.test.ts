@@ -3,7 +3,7 @@ import { existsSync } from "node:fs";
 import { lstat, readdir, readFile, readlink, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { ReleaseResult } from "../../builder/src/protocol.js";
+import { ReleaseResult } from "../../builder/src/protocol/processes.js";
 import { type FakeWorker, startFakeWorker, svcLines } from "./build-support.js";
 import { type BuilderProcess, startBuilder } from "./builder-process.js";
 import {

@@ -6,7 +6,7 @@ import { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import { createGzip, gzipSync } from "node:zlib";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { RestoreSpec } from "../../builder/src/protocol.js";
+import type { RestoreSpec } from "../../builder/src/protocol/disks.js";
 import { type BuilderProcess, diskDataPath, diskFolderAtRest, putDisk, startBuilder } from "./builder-process.js";
 import { type FakeStorage, describeTree, restoreToEnd, startFakeStorage } from "./snapshot-storage.js";
 

@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { HEADER_TIMESTAMP, parseLogLine, signRequest } from "../../builder/src/protocol.js";
+import { parseLogLine } from "../../builder/src/protocol/jobs.js";
+import { HEADER_TIMESTAMP, signRequest } from "../../builder/src/protocol/signing.js";
 import { type BuilderProcess, putDisk, runToEnd, signedFetch, startBuilder } from "./builder-process.js";
 
 let builder: BuilderProcess;

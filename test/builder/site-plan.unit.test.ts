@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
-import { type ProjectFiles, detectProject, leftOutOfPlainFolder, planSite } from "../../builder/src/detect.js";
+import { type ProjectFiles, detectProject, leftOutOfPlainFolder, planSite } from "../../builder/src/static/detect.js";
 import { describeInstallFailure } from "../../builder/src/jobs/install-error.js";
-import { BuildSpec, siteDir } from "../../builder/src/protocol.js";
+import { BuildSpec, siteDir } from "../../builder/src/protocol/static.js";
 import { parseSvcJson } from "../../builder/src/static/project-config.js";
 import { generateServerFiles } from "../../builder/src/static/server-config.js";
 

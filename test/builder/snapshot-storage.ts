@@ -9,7 +9,8 @@ import { lstat, readFile, readdir, readlink } from "node:fs/promises";
 import { type IncomingMessage, type ServerResponse, createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
-import { NonceCache, PartUrlRequest, type RestoreSpec, type SnapshotSpec, verifyRequest } from "../../builder/src/protocol.js";
+import { PartUrlRequest, type RestoreSpec, type SnapshotSpec } from "../../builder/src/protocol/disks.js";
+import { NonceCache, verifyRequest } from "../../builder/src/protocol/signing.js";
 import { type BuilderTarget, followLog, jobStatus, signedFetch } from "./builder-process.js";
 
 /** The fake storage and what it saw. */

@@ -6,7 +6,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { gunzipSync } from "node:zlib";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { SnapshotResult } from "../../builder/src/protocol.js";
+import { SnapshotResult } from "../../builder/src/protocol/disks.js";
 import { type BuilderProcess, diskDataPath, diskFolderAtRest, followLog, jobStatus, putDisk, runToEnd, signedFetch, startBuilder } from "./builder-process.js";
 import { type FakeStorage, describeTree, restoreToEnd, snapshotToEnd, startFakeStorage } from "./snapshot-storage.js";
 

@@ -4,7 +4,7 @@ import { chmod, link, mkdir, mkdtemp, open, rm, stat, symlink, utimes, writeFile
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { SnapshotResult } from "../../builder/src/protocol.js";
+import { SnapshotResult } from "../../builder/src/protocol/disks.js";
 import { type BuilderProcess, diskDataPath, putDisk, startBuilder } from "./builder-process.js";
 import { type FakeStorage, describeTree, restoreToEnd, snapshotToEnd, startFakeStorage } from "./snapshot-storage.js";
 

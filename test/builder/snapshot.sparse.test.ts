@@ -3,7 +3,7 @@ import { mkdir, mkdtemp, open, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { SnapshotResult } from "../../builder/src/protocol.js";
+import { SnapshotResult } from "../../builder/src/protocol/disks.js";
 import { type BuilderProcess, diskDataPath, putDisk, runToEnd, startBuilder } from "./builder-process.js";
 import { type FakeStorage, restoreToEnd, snapshotToEnd, startFakeStorage } from "./snapshot-storage.js";
 

@@ -2,7 +2,7 @@ import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
-import { TenantUsers } from "../../builder/src/tenants";
+import { TenantUsers } from "../../builder/src/sandbox/tenants";
 
 /**
  * One uid per account per host (issue 28): every node on a host allocates

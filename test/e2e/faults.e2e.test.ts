@@ -7,7 +7,9 @@ import { tmpdir } from "node:os";
 import { join, relative } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { JobStatus, signRequest, nodeKey } from "../../builder/src/protocol.js";
+import { JobStatus } from "../../builder/src/protocol/job-status.js";
+import { nodeKey } from "../../builder/src/protocol/node.js";
+import { signRequest } from "../../builder/src/protocol/signing.js";
 import { freePort, type LocalStack, startLocalStack } from "../../scripts/local-stack.js";
 import { diskDataPath } from "../builder/builder-process.js";
 
@@ -46,7 +48,7 @@ class Client {
   /** The builder's job for a control-plane key (run, backup, restore, deployment id), asked the way the Worker asks. */
   async builderJob(key: string): Promise<JobStatus | null> {
     const path = `/v1/jobs?key=${encodeURIComponent(key)}`;
-    // The node's own key, derived as the Worker derives it (protocol.ts, nodeKey).
+    // The node's own key, derived as the Worker derives it (protocol/node.ts, nodeKey).
     const secret = await nodeKey(this.stack.secrets.BUILDER_SECRET, this.stack.nodes[0]!.id);
     const headers = await signRequest({ secret, method: "GET", path });
     const res = await fetch(`${this.stack.builderUrl}${path}`, { headers }).catch(() => null);

@@ -1,6 +1,6 @@
 import { runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
-import type { JobStatus } from "../../builder/src/protocol";
+import type { JobStatus } from "../../builder/src/protocol/job-status";
 import { newId, randomBase62 } from "../../worker/lib/ids";
 import { backupStub } from "../../worker/services/backups";
 

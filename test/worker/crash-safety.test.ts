@@ -1,7 +1,8 @@
 import { runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { afterEach, describe, expect, it, vi } from "vitest";
-import { CALLBACK_OVERHEAD_BYTES, MAX_MANIFEST_BYTES, signRequest } from "../../builder/src/protocol";
+import { signRequest } from "../../builder/src/protocol/signing";
+import { CALLBACK_OVERHEAD_BYTES, MAX_MANIFEST_BYTES } from "../../builder/src/protocol/static";
 import { newId, randomBase62 } from "../../worker/lib/ids";
 import { activateIfNewer, deploymentStub } from "../../worker/services/deployments";
 import { blobKey, blobPrefix } from "../../worker/sites/serve";

@@ -1,7 +1,8 @@
 import { runDurableObjectAlarm } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { afterEach, describe, expect, it } from "vitest";
-import { type JobStatus, signRequest } from "../../builder/src/protocol";
+import type { JobStatus } from "../../builder/src/protocol/job-status";
+import { signRequest } from "../../builder/src/protocol/signing";
 import { configOf } from "../../worker/env";
 import { findJob, LONE_BUILDER_ID } from "../../worker/lib/builder-client";
 import { PLAN_LIMITS } from "../../worker/lib/plans";

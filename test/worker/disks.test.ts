@@ -1,6 +1,6 @@
 import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
-import { signRequest } from "../../builder/src/protocol";
+import { signRequest } from "../../builder/src/protocol/signing";
 import { isInUse } from "../../worker/services/disks";
 import { call, type ErrorJson, json, newAccount } from "./helpers";
 

@@ -1,7 +1,7 @@
 import { runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
-import type { JobStatus } from "../../builder/src/protocol";
+import type { JobStatus } from "../../builder/src/protocol/job-status";
 import { newId } from "../../worker/lib/ids";
 import { deploymentStub } from "../../worker/services/deployments";
 import { blobKey, blobPrefix, type Manifest, manifestKey } from "../../worker/sites/serve";

@@ -1,18 +1,11 @@
-import {
-  BuilderError,
-  type BuildSpec,
-  DiskInfo,
-  type DiskSpec,
-  type JobSpec,
-  JobStatus,
-  type ProcessSpec,
-  ProcessStatus,
-  QuarantinedDisk,
-  type RestoreSpec,
-  type SnapshotSpec,
-  nodeKey,
-  signRequest,
-} from "../../builder/src/protocol";
+import { DiskInfo, type DiskSpec, type RestoreSpec, type SnapshotSpec } from "../../builder/src/protocol/disks";
+import { JobStatus } from "../../builder/src/protocol/job-status";
+import type { JobSpec } from "../../builder/src/protocol/jobs";
+import { QuarantinedDisk, nodeKey } from "../../builder/src/protocol/node";
+import { type ProcessSpec, ProcessStatus } from "../../builder/src/protocol/processes";
+import { BuilderError } from "../../builder/src/protocol/shared";
+import { signRequest } from "../../builder/src/protocol/signing";
+import type { BuildSpec } from "../../builder/src/protocol/static";
 import { z } from "zod";
 import type { Config } from "../env";
 import { ApiError } from "./errors";

@@ -1,5 +1,5 @@
 import { createRoute, z } from "@hono/zod-openapi";
-import { ProcessExitReason, ProcessState } from "../../builder/src/protocol";
+import { ProcessExitReason, ProcessState } from "../../builder/src/protocol/processes";
 import { requireScope } from "../auth/middleware";
 import { eq } from "drizzle-orm";
 import { disks, RUNTIMES, SUPPORTED_RUNTIMES } from "../db/schema";

@@ -1,5 +1,5 @@
 import { createRoute, z } from "@hono/zod-openapi";
-import { mountPathProblem } from "../../builder/src/protocol";
+import { mountPathProblem } from "../../builder/src/protocol/jobs";
 import { appChanged } from "../services/cron-targets";
 import { requireScope } from "../auth/middleware";
 import { DISK_STATUSES } from "../db/schema";

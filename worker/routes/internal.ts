@@ -1,16 +1,10 @@
 import { Hono, type MiddlewareHandler } from "hono";
-import {
-  BlobsRequest,
-  HEADER_NODE,
-  JobStatus,
-  NODE_ID_PATTERN,
-  NodeHeartbeat,
-  NodeRejoin,
-  NonceCache,
-  PartUrlRequest,
-  ProcessStatus,
-  verifyRequest,
-} from "../../builder/src/protocol";
+import { PartUrlRequest } from "../../builder/src/protocol/disks";
+import { JobStatus } from "../../builder/src/protocol/job-status";
+import { NODE_ID_PATTERN, NodeHeartbeat, NodeRejoin } from "../../builder/src/protocol/node";
+import { ProcessStatus } from "../../builder/src/protocol/processes";
+import { HEADER_NODE, NonceCache, verifyRequest } from "../../builder/src/protocol/signing";
+import { BlobsRequest } from "../../builder/src/protocol/static";
 import type { AppEnv } from "../context";
 import { LONE_BUILDER_ID, signingKey } from "../lib/builder-client";
 import { ApiError } from "../lib/errors";

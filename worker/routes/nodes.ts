@@ -1,6 +1,6 @@
 import { createRoute, z } from "@hono/zod-openapi";
 import { desc, eq, isNotNull } from "drizzle-orm";
-import { NodeCapacity, NodeJoin, NodeJoined, QuarantinedDisk } from "../../builder/src/protocol";
+import { NodeCapacity, NodeJoin, NodeJoined, QuarantinedDisk } from "../../builder/src/protocol/node";
 import { capsOf, type FleetNode, type FleetResult } from "../../durable-objects/fleet";
 import { hashSecret } from "../auth/secret";
 import type { Config } from "../env";

@@ -1,4 +1,4 @@
-import type { ProcessStatus } from "../../builder/src/protocol";
+import type { ProcessStatus } from "../../builder/src/protocol/processes";
 import type { AppRow, Runtime } from "../db/schema";
 import { configOf, type Env } from "../env";
 import { getProcess } from "../lib/builder-client";

@@ -1,5 +1,5 @@
 import { and, desc, eq, inArray, isNull, or, sql } from "drizzle-orm";
-import { GENERATED_WEB_SERVER_CONFIG_PATH } from "../../builder/src/protocol";
+import { GENERATED_WEB_SERVER_CONFIG_PATH } from "../../builder/src/protocol/static";
 import type { Db } from "../db/client";
 import { type AppRow, apps, type DeploymentRow, deployments } from "../db/schema";
 import type { Config, Env } from "../env";

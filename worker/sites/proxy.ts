@@ -1,4 +1,4 @@
-import { HEADER_APPS_DOMAIN, HEADER_PROXY_ERROR, MAX_PROXY_BODY_BYTES, signProxy } from "../../builder/src/protocol";
+import { HEADER_APPS_DOMAIN, HEADER_PROXY_ERROR, MAX_PROXY_BODY_BYTES, signProxy } from "../../builder/src/protocol/processes";
 import type { Config } from "../env";
 import { type NodeRef, signingKey } from "../lib/builder-client";
 
@@ -18,7 +18,7 @@ const DROPPED =
 
 /**
  * The request for the node: `ANY /v1/proxy/<process>/<path>?<query>`, signed
- * (protocol.ts, "Proxied traffic"), with the client's body streamed through
+ * (protocol/processes.ts, "Proxied traffic"), with the client's body streamed through
  * and X-Forwarded-* set by the edge alone (a client's own are dropped): the
  * client's address only where the edge knows it (CLIENT_IP_HEADER, set by
  * Cloudflare in production; locally a client could send any value there).

@@ -8,7 +8,7 @@
  * back on a shell's "not found" or an uncaught Node error. The samples it is
  * tested on are real outputs (build-error.unit.test.ts).
  */
-import { SANDBOX_WORK_DIR, withoutAnsi } from "../sandbox.js";
+import { SANDBOX_WORK_DIR, withoutAnsi } from "../sandbox/sandbox.js";
 import { stepOutput } from "./install-error.js";
 
 /** Longest cause kept in a summary; the whole report stays in the log. */

@@ -14,15 +14,16 @@
  */
 import { chown, lstat, mkdir, realpath, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import { FsImages, IMAGE_DATA_DIR } from "../fs-image.js";
-import { COMMON_OUTPUT_DIRS, PROJECT_ROOT, type ProjectFiles, planSite, readPackageJson } from "../detect.js";
-import type { JobOutcome } from "../job-manager.js";
-import { type BuildResult, type BuildSpec, GENERATED_WEB_SERVER_CONFIG_PATH, type NodeCredentials } from "../protocol.js";
-import type { SandboxHost } from "../sandbox-host.js";
-import { DEFAULT_PATH, type JobLog, SANDBOX_TOOLS_DIR, SANDBOX_WORK_DIR, type SandboxOutcome, runInSandbox } from "../sandbox.js";
+import { FsImages, IMAGE_DATA_DIR } from "../sandbox/fs-image.js";
+import { COMMON_OUTPUT_DIRS, PROJECT_ROOT, type ProjectFiles, planSite, readPackageJson } from "../static/detect.js";
+import type { JobOutcome } from "./manager.js";
+import type { NodeCredentials } from "../protocol/shared.js";
+import { type BuildResult, type BuildSpec, GENERATED_WEB_SERVER_CONFIG_PATH } from "../protocol/static.js";
+import type { SandboxHost } from "../sandbox/host.js";
+import { DEFAULT_PATH, type JobLog, SANDBOX_TOOLS_DIR, SANDBOX_WORK_DIR, type SandboxOutcome, runInSandbox } from "../sandbox/sandbox.js";
 import { formatBytes } from "../units.js";
-import type { JobUser } from "../tenants.js";
-import { downloadSource } from "../source-archive.js";
+import type { JobUser } from "../sandbox/tenants.js";
+import { downloadSource } from "./source-archive.js";
 import { projectFiles, realDirInside } from "../static/files.js";
 import { buildManifest } from "../static/manifest.js";
 import { parseSvcJson, runtimeMismatch, type SvcJson } from "../static/project-config.js";
@@ -36,7 +37,7 @@ import { failure, finish, interrupted } from "./run.js";
 
 export { NO_PIP_SOURCES, type PipSources } from "./install.js";
 
-/** The job log's file in the job's folder (job-manager.ts opens it there). */
+/** The job log's file in the job's folder (jobs/manager.ts opens it there). */
 const JOB_LOG_FILE = "log";
 
 /** Inputs of {@link runBuild}. */

@@ -21,7 +21,7 @@ import { openInside } from "../static/files.js";
 /** Longest quote kept in a summary; the whole line stays in the log. */
 const MAX_QUOTE_CHARS = 240;
 
-/** A job log record: `<time> <out|err> <text>` (protocol.ts); the builder's own `svc` lines are not the tool's. */
+/** A job log record: `<time> <out|err> <text>` (protocol/jobs.ts); the builder's own `svc` lines are not the tool's. */
 const OUTPUT_RECORD = /^\S+ (?:out|err) (.*)$/;
 
 /**

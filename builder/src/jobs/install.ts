@@ -8,8 +8,8 @@
 import { constants } from "node:fs";
 import { access } from "node:fs/promises";
 import { join } from "node:path";
-import type { PackageJson, PackageManager } from "../detect.js";
-import { SANDBOX_WHEELS_DIR, SANDBOX_WORK_DIR } from "../sandbox.js";
+import type { PackageJson, PackageManager } from "../static/detect.js";
+import { SANDBOX_WHEELS_DIR, SANDBOX_WORK_DIR } from "../sandbox/sandbox.js";
 
 /** Where python builds install from: the builder's BUILDER_PIP_INDEX_URL and BUILDER_PIP_FIND_LINKS. */
 export interface PipSources {

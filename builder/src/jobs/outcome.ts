@@ -3,9 +3,9 @@
  * command, so there is no exit code or memory peak to report, and they end
  * their log the same way every job does: a last `svc` line with the outcome.
  */
-import type { JobOutcome } from "../job-manager.js";
-import type { JobResult } from "../protocol.js";
-import type { JobLog } from "../sandbox.js";
+import type { JobOutcome } from "./manager.js";
+import type { JobResult } from "../protocol/job-status.js";
+import type { JobLog } from "../sandbox/sandbox.js";
 
 const NO_PROCESS = { exitCode: null, signal: null, peakMemoryBytes: 0 } as const;
 

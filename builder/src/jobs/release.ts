@@ -1,5 +1,5 @@
 /**
- * The release half of the build job (DESIGN §9, protocol.ts "Releases"): for
+ * The release half of the build job (DESIGN §9, protocol/processes.ts "Releases"): for
  * an app that runs, the build's install and build steps are the static
  * site's (jobs/build.ts), and what it publishes is the whole tree, /work with
  * its dependencies (node_modules, the python virtualenv at .venv), as one
@@ -11,12 +11,14 @@
  */
 import { readdir, readlink } from "node:fs/promises";
 import { join } from "node:path";
-import { type ProjectFiles, readPackageJson } from "../detect.js";
-import type { BuildSpec, ReleaseResult, NodeCredentials } from "../protocol.js";
-import { type ReleasePlan, planRelease } from "../release-plan.js";
-import { type JobLog, SANDBOX_WORK_DIR } from "../sandbox.js";
+import { type ProjectFiles, readPackageJson } from "../static/detect.js";
+import type { ReleaseResult } from "../protocol/processes.js";
+import type { NodeCredentials } from "../protocol/shared.js";
+import type { BuildSpec } from "../protocol/static.js";
+import { type ReleasePlan, planRelease } from "./release-plan.js";
+import { type JobLog, SANDBOX_WORK_DIR } from "../sandbox/sandbox.js";
 import { formatBytes } from "../units.js";
-import type { JobUser } from "../tenants.js";
+import type { JobUser } from "../sandbox/tenants.js";
 import { parseSvcJson, type SvcJson } from "../static/project-config.js";
 import { resolveLink } from "../tar/extract.js";
 import { PartUploadFailed, uploadDirectoryArchive } from "../tar/multipart-upload.js";

@@ -9,7 +9,7 @@
  * costs only the staging directory, which is removed. Spooling first would
  * need the archive's size again in free space and a second read, and would
  * protect nothing more: until the swap, the disk's data is never touched.
- * The swap itself is three renames under the disk's lock (disks.ts), which a
+ * The swap itself is three renames under the disk's lock (disks/store.ts), which a
  * crash leaves recoverable at the next start.
  *
  * The download uses node:http, not fetch: extraction may be far slower than
@@ -25,11 +25,12 @@ import { request as httpsRequest } from "node:https";
 import { Transform } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import { createGunzip } from "node:zlib";
-import { type DiskStore, measureDisk } from "../disks.js";
-import type { JobContext, JobOutcome } from "../job-manager.js";
-import type { RestoreSpec } from "../protocol.js";
+import type { DiskStore } from "../disks/store.js";
+import { measureDisk } from "../sandbox/usage.js";
+import type { JobContext, JobOutcome } from "./manager.js";
+import type { RestoreSpec } from "../protocol/disks.js";
 import { formatBytes } from "../units.js";
-import type { JobUser } from "../tenants.js";
+import type { JobUser } from "../sandbox/tenants.js";
 import { ArchiveRejected, type ExtractSummary, TarFormatError, extractTar } from "../tar/extract.js";
 import { failed, messageOf, succeeded } from "./outcome.js";
 

@@ -5,12 +5,12 @@
  * other jobs can reuse its steps.
  */
 import { rm, rmdir } from "node:fs/promises";
-import type { DiskStore } from "../disks.js";
-import type { JobSpec } from "../protocol.js";
-import type { SandboxHost } from "../sandbox-host.js";
-import { type JobLog, type SandboxOutcome, runInSandbox } from "../sandbox.js";
-import type { JobUser } from "../tenants.js";
-import { downloadSource } from "../source-archive.js";
+import type { DiskStore } from "../disks/store.js";
+import type { JobSpec } from "../protocol/jobs.js";
+import type { SandboxHost } from "../sandbox/host.js";
+import { type JobLog, type SandboxOutcome, runInSandbox } from "../sandbox/sandbox.js";
+import type { JobUser } from "../sandbox/tenants.js";
+import { downloadSource } from "./source-archive.js";
 
 /** Inputs of {@link runJob}. */
 export interface RunJobInput {
@@ -107,7 +107,7 @@ export function interrupted(signal: AbortSignal): SandboxOutcome {
     : failure("cancelled", "cancelled");
 }
 
-/** Writes the outcome as the log's last line (format in protocol.ts), so a log read on its own says how the job ended. */
+/** Writes the outcome as the log's last line (format in protocol/jobs.ts), so a log read on its own says how the job ended. */
 export function finish(log: JobLog, outcome: SandboxOutcome): SandboxOutcome {
   if (outcome.reason === null) log.note("job succeeded (exit code 0)");
   else if (outcome.reason === "cancelled") log.note("job cancelled");

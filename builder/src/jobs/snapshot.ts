@@ -1,14 +1,15 @@
 /**
  * The "snapshot" job: a gzip-compressed tar of a disk's data directory,
  * uploaded to object storage in parts through presigned URLs the Worker hands
- * out one at a time (protocol.ts, "Disk snapshots and restores"). Packing,
+ * out one at a time (protocol/disks.ts, "Disk snapshots and restores"). Packing,
  * parallel gzip, spooling and the part uploads are tar/multipart-upload.ts,
  * which release builds share.
  */
 import { join } from "node:path";
-import type { DiskStore } from "../disks.js";
-import type { JobContext, JobOutcome } from "../job-manager.js";
-import type { SnapshotSpec, NodeCredentials } from "../protocol.js";
+import type { DiskStore } from "../disks/store.js";
+import type { JobContext, JobOutcome } from "./manager.js";
+import type { SnapshotSpec } from "../protocol/disks.js";
+import type { NodeCredentials } from "../protocol/shared.js";
 import { formatBytes } from "../units.js";
 import { PartUploadFailed, uploadDirectoryArchive } from "../tar/multipart-upload.js";
 import { SnapshotLimitExceeded } from "../tar/pack.js";
@@ -37,7 +38,7 @@ export async function snapshotJob(input: SnapshotJobInput): Promise<JobOutcome> 
       credentials: input.credentials,
       log,
       signal,
-      // The backup limits a restore of this disk enforces (protocol.ts): past one, the snapshot fails with the reason.
+      // The backup limits a restore of this disk enforces (protocol/disks.ts): past one, the snapshot fails with the reason.
       limits: { quotaBytes },
     });
     log.note(

@@ -1,6 +1,6 @@
 /**
  * The runtime log of each app on this node: its processes' stdout and stderr
- * and the supervisor's `svc` lines, in the app log's line format (protocol.ts,
+ * and the supervisor's `svc` lines, in the app log's line format (protocol/processes.ts,
  * `<time> <stream> <deployment>/<process> <text>`: every line says which
  * release and which process wrote it), kept across the app's restarts and
  * deploys (every process of the app writes to the same log) and across
@@ -31,8 +31,9 @@ import { mkdir, open, readdir, rename, rm, stat } from "node:fs/promises";
 import type { ServerResponse } from "node:http";
 import { join } from "node:path";
 import type { Readable } from "node:stream";
-import { LOG_LIMIT_BYTES, LOG_MAX_LINE_BYTES, PROCESS_LAST_LINES } from "../protocol.js";
-import { type OutputLog, withoutAnsi } from "../sandbox.js";
+import { LOG_LIMIT_BYTES, LOG_MAX_LINE_BYTES } from "../protocol/jobs.js";
+import { PROCESS_LAST_LINES } from "../protocol/processes.js";
+import { type OutputLog, withoutAnsi } from "../sandbox/sandbox.js";
 import { Changes } from "../changes.js";
 import { drained } from "../logs.js";
 

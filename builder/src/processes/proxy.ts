@@ -4,7 +4,7 @@
  * the process's sandbox at `<address>:<port>` on the run network (nothing else
  * reaches that port: see network.ts).
  *
- * - Authenticated by the proxy headers (protocol.ts, verifyProxy): the body is
+ * - Authenticated by the proxy headers (protocol/processes.ts, verifyProxy): the body is
  *   the visitor's, streamed, so it is not signed. A signature already verified
  *   for the same process and second is recognised by a constant-time compare
  *   with the remembered one, so a busy app costs one HMAC per second, not one
@@ -45,18 +45,9 @@ import { type ClientRequest, type IncomingMessage, type OutgoingHttpHeaders, STA
 import { type Socket, connect } from "node:net";
 import type { Duplex } from "node:stream";
 import { setTimeout as sleep } from "node:timers/promises";
-import {
-  HEADER_APPS_DOMAIN,
-  HEADER_PROXY_ERROR,
-  type BuilderError,
-  type BuilderErrorCode,
-  HEADER_PROXY_SIGNATURE,
-  HEADER_PROXY_TIMESTAMP,
-  MAX_PROXY_BODY_BYTES,
-  SIGNATURE_WINDOW_SECONDS,
-  type ProcessState,
-  verifyProxy,
-} from "../protocol.js";
+import { HEADER_APPS_DOMAIN, HEADER_PROXY_ERROR, HEADER_PROXY_SIGNATURE, HEADER_PROXY_TIMESTAMP, MAX_PROXY_BODY_BYTES, type ProcessState, verifyProxy } from "../protocol/processes.js";
+import type { BuilderError, BuilderErrorCode } from "../protocol/shared.js";
+import { SIGNATURE_WINDOW_SECONDS } from "../protocol/signing.js";
 import type { Route } from "./supervisor.js";
 
 /** Path prefix of proxied traffic. */

@@ -1,7 +1,7 @@
 /**
  * One app process: a release running in a sandbox of its own, kept running by
  * an explicit state machine (Kubernetes' kubelet and pod phases are the model,
- * STYLE 14). Every state is named (protocol.ts, ProcessState), every change
+ * STYLE 14). Every state is named (protocol/processes.ts, ProcessState), every change
  * goes through {@link Supervisor.#transition}, which checks it against
  * {@link TRANSITIONS}, writes it to the app's runtime log with its reason
  * (`prc_… backoff: exited with code 1; restarting in 0.5 s`) and reports it.
@@ -13,7 +13,7 @@
  *
  * The first start fetches the release (releases.ts) and unpacks it into the
  * process's own working tree (worktree.ts), which later instances reuse. Each
- * instance is a sandbox made exactly like a run job's (sandbox.ts: the tenant's
+ * instance is a sandbox made exactly like a run job's (sandbox/sandbox.ts: the tenant's
  * user, namespaces, cgroups under the app's memory limit, the run network, its
  * disk at its mountPath), without a wall clock, its output going to the app's
  * runtime log. The node checks its readiness from outside (health.ts).
@@ -27,14 +27,14 @@ import { Agent, type AgentOptions } from "node:http";
 import type { Socket } from "node:net";
 import { constants } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
-import type { DiskStore } from "../disks.js";
-import { DEFAULT_START_TIMEOUT_SECONDS, type ProcessExitReason, type ProcessSpec, type ProcessState, type ProcessStatus } from "../protocol.js";
-import type { SandboxHost } from "../sandbox-host.js";
-import { type SandboxOutcome, runInSandbox } from "../sandbox.js";
+import type { DiskStore } from "../disks/store.js";
+import { DEFAULT_START_TIMEOUT_SECONDS, type ProcessExitReason, type ProcessSpec, type ProcessState, type ProcessStatus } from "../protocol/processes.js";
+import type { SandboxHost } from "../sandbox/host.js";
+import { type SandboxOutcome, runInSandbox } from "../sandbox/sandbox.js";
 import { formatBytes } from "../units.js";
-import type { JobUser } from "../tenants.js";
+import type { JobUser } from "../sandbox/tenants.js";
 import { ArchiveRejected, TarFormatError } from "../tar/extract.js";
-import type { HostRoom } from "../host-room.js";
+import type { HostRoom } from "../sandbox/host-room.js";
 import type { ProcessOutput } from "./app-log.js";
 import { type Listener, listeners, type ProbeResult, probe } from "./health.js";
 import { type ReleaseHandle, type ReleaseStore, ReleaseUnavailable } from "./releases.js";

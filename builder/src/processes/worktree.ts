@@ -20,11 +20,11 @@ import { chown, mkdir, readdir, rm, stat } from "node:fs/promises";
 import { join } from "node:path";
 import { pipeline } from "node:stream/promises";
 import { createGunzip } from "node:zlib";
-import { FsImages, IMAGE_DATA_DIR } from "../fs-image.js";
-import type { HostRoom } from "../host-room.js";
-import type { SandboxHost } from "../sandbox-host.js";
+import { FsImages, IMAGE_DATA_DIR } from "../sandbox/fs-image.js";
+import type { HostRoom } from "../sandbox/host-room.js";
+import type { SandboxHost } from "../sandbox/host.js";
 import { formatBytes } from "../units.js";
-import type { JobUser } from "../tenants.js";
+import type { JobUser } from "../sandbox/tenants.js";
 import { extractTar } from "../tar/extract.js";
 
 const GIB = 1024 * 1024 * 1024;

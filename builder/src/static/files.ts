@@ -10,7 +10,7 @@
 import { constants } from "node:fs";
 import { type FileHandle, open, readlink, realpath } from "node:fs/promises";
 import { join } from "node:path";
-import type { ProjectFiles } from "../detect.js";
+import type { ProjectFiles } from "./detect.js";
 
 const OPEN_FLAGS = constants.O_RDONLY | constants.O_NONBLOCK | constants.O_NOCTTY;
 /** Largest configuration file read into memory (package.json, svc.json, framework configs). */

@@ -6,8 +6,8 @@
 import { createHash } from "node:crypto";
 import { readdir, realpath, stat } from "node:fs/promises";
 import { join } from "node:path";
-import { leftOutOfPlainFolder } from "../detect.js";
-import { MAX_MANIFEST_BYTES, MAX_MANIFEST_FILES, type ManifestEntry } from "../protocol.js";
+import { leftOutOfPlainFolder } from "./detect.js";
+import { MAX_MANIFEST_BYTES, MAX_MANIFEST_FILES, type ManifestEntry } from "../protocol/static.js";
 import { contentTypeFor } from "./content-types.js";
 import { isInside, openInside } from "./files.js";
 import { isIgnored, parseIgnoreFile, type RuleSet } from "./ignore.js";

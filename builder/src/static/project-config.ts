@@ -8,7 +8,8 @@
  * and the CLI (`svc init`, `svc deploy`'s checks) share this parser.
  */
 import { z } from "zod";
-import { ProcessType, ServerRuntime, siteDir } from "../protocol.js";
+import { ProcessType, ServerRuntime } from "../protocol/processes.js";
+import { siteDir } from "../protocol/static.js";
 
 const FIELDS = [
   "name",

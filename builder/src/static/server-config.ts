@@ -4,7 +4,7 @@
  * platform's edge (rules 4 and 5), so the site behaves the same wherever the
  * image runs.
  */
-import { GENERATED_WEB_SERVER_CONFIG_PATH, PROJECT_ROOT } from "../protocol.js";
+import { GENERATED_WEB_SERVER_CONFIG_PATH, PROJECT_ROOT } from "../protocol/static.js";
 
 /** Container build files a project may bring; with one of them nothing is generated. */
 export const CONTAINER_FILES = ["Dockerfile", "Containerfile"];

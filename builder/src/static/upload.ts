@@ -8,7 +8,9 @@ import { createHash } from "node:crypto";
 import { Readable, Transform } from "node:stream";
 import type { ReadableStream as WebReadableStream } from "node:stream/web";
 import { setTimeout as sleep } from "node:timers/promises";
-import { BLOB_BATCH_LIMIT, type BlobsRequest, BlobsResponse, type ManifestEntry, signRequest, type NodeCredentials } from "../protocol.js";
+import type { NodeCredentials } from "../protocol/shared.js";
+import { signRequest } from "../protocol/signing.js";
+import { BLOB_BATCH_LIMIT, type BlobsRequest, BlobsResponse, type ManifestEntry } from "../protocol/static.js";
 import { openInside } from "./files.js";
 import { forEachLimited } from "./pool.js";
 

@@ -38,8 +38,8 @@ import { closeSync, constants, fchmodSync, fchownSync, futimesSync, openSync, wr
 import { chmod, chown, lchown, link, lstat, lutimes, mkdir, open, readFile, symlink, utimes } from "node:fs/promises";
 import { join } from "node:path";
 import { type Header, extract as tarExtract } from "tar-stream";
-import { BACKUP_MAX_PATH_BYTES } from "../protocol.js";
-import type { JobUser } from "../tenants.js";
+import { BACKUP_MAX_PATH_BYTES } from "../protocol/disks.js";
+import type { JobUser } from "../sandbox/tenants.js";
 import { formatBytes, formatCount } from "../units.js";
 import { whenWritable } from "./pack.js";
 import {

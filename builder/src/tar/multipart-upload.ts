@@ -1,6 +1,6 @@
 /**
  * A directory as one `.tar.gz` in object storage, uploaded in parts through
- * presigned URLs the Worker hands out one at a time (protocol.ts, "Disk
+ * presigned URLs the Worker hands out one at a time (protocol/disks.ts, "Disk
  * snapshots and restores"): what a disk snapshot and a release build both
  * produce.
  *
@@ -25,8 +25,10 @@ import { availableParallelism } from "node:os";
 import { join } from "node:path";
 import { pipeline } from "node:stream/promises";
 import { setTimeout as sleep } from "node:timers/promises";
-import { PartUrlResponse, SNAPSHOT_MAX_PARTS, type SnapshotPart, signRequest, type NodeCredentials } from "../protocol.js";
-import type { JobLog } from "../sandbox.js";
+import { PartUrlResponse, SNAPSHOT_MAX_PARTS, type SnapshotPart } from "../protocol/disks.js";
+import type { NodeCredentials } from "../protocol/shared.js";
+import { signRequest } from "../protocol/signing.js";
+import type { JobLog } from "../sandbox/sandbox.js";
 import { formatBytes } from "../units.js";
 import { DirectoryPacker, type PackLimits } from "./pack.js";
 import { parallelGzip } from "./parallel-gzip.js";

@@ -26,7 +26,7 @@
  * path of each hard-linked file until all its links are archived (at most
  * {@link LINKED_PATHS_BYTES}).
  *
- * Limits: what a restore would refuse, a snapshot refuses first (protocol.ts,
+ * Limits: what a restore would refuse, a snapshot refuses first (protocol/disks.ts,
  * "one set of limits"), so the backup fails with the reason instead of being
  * `ready` and unrestorable: more than `maxEntries` members, a path longer than
  * `maxPathBytes`, more than `maxOverheadBytes` of headers and maps, more data
@@ -38,7 +38,7 @@ import { closeSync, constants, fstatSync, lstatSync, openSync, read, readSync } 
 import { type FileHandle, lstat, open, opendir, readlink, statfs } from "node:fs/promises";
 import { promisify } from "node:util";
 import { type Header, type Pack, pack as tarPack } from "tar-stream";
-import { BACKUP_MAX_ENTRIES, BACKUP_MAX_OVERHEAD_BYTES, BACKUP_MAX_PATH_BYTES, BACKUP_MAX_SPARSE_REGIONS } from "../protocol.js";
+import { BACKUP_MAX_ENTRIES, BACKUP_MAX_OVERHEAD_BYTES, BACKUP_MAX_PATH_BYTES, BACKUP_MAX_SPARSE_REGIONS } from "../protocol/disks.js";
 import { formatBytes, formatCount } from "../units.js";
 import { type Region, dataRegions, encodeMap, fileAllocation, regionsAllocation, regionsBytes, symlinkAllocation } from "./sparse.js";
 
@@ -189,7 +189,7 @@ export async function addMember(pack: Pack, input: TarHeader, content?: Buffer |
 /** A snapshot that would make a backup a restore refuses: the message says which limit and where. */
 export class SnapshotLimitExceeded extends Error {}
 
-/** Limits of one packing (defaults: the backup limits of protocol.ts, no quota). */
+/** Limits of one packing (defaults: the backup limits of protocol/disks.ts, no quota). */
 export interface PackLimits {
   maxEntries: number;
   maxPathBytes: number;

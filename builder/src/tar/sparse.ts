@@ -27,7 +27,7 @@
 import { spawn } from "node:child_process";
 import { read } from "node:fs";
 import { promisify } from "node:util";
-import { BACKUP_MAX_SPARSE_REGIONS } from "../protocol.js";
+import { BACKUP_MAX_SPARSE_REGIONS } from "../protocol/disks.js";
 
 /** Bytes `[offset, offset + length)` of a sparse file hold data; the rest reads as zeros. */
 export interface Region {

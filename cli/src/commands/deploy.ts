@@ -2,8 +2,8 @@ import { createReadStream } from "node:fs";
 import { stat } from "node:fs/promises";
 import { join, resolve } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
-import { detectProject, PROJECT_ROOT, planSite } from "../../../builder/src/detect.js";
-import { planRelease } from "../../../builder/src/release-plan.js";
+import { detectProject, PROJECT_ROOT, planSite } from "../../../builder/src/static/detect.js";
+import { planRelease } from "../../../builder/src/jobs/release-plan.js";
 import { RUNTIMES, type Runtime, runtimeMismatch, type SvcJson } from "../../../builder/src/static/project-config.js";
 import type { ResponseData, Schemas } from "../../../openapi/types.js";
 import { type ApiClient, type Call, path, RequestFailed } from "../api.js";
@@ -98,7 +98,7 @@ function planHint(error: string): string {
 
 /**
  * Refuses, before the upload, a source the build would refuse: the builder's
- * own plan over the folder (for an app that runs, release-plan.ts: svc.json
+ * own plan over the folder (for an app that runs, jobs/release-plan.ts: svc.json
  * agreeing with the app's runtime, lockfile present, a start command found),
  * then what packing left out (a lockfile or requirements file that
  * `.gitignore` keeps from being uploaded).

@@ -12,9 +12,10 @@ import {
   detectProject,
   rootOutputProblem,
   siteInstalls,
-} from "../../../builder/src/detect.js";
-import { DEFAULT_APP_PORT, type ProcessType, type ServerRuntime, siteDir } from "../../../builder/src/protocol.js";
-import { detectRuntime, planRelease, type ReleasePlan } from "../../../builder/src/release-plan.js";
+} from "../../../builder/src/static/detect.js";
+import { DEFAULT_APP_PORT, type ProcessType, type ServerRuntime } from "../../../builder/src/protocol/processes.js";
+import { siteDir } from "../../../builder/src/protocol/static.js";
+import { detectRuntime, planRelease, type ReleasePlan } from "../../../builder/src/jobs/release-plan.js";
 import { RUNTIMES, type Runtime, SvcJson as SvcJsonSchema } from "../../../builder/src/static/project-config.js";
 import { type BaseContext, defineCommand, YES_OPTION } from "../command.js";
 import { CliError } from "../output.js";
@@ -180,7 +181,7 @@ function releaseHint(error: string): string {
  * --start-command alone (custom); a CliError when nothing says. A static site's fields then come from the command line,
  * else detection, else the replaced svc.json, else a default (the folder's
  * name, the package.json `build` script, spa false); an app that runs is
- * planned exactly as its build will be (release-plan.ts), with the flags and
+ * planned exactly as its build will be (jobs/release-plan.ts), with the flags and
  * the replaced svc.json's fields as its svc.json.
  */
 export async function planInit(dir: string, choices: InitChoices = {}, previous: PreviousConfig = {}): Promise<InitPlan> {

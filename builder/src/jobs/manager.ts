@@ -7,20 +7,24 @@
  */
 import { mkdir, readFile, readdir, rename, rm, stat, writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import { deliverCallback } from "./callback.js";
-import type { DiskLeases } from "./disk-leases.js";
-import type { DiskStore } from "./disks.js";
-import { newId } from "./ids.js";
-import { NO_PIP_SOURCES, type PipSources, runBuild } from "./jobs/build.js";
-import { restoreJob } from "./jobs/restore.js";
-import { runJob } from "./jobs/run.js";
-import { snapshotJob } from "./jobs/snapshot.js";
-import type { LogSource } from "./logs.js";
-import { type BuildSpec, type JobResult, type JobSpec, JobStatus, type RestoreSpec, type SnapshotSpec, type NodeCredentials } from "./protocol.js";
-import type { SandboxHost } from "./sandbox-host.js";
-import { JobLog, type SandboxOutcome } from "./sandbox.js";
-import type { TenantUsers } from "./tenants.js";
-import { Changes } from "./changes.js";
+import { deliverCallback } from "../callback.js";
+import type { DiskLeases } from "../disks/leases.js";
+import type { DiskStore } from "../disks/store.js";
+import { newId } from "../ids.js";
+import { NO_PIP_SOURCES, type PipSources, runBuild } from "./build.js";
+import { restoreJob } from "./restore.js";
+import { runJob } from "./run.js";
+import { snapshotJob } from "./snapshot.js";
+import type { LogSource } from "../logs.js";
+import type { RestoreSpec, SnapshotSpec } from "../protocol/disks.js";
+import { type JobResult, JobStatus } from "../protocol/job-status.js";
+import type { JobSpec } from "../protocol/jobs.js";
+import type { NodeCredentials } from "../protocol/shared.js";
+import type { BuildSpec } from "../protocol/static.js";
+import type { SandboxHost } from "../sandbox/host.js";
+import { JobLog, type SandboxOutcome } from "../sandbox/sandbox.js";
+import type { TenantUsers } from "../sandbox/tenants.js";
+import { Changes } from "../changes.js";
 
 /** How long finished jobs (status and log) stay available. */
 const JOB_RETENTION_MS = 24 * 60 * 60 * 1000;
@@ -63,7 +67,7 @@ interface JobWork {
   /**
    * The disk the job uses. An exclusive job (a restore) is refused while any
    * other job or an app process uses the disk, and every other job is refused
-   * while it holds it (disk-leases.ts).
+   * while it holds it (disks/leases.ts).
    */
   disk: { id: string; exclusive: boolean } | null;
   /** Runs the job; ends the log with the outcome line and never throws for expected failures. */

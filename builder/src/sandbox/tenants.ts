@@ -28,7 +28,7 @@
 import { randomUUID } from "node:crypto";
 import { link, mkdir, readFile, readdir, rm, unlink, writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import { TENANT_PATTERN } from "./protocol.js";
+import { TENANT_PATTERN } from "../protocol/shared.js";
 
 /** Unix user and group a job's processes run as. */
 export interface JobUser {

@@ -18,7 +18,7 @@ import { execFile } from "node:child_process";
 import { chown, mkdir, open, readFile, realpath, stat, statfs, truncate } from "node:fs/promises";
 import { join } from "node:path";
 import { promisify } from "node:util";
-import { BACKUP_MAX_ENTRIES, diskInodeLimit } from "./protocol.js";
+import { BACKUP_MAX_ENTRIES, diskInodeLimit } from "../protocol/disks.js";
 import type { JobUser } from "./tenants.js";
 
 const run = promisify(execFile);

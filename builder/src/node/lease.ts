@@ -24,7 +24,7 @@ import { spawn } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { mkdir, readFile, rename, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import { DISK_HOLDER_CGROUP_PREFIX } from "../sandbox.js";
+import { DISK_HOLDER_CGROUP_PREFIX } from "../sandbox/sandbox.js";
 
 /** The name the watchdog runs under (its $0), by which a leftover one is recognised. */
 const WATCHDOG_NAME = "svc-lease-watchdog";

@@ -14,17 +14,11 @@ import { availableParallelism, hostname, totalmem } from "node:os";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { JoinConfig } from "../config.js";
-import type { DiskStore } from "../disks.js";
+import type { DiskStore } from "../disks/store.js";
 import { type DiskLease, uptime } from "./lease.js";
-import {
-  type NodeCapacity,
-  type NodeCredentials,
-  NodeHeartbeatReply,
-  NodeJoined,
-  type NodeRejoin,
-  NodeRejoined,
-  signRequest,
-} from "../protocol.js";
+import { type NodeCapacity, NodeHeartbeatReply, NodeJoined, type NodeRejoin, NodeRejoined } from "../protocol/node.js";
+import type { NodeCredentials } from "../protocol/shared.js";
+import { signRequest } from "../protocol/signing.js";
 
 /** What the node reports as its load; read at every heartbeat. */
 export interface NodeLoad {

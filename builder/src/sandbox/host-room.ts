@@ -22,7 +22,7 @@ import { statfs } from "node:fs/promises";
 import { totalmem } from "node:os";
 import { join } from "node:path";
 import { pidAlive } from "./cgroups.js";
-import { formatBytes } from "./units.js";
+import { formatBytes } from "../units.js";
 
 /** Share of the data dir's filesystem kept free of promises when no reserve is configured. */
 const DEFAULT_DISK_RESERVE_SHARE = 0.1;

@@ -9,7 +9,7 @@
  * `svc.json` is not parsed here (static/project-config.ts does that); its fields
  * reach {@link planSite}, where they win over what is detected.
  */
-import { PROJECT_ROOT, projectDir, siteDir } from "./protocol.js";
+import { PROJECT_ROOT, projectDir, siteDir } from "../protocol/static.js";
 
 export { PROJECT_ROOT };
 

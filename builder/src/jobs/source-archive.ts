@@ -1,7 +1,7 @@
 /**
  * Fetches a job's source (a `.tar.gz` behind a presigned URL) into the job's
  * folder, readable only by the job's user. It is unpacked inside the job's
- * sandbox (see sandbox.ts), never by the builder: whatever the archive holds
+ * sandbox (see sandbox/sandbox.ts), never by the builder: whatever the archive holds
  * (absolute names, `..`, links pointing anywhere) can then reach nothing but the
  * sandbox's own working directory.
  */
@@ -11,9 +11,9 @@ import { join } from "node:path";
 import { Readable, Transform } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import type { ReadableStream as NodeWebReadableStream } from "node:stream/web";
-import type { JobLog } from "./sandbox.js";
-import { formatBytes } from "./units.js";
-import type { JobUser } from "./tenants.js";
+import type { JobLog } from "../sandbox/sandbox.js";
+import { formatBytes } from "../units.js";
+import type { JobUser } from "../sandbox/tenants.js";
 
 /** Largest source archive the builder downloads. */
 const MAX_SOURCE_BYTES = 1024 * 1024 * 1024;

@@ -36,21 +36,14 @@ import { closeSync, openSync, readFileSync, readSync, readdirSync, readlinkSync,
 import { type FileHandle, open } from "node:fs/promises";
 import type { Readable, Writable } from "node:stream";
 import { setTimeout as sleep } from "node:timers/promises";
-import { type DiskUsage, measureDisk } from "./disks.js";
-import {
-  type JobFailureReason,
-  LOG_LIMIT_BYTES,
-  LOG_MAX_LINE_BYTES,
-  LOG_TRUNCATION_MARKER,
-  type LogStream,
-  mountPathProblem,
-} from "./protocol.js";
+import { type DiskUsage, measureDisk } from "./usage.js";
+import { type JobFailureReason, LOG_LIMIT_BYTES, LOG_MAX_LINE_BYTES, LOG_TRUNCATION_MARKER, type LogStream, mountPathProblem } from "../protocol/jobs.js";
 import { FORWARDER_SOURCE, PROXY_ENV, SANDBOX_SOCKET_PATH } from "./registry-proxy.js";
 import type { JobCgroup } from "./cgroups.js";
 import type { NetworkSlot } from "./network.js";
-import type { SandboxHost } from "./sandbox-host.js";
+import type { SandboxHost } from "./host.js";
 import type { JobUser } from "./tenants.js";
-import { formatBytes, formatCount } from "./units.js";
+import { formatBytes, formatCount } from "../units.js";
 
 /** PATH a job gets unless its own env sets one. */
 export const DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin";
@@ -98,7 +91,7 @@ const MIB = 1024 * 1024;
 /**
  * Where a sandbox's output and the builder's notes about it go: a job's log
  * ({@link JobLog}), or an app's runtime log (processes/app-log.ts). Both write
- * the same line format (protocol.ts).
+ * the same line format (protocol/jobs.ts).
  */
 export interface OutputLog {
   /** Appends one builder message (`svc` line). */
@@ -109,7 +102,7 @@ export interface OutputLog {
 
 /**
  * The log file of one job. Output is split into timestamped lines (format in
- * protocol.ts), appended through one queue per job so lines of different jobs
+ * protocol/jobs.ts), appended through one queue per job so lines of different jobs
  * can never mix, and capped at LOG_LIMIT_BYTES with a single truncation marker.
  * `bytes` counts what is already on disk, so followers never read past it.
  */
@@ -577,7 +570,7 @@ export async function runInSandbox(options: SandboxOptions): Promise<SandboxOutc
   let cgroup: JobCgroup | null = null;
   if (host.cgroups) {
     try {
-      // A sandbox holding a disk is named for it: the node's lease watchdog ends exactly these (membership/lease.ts).
+      // A sandbox holding a disk is named for it: the node's lease watchdog ends exactly these (node/lease.ts).
       cgroup = await host.cgroups.create(options.disk ? `${DISK_HOLDER_CGROUP_PREFIX}${options.jobId}` : options.jobId, {
         memoryBytes: options.memoryLimitBytes,
         pids: MAX_PROCESSES,

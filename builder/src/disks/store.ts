@@ -1,6 +1,6 @@
 /**
  * Persistent disks: one directory per disk under the builder's data dir. With a
- * root builder each disk is its own ext4 filesystem (fs-image.ts), so its quota
+ * root builder each disk is its own ext4 filesystem (sandbox/fs-image.ts), so its quota
  * is a hard limit the kernel enforces:
  *
  *     disks/<id>/disk.json   quota, owner (tenant) and creation time (builder-only)
@@ -12,12 +12,12 @@
  * Either way, usage counts allocated blocks (a sparse file only its data), and
  * a disk holds at most {@link diskInodeLimit} files, directories and links:
  * an image's statfs says both at once; a plain directory is walked in bounded
- * memory ({@link measureTree}).
+ * memory (sandbox/usage.ts).
  *
  * Disk images are sparse, so the host's free space cannot protect itself:
  * creating or growing a disk (and a restore's staging copy) is refused while
  * the quotas already promised would no longer fit the data dir's free space
- * less a reserve (host-room.ts, InsufficientStorage).
+ * less a reserve (sandbox/host-room.ts, InsufficientStorage).
  *
  * A restore fills a fresh staging filesystem (or directory) named after its
  * job and swaps it in under the disk's lock; renames of `previous-<job>` and
@@ -25,16 +25,17 @@
  * old data (rolled back at the next start) or the new one, never a mix.
  */
 import { execFile } from "node:child_process";
-import { type Dir, lstatSync } from "node:fs";
-import { chown, lstat, mkdir, opendir, readFile, readdir, rename, rm, stat, writeFile } from "node:fs/promises";
+import { chown, lstat, mkdir, readFile, readdir, rename, rm, stat, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { promisify } from "node:util";
-import { FsImages, IMAGE_DATA_DIR, RESERVE_FILE, imageLayout, isMountPoint } from "./fs-image.js";
-import { DISK_ID_PATTERN, type DiskInfo, diskInodeLimit, type HeldDisk, type QuarantinedDisk } from "./protocol.js";
-import { formatBytes } from "./units.js";
-import type { JobUser } from "./tenants.js";
-import type { HostRoom } from "./host-room.js";
-import type { TenantUsers } from "./tenants.js";
+import { FsImages, IMAGE_DATA_DIR, imageLayout, isMountPoint } from "../sandbox/fs-image.js";
+import type { DiskInfo } from "../protocol/disks.js";
+import type { HeldDisk, QuarantinedDisk } from "../protocol/node.js";
+import { DISK_ID_PATTERN } from "../protocol/shared.js";
+import { formatBytes } from "../units.js";
+import type { HostRoom } from "../sandbox/host-room.js";
+import type { JobUser, TenantUsers } from "../sandbox/tenants.js";
+import { type DiskUsage, measureDisk } from "../sandbox/usage.js";
 
 const run = promisify(execFile);
 
@@ -60,79 +61,6 @@ export class DiskOwnedElsewhere extends Error {}
 /** The request names another generation of the disk than this copy (HTTP 409 DISK_FENCED). */
 export class DiskFenced extends Error {}
 
-/** What a disk holds, and the most files, directories and links it may hold. */
-export interface DiskUsage {
-  /** Allocated bytes (blocks), as `df` and `du` count them. */
-  usedBytes: number;
-  usedInodes: number;
-  inodeLimit: number;
-}
-
-/**
- * Usage of the disk whose data is at `dataPath` with `quotaBytes` of room. An
- * image (its root holds the reserve file, which a job cannot reach) answers
- * from statfs in O(1); a plain directory is walked ({@link measureTree}).
- */
-export async function measureDisk(dataPath: string, quotaBytes: number): Promise<DiskUsage> {
-  if (await exists(join(dataPath, "..", RESERVE_FILE))) {
-    const { usedBytes, usedInodes, inodeLimit } = await FsImages.usage(dataPath, quotaBytes);
-    return { usedBytes, usedInodes, inodeLimit };
-  }
-  return { ...(await measureTree(dataPath)), inodeLimit: diskInodeLimit(quotaBytes) };
-}
-
-/** Entries read from a directory at once: the walk holds this many names per open directory. */
-const WALK_BUFFER_ENTRIES = 64;
-
-/**
- * Allocated bytes and inodes below `root` (not counting `root` itself), in
- * memory that does not grow with the tree: directories are read a few entries
- * at a time (opendir), one open directory per level of the current path, and
- * a file with N links counts 1/N at each of them (all its links are on the
- * disk), so no set of seen inodes is kept. Unreadable entries count as 0.
- * Time is linear in the number of entries (about 1 s per 300,000 from the
- * page cache); only builders without filesystem images walk.
- */
-export async function measureTree(root: string): Promise<{ usedBytes: number; usedInodes: number }> {
-  let bytes = 0;
-  let inodes = 0;
-  const levels: { dir: Dir; path: string }[] = [];
-  const enter = async (path: string) => {
-    try {
-      levels.push({ dir: await opendir(path, { bufferSize: WALK_BUFFER_ENTRIES }), path });
-    } catch {
-      // deleted meanwhile, unreadable, or a path too long to open: counted as empty
-    }
-  };
-  await enter(root);
-  try {
-    while (levels.length > 0) {
-      const current = levels[levels.length - 1]!;
-      const entry = await current.dir.read();
-      if (entry === null) {
-        levels.pop();
-        await current.dir.close().catch(() => undefined);
-        continue;
-      }
-      const path = join(current.path, entry.name);
-      let stats: ReturnType<typeof lstatSync>;
-      try {
-        stats = lstatSync(path);
-      } catch {
-        continue;
-      }
-      if (!stats) continue;
-      const share = stats.isDirectory() ? 1 : 1 / Math.max(1, stats.nlink);
-      bytes += stats.blocks * 512 * share;
-      inodes += share;
-      if (stats.isDirectory()) await enter(path);
-    }
-  } finally {
-    for (const { dir } of levels) await dir.close().catch(() => undefined);
-  }
-  return { usedBytes: Math.round(bytes), usedInodes: Math.round(inodes) };
-}
-
 function fenceMessage(id: string, held: number, asked: number): string {
   return held < asked
     ? `disk ${id}: this node's copy is generation ${held}, the disk's record is at ${asked}; the stale copy is set aside and never used again`
@@ -141,7 +69,7 @@ function fenceMessage(id: string, held: number, asked: number): string {
 
 /** Options of {@link DiskStore.open}. */
 export interface DiskStoreOptions {
-  /** The host's room: disks are made only where it holds them beside every other promise (host-room.ts). */
+  /** The host's room: disks are made only where it holds them beside every other promise (sandbox/host-room.ts). */
   room: HostRoom;
 }
 

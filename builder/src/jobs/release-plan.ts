@@ -1,7 +1,7 @@
 /**
  * Decides how an app that runs (runtime `node`, `python` or `custom`) is
  * installed, built and started, before anything of the user's runs (DESIGN §9,
- * protocol.ts "Releases"). Pure functions over the same file-reading interface
+ * protocol/processes.ts "Releases"). Pure functions over the same file-reading interface
  * as detect.ts, so the builder (over the extracted source), `svc init` (to
  * write svc.json) and `svc deploy`'s checks before the upload (over the
  * user's folder) agree on every project.
@@ -20,9 +20,9 @@ import {
   findLockfile,
   hasDependencies,
   readPackageJson,
-} from "./detect.js";
-import { DEFAULT_APP_PORT, DEFAULT_START_TIMEOUT_SECONDS, type ProcessType, type ServerRuntime } from "./protocol.js";
-import { type Runtime, type SvcJson, runtimeMismatch } from "./static/project-config.js";
+} from "../static/detect.js";
+import { DEFAULT_APP_PORT, DEFAULT_START_TIMEOUT_SECONDS, type ProcessType, type ServerRuntime } from "../protocol/processes.js";
+import { type Runtime, type SvcJson, runtimeMismatch } from "../static/project-config.js";
 
 /** How dependencies are installed: a node package manager from its lockfile, or pip from requirements.txt / pyproject.toml. */
 export type ReleaseInstall =
