@@ -176,21 +176,30 @@ export async function probe(node: Pick<NodeRef, "address">, deadlineMs: number =
  * followed, a silence of `followIdle` asks the node whether it is alive, and
  * one that does not answer is marked unreachable and the stream ends.
  */
-function idleBounded(node: NodeRef, res: Response, follow: boolean, what: string): Response {
+export function idleBounded(
+  node: NodeRef,
+  res: Response,
+  follow: boolean,
+  what: string,
+  idleMs = follow ? DEADLINES_MS.followIdle : DEADLINES_MS.streamIdle,
+): Response {
   if (!res.ok || !res.body) return res;
-  const idleMs = follow ? DEADLINES_MS.followIdle : DEADLINES_MS.streamIdle;
   const reader = res.body.getReader();
   let timer: ReturnType<typeof setTimeout> | undefined;
   const silent = () =>
     new Promise<"silent">((resolve) => {
       timer = setTimeout(() => resolve("silent"), idleMs);
     });
+  // A read outlives a silence the probe excuses: it is awaited again, never doubled (a stream takes one pending read).
+  let reading: Promise<ReadableStreamReadResult<Uint8Array>> | null = null;
   const body = new ReadableStream<Uint8Array>({
     async pull(controller) {
       for (;;) {
-        const next = await Promise.race([reader.read(), silent()]);
+        reading ??= reader.read();
+        const next = await Promise.race([reading, silent()]);
         clearTimeout(timer);
         if (next !== "silent") {
+          reading = null;
           if (next.done) controller.close();
           else controller.enqueue(next.value);
           return;
