@@ -250,7 +250,7 @@ print('uid', os.getuid(), 'inotify', fd, 'errno', ctypes.get_errno(), flush=True
   it("one app's log spam leaves another account's requests on the same node within 1.5x of their p99", async () => {
     onTestFailed(showLog);
     const [steady, spammer] = await neighbours();
-    const samples = { quiet: [] as number[], spammed: [] as number[] };
+    const rounds: { quiet: number[]; spammed: number[] }[] = [];
     let failed = 0;
     const measure = async (into: number[], seconds: number) => {
       const until = Date.now() + seconds * 1000;
@@ -266,19 +266,23 @@ print('uid', os.getuid(), 'inotify', fd, 'errno', ctypes.get_errno(), flush=True
       );
     };
     await measure([], 1);
-    // Quiet and spammed windows in turn, so that whatever else loads the machine weighs on both alike: three
-    // rounds, as two let the files running beside this one in a full run move the ratio to 1.39x (0.91-0.97x alone).
-    for (let round = 0; round < 3; round++) {
-      await measure(samples.quiet, 3);
-      expect((await siteRequest(stack, spammer, "/spam?ms=3500")).status).toBe(200);
-      await measure(samples.spammed, 3);
+    // Quiet and spammed windows in turn, and the ratio of each pair's p99s: whatever else loads the machine (the
+    // file running beside this one in a full run) weighs on a pair alike, and a burst of it that lands in one
+    // window moves one pair of five, not the median (one pooled ratio of three rounds read 0.91-2.2x).
+    for (let round = 0; round < 5; round++) {
+      const pair = { quiet: [] as number[], spammed: [] as number[] };
+      await measure(pair.quiet, 2);
+      expect((await siteRequest(stack, spammer, "/spam?ms=2500")).status).toBe(200);
+      await measure(pair.spammed, 2);
+      rounds.push(pair);
       await sleep(600);
     }
     const p = (times: number[], q: number) => [...times].sort((a, b) => a - b)[Math.floor(times.length * q)]!;
-    const quiet = { p50: p(samples.quiet, 0.5), p99: p(samples.quiet, 0.99) };
-    const spammed = { p50: p(samples.spammed, 0.5), p99: p(samples.spammed, 0.99) };
+    const ratios = rounds.map((pair) => p(pair.spammed, 0.99) / p(pair.quiet, 0.99));
+    const ratio = [...ratios].sort((a, b) => a - b)[Math.floor(ratios.length / 2)]!;
+    const all = { quiet: rounds.flatMap((pair) => pair.quiet), spammed: rounds.flatMap((pair) => pair.spammed) };
     console.log(
-      `log spam: steady app p50 ${quiet.p50.toFixed(1)} → ${spammed.p50.toFixed(1)} ms, p99 ${quiet.p99.toFixed(1)} → ${spammed.p99.toFixed(1)} ms (${(spammed.p99 / quiet.p99).toFixed(2)}x), ${samples.quiet.length} → ${samples.spammed.length} requests`,
+      `log spam: steady app p50 ${p(all.quiet, 0.5).toFixed(1)} → ${p(all.spammed, 0.5).toFixed(1)} ms, p99 ${p(all.quiet, 0.99).toFixed(1)} → ${p(all.spammed, 0.99).toFixed(1)} ms; p99 ratio per round ${ratios.map((r) => r.toFixed(2)).join(", ")} (median ${ratio.toFixed(2)}x); ${all.quiet.length} → ${all.spammed.length} requests`,
     );
     const log = await (await fetch(`${stack.apiUrl}/v1/apps/${spammer}/runtime-logs?tail=10485760`, { headers: { Authorization: `Bearer ${attacker.key}` } })).text();
     const notices = log.match(/ svc \S+\/prc_\w+ log rate limit: dropped \d+ lines/g) ?? [];
@@ -288,7 +292,7 @@ print('uid', os.getuid(), 'inotify', fd, 'errno', ctypes.get_errno(), flush=True
     // no faster than the limit (the app then waits on its own writes, and nothing needs dropping).
     expect(kept).toBeGreaterThan(LOG_RATE.burstLines);
     expect(failed).toBe(0);
-    expect(spammed.p99).toBeLessThanOrEqual(quiet.p99 * 1.5);
+    expect(ratio).toBeLessThanOrEqual(1.5);
   }, 240_000);
 
   it("a flood of connections and WebSockets to one account's app leaves another account's requests at 0 errors", async () => {

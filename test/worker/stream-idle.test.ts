@@ -18,7 +18,7 @@ function pausing(first: string, pauseMs: number, second: string): Response {
 
 describe("a followed stream from a node, under its idle bound", () => {
   // The real builder the Worker suites start: it answers the probe a silence triggers.
-  const node = { id: "builder", address: env.BUILDER_URL };
+  const node = { id: "builder", address: String(env.BUILDER_URL) };
 
   it("goes on after a silence the node's health check excuses, with the read it was waiting on (never a second one)", async () => {
     const followed = idleBounded(node, pausing("before ", 450, "after"), true, "a followed log", 100);

@@ -181,7 +181,7 @@ export function idleBounded(
   res: Response,
   follow: boolean,
   what: string,
-  idleMs = follow ? DEADLINES_MS.followIdle : DEADLINES_MS.streamIdle,
+  idleMs: number = follow ? DEADLINES_MS.followIdle : DEADLINES_MS.streamIdle,
 ): Response {
   if (!res.ok || !res.body) return res;
   const reader = res.body.getReader();
