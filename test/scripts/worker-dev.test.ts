@@ -110,6 +110,17 @@ describe("scripts/worker-dev.ts: the Worker npm start and the tests run", () => 
     // The assets binding: the dashboard.
     const page = await fetch(`${api}/`);
     expect([page.status, page.headers.get("Content-Type")]).toEqual([200, "text/html; charset=utf-8"]);
+    // Requests whose bodies nothing reads (refused before the body mattered), one after another on kept-alive
+    // connections: none is cut (workerd closed such a connection under the next request).
+    const refused: string[] = [];
+    for (let i = 0; i < 400; i++) {
+      const res = await fetch(`${api}/v1/whoami`, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ i }) }).catch(
+        (err: Error) => err,
+      );
+      refused.push(res instanceof Response ? String(res.status) : `${res.message}: ${(res.cause as Error | undefined)?.message}`);
+      if (res instanceof Response) await res.text();
+    }
+    expect(refused.filter((answer) => answer !== "401")).toEqual([]);
     const scheduled = await fetch(`${api}${SCHEDULED_PATH}?cron=${encodeURIComponent("17 * * * *")}`);
     expect([scheduled.status, await scheduled.text()]).toEqual([200, "ok"]);
     expect(output).not.toMatch(/inspector|DevTools/i);
