@@ -26,6 +26,8 @@ type Created = ResponseData<"/v1/apps/{app}/deployments", "post", 201>;
 const FINAL = new Set<Deployment["status"]>(["ready", "failed", "cancelled"]);
 /** How often a deployment is looked at while it is published, or when the live log stream ended early. */
 const POLL_MS = 500;
+/** Pause before a process's followed output that failed or ended is opened again. */
+const RESUME_MS = 500;
 /** Longest a build is followed: the builder's 20-minute limit plus publishing. */
 const FOLLOW_LIMIT_MS = 30 * 60_000;
 
@@ -286,27 +288,55 @@ export async function followRollout(client: ApiClient, app: string, id: string, 
   return deployment;
 }
 
-/** Streams one process's lines of the app's runtime log, from `since`, as `<time> <stream> <text>`, until stopped. */
+/**
+ * Streams one process's lines of the app's runtime log, from `since`, as
+ * `<time> <stream> <text>`, until stopped. A stream that could not open (a
+ * node busy for a moment answers 503) or ended early is opened again from the
+ * last line's time, and the lines of that moment already shown are not shown
+ * twice.
+ */
 function followProcess(client: ApiClient, app: string, processId: string, since: string, write: (text: string) => void): { stop(): Promise<void> } {
   const stopping = new AbortController();
-  const done = (async () => {
-    const query = `?follow=true&process=${processId}&since=${encodeURIComponent(since)}`;
+  let from = since;
+  /** The lines already shown whose time is `from` (a resumed stream starts with them). */
+  let shownAt = new Set<string>();
+  const show = (line: string) => {
+    const time = line.slice(0, line.indexOf(" "));
+    if (time < from || (time === from && shownAt.has(line))) return;
+    if (time !== from) shownAt = new Set();
+    from = time;
+    shownAt.add(line);
+    // The process is this deployment's: its release/process tag says nothing more here.
+    write(`${line.replace(/^(\S+ \S+) \S+\/prc_\w+ /, "$1 ")}\n`);
+  };
+  const follow = async () => {
+    const query = `?follow=true&process=${processId}&since=${encodeURIComponent(from)}`;
     const res = await client.stream(`${path`/v1/apps/${app}/runtime-logs`}${query}`, aboutDeployments(`follow process ${processId}`, app));
     const reader = res.body?.getReader();
     if (!reader) return;
-    stopping.signal.addEventListener("abort", () => void reader.cancel().catch(() => undefined), { once: true });
-    const decoder = new TextDecoder();
-    let partial = "";
-    for (;;) {
-      const { done: ended, value } = await reader.read();
-      if (ended) break;
-      partial += decoder.decode(value, { stream: true });
-      const lines = partial.split("\n");
-      partial = lines.pop() ?? "";
-      // The process is this deployment's: its release/process tag says nothing more here.
-      for (const line of lines) write(`${line.replace(/^(\S+ \S+) \S+\/prc_\w+ /, "$1 ")}\n`);
+    const cancel = () => void reader.cancel().catch(() => undefined);
+    stopping.signal.addEventListener("abort", cancel, { once: true });
+    try {
+      const decoder = new TextDecoder();
+      let partial = "";
+      for (;;) {
+        const { done: ended, value } = await reader.read();
+        if (ended) break;
+        partial += decoder.decode(value, { stream: true });
+        const lines = partial.split("\n");
+        partial = lines.pop() ?? "";
+        for (const line of lines) show(line);
+      }
+    } finally {
+      stopping.signal.removeEventListener("abort", cancel);
     }
-  })().catch(() => undefined);
+  };
+  const done = (async () => {
+    while (!stopping.signal.aborted) {
+      await follow().catch(() => undefined);
+      if (!stopping.signal.aborted) await sleep(RESUME_MS, undefined, { signal: stopping.signal }).catch(() => undefined);
+    }
+  })();
   return {
     async stop() {
       // Lines written just before the end still arrive: a moment to read them, then the stream is cut.
