@@ -107,18 +107,18 @@ describe("the README's Using it block, as written, against npm start", () => {
     expect(readme).not.toContain("../shared");
   });
 
-  it("npm start says how to log in, hands wrangler its secrets only through .dev.vars, and fires crons without a warning", async () => {
+  it("npm start says how to log in, hands the Worker its secrets only through .dev.vars, and fires crons without a warning", async () => {
     expect(startOutput).toContain(`API        http://127.0.0.1:${port}`);
     expect(startOutput).toContain("npx svc login --local");
     expect(startOutput).not.toContain("Scheduled Workers are not automatically triggered");
-    console.log(`npm start (dashboard build, migrations, builder, wrangler dev, account) came up in ${startSeconds.toFixed(1)} s`);
+    console.log(`npm start (dashboard build, migrations, builder, the Worker, account) came up in ${startSeconds.toFixed(1)} s`);
 
     const secrets = [...(await readFile(join(clone, ".dev.vars"), "utf8")).matchAll(/^[A-Z0-9_]+="?([^"\n]+)"?$/gm)].map((m) => m[1]!);
     expect(secrets).toHaveLength(5);
     const commandLines = await processCommandLines();
     const worker = commandLines.filter((line) => line.includes("scripts/worker-dev.ts") && line.includes(`"port":${port},`));
     expect(worker, "the Worker process of this npm start").toHaveLength(1);
-    expect(worker[0]).not.toContain('"envFile"'); // npm start: wrangler reads .dev.vars itself
+    expect(worker[0]).not.toContain('"envFile"'); // npm start: the Worker reads .dev.vars itself
     for (const secret of secrets) expect(commandLines.filter((line) => line.includes(secret))).toEqual([]);
   });
 
