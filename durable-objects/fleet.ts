@@ -110,7 +110,6 @@ const MOVE_TICK_MS = 1_000;
 /** How often an unreachable node is probed (its /healthz, within a call's deadline) until it answers. */
 const PROBE_EVERY_MS = 2_000;
 
-
 /**
  * The fleet's one object (DESIGN §10): every change of membership goes
  * through it (join, heartbeat, operator commands, loss), it writes the

@@ -4,12 +4,13 @@ import { existsSync, openSync } from "node:fs";
 import { appendFile, chmod, cp, mkdir, mkdtemp, readdir, readFile, rename, rm, writeFile } from "node:fs/promises";
 import { createServer } from "node:net";
 import { join, resolve } from "node:path";
+import { parseEnv } from "node:util";
 import { superviseBuilder } from "./builder-process";
 import { cronsOf, scheduleTriggers } from "./local-crons.js";
 import { ROOT } from "./root.js";
 import { quietDisconnects } from "./wrangler-output.js";
 import { SCHEDULED_PATH } from "./scheduled-route.js";
-import { parseDotenv, type WorkerDevOptions } from "./worker-dev.js";
+import type { WorkerDevOptions } from "./worker-dev.js";
 
 /**
  * Starts the whole system locally: D1 migrations, the builder, the Worker (wrangler's dev server, scripts/worker-dev.ts),
@@ -103,7 +104,7 @@ function freshSecrets(): LocalSecrets {
 
 /** Reads the dotenv secrets file, adding any missing secret with a fresh random value. */
 export async function ensureSecrets(file: string): Promise<LocalSecrets> {
-  const existing = existsSync(file) ? parseDotenv(await readFile(file, "utf8")) : {};
+  const existing = existsSync(file) ? parseEnv(await readFile(file, "utf8")) : {};
   const secrets = { ...freshSecrets(), ...existing } as LocalSecrets;
   const missing = Object.keys(secrets).some((k) => !(k in existing));
   if (missing) {

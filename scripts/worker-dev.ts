@@ -25,6 +25,7 @@ import { builtinModules, createRequire } from "node:module";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { parseEnv } from "node:util";
 import { z } from "zod";
 import { ROOT } from "./root.js";
 
@@ -49,19 +50,6 @@ type MiniflareModule = {
   LogLevel: { WARN: number; INFO: number };
 };
 
-/** A dotenv file's `KEY=value` lines (values optionally quoted), as wrangler reads `.dev.vars`. */
-export function parseDotenv(text: string): Record<string, string> {
-  const out: Record<string, string> = {};
-  for (const line of text.split(/\r?\n/)) {
-    const m = /^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*?)\s*$/.exec(line);
-    if (!m) continue;
-    const raw = m[2]!;
-    const quoted = /^(["'])(.*)\1$/.exec(raw);
-    out[m[1]!] = quoted ? quoted[2]!.replace(/\\n/g, quoted[1] === '"' ? "\n" : "\\n") : raw.replace(/\s+#.*$/, "");
-  }
-  return out;
-}
-
 /**
  * The Worker's Miniflare options: wrangler.toml's bindings as wrangler makes them,
  * then the secrets file's values and the local addresses over its vars, and the
@@ -71,7 +59,7 @@ export async function miniflareOptions(options: WorkerDevOptions, script: string
   const { unstable_getMiniflareWorkerOptions, unstable_readConfig } = await import("wrangler");
   const config = unstable_readConfig({ config: join(ROOT, "wrangler.toml") });
   const { workerOptions } = unstable_getMiniflareWorkerOptions(config);
-  const secrets = parseDotenv(await readFile(options.envFile ?? join(ROOT, ".dev.vars"), "utf8").catch(() => ""));
+  const secrets = parseEnv(await readFile(options.envFile ?? join(ROOT, ".dev.vars"), "utf8").catch(() => ""));
   const { bindings, ...bound } = workerOptions as Record<string, unknown> & { bindings?: Record<string, unknown> };
   return {
     host: "127.0.0.1",

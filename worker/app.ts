@@ -30,9 +30,6 @@ const PUBLIC_PATHS = new Set(["/v1/openapi.json", "/v1/accounts", "/v1/nodes/joi
 /** The operator's own routes (the fleet) check the operator token instead of an API key. */
 const OPERATOR_PREFIX = "/v1/operator/";
 
-/** The largest request body read to its end when no route did (see createApp). */
-const UNREAD_BODY_DRAIN_BYTES = 64 * 1024;
-
 /** Disk-backup responses are wrapped in `{data, status}`, errors included (spec, "Endpoints"). */
 const BACKUP_PATH = /^\/v1\/disks\/[^/]+\/backups(\/|$)/;
 
@@ -68,16 +65,6 @@ function fromHttpException(err: HTTPException): ApiError {
 export function createApp() {
   const app = newRouter();
 
-  // A small body no route read (a refusal before the body mattered, a route that takes none) is read to its end
-  // before the answer: local workerd otherwise closes the kept-alive connection under the client's next request
-  // (undici: "other side closed", ECONNRESET; 6 of 200 POSTs to one connection). A large one is left unread and
-  // its connection ends, as any server does after refusing a body.
-  app.use("*", async (c, next) => {
-    await next();
-    const raw = c.req.raw;
-    const length = Number(raw.headers.get("Content-Length") ?? Number.POSITIVE_INFINITY);
-    if (raw.body && !raw.bodyUsed && length <= UNREAD_BODY_DRAIN_BYTES) await raw.arrayBuffer().catch(() => undefined);
-  });
   app.use("*", async (c, next) => {
     const config = configOf(c.env);
     // Requests for <app>.<APPS_DOMAIN> are static sites, answered before any API machinery.

@@ -7,7 +7,7 @@ import { afterAll, describe, expect, it } from "vitest";
 import { ensureSecrets, freePort, ROOT } from "../../scripts/local-stack.js";
 import { siteRequest } from "../e2e/sites.js";
 import { SCHEDULED_PATH } from "../../scripts/scheduled-route.js";
-import { miniflareOptions, parseDotenv, type WorkerDevOptions } from "../../scripts/worker-dev.js";
+import { miniflareOptions, type WorkerDevOptions } from "../../scripts/worker-dev.js";
 
 const run = promisify(execFile);
 const env = { ...process.env, WRANGLER_SEND_METRICS: "false", CLOUDFLARE_CF_FETCH_ENABLED: "false", NO_COLOR: "1", FORCE_COLOR: "0" };
@@ -44,10 +44,6 @@ describe("scripts/worker-dev.ts: the Worker npm start and the tests run", () => 
     await Promise.all(dirs.map((dir) => rm(dir, { recursive: true, force: true })));
   });
 
-  it("reads a secrets file as wrangler reads .dev.vars", () => {
-    expect(parseDotenv(`A=1\nexport B="two words"\n# note\nC='x\\ny' \nD=plain # comment\nnot a line\n`)).toEqual({ A: "1", B: "two words", C: "x\\ny", D: "plain" });
-  });
-
   it("binds what wrangler deploy ships, plus the secrets file and the local addresses over its vars", async () => {
     const dir = await mkdtemp(join(tmpdir(), "svc-worker-dev-"));
     dirs.push(dir);
@@ -66,6 +62,14 @@ describe("scripts/worker-dev.ts: the Worker npm start and the tests run", () => 
       const bound = option === "assets" ? worker.assets?.binding === name : worker[option!]?.[name] !== undefined;
       expect(bound, `${name} (${kind})`).toBe(true);
     }
+    // Nothing more: every name bound is one wrangler ships, or the secret from the file.
+    const boundNames = [
+      ...Object.values(OPTION_OF)
+        .filter((option) => option !== "assets")
+        .flatMap((option) => Object.keys(worker[option] ?? {})),
+      String(worker.assets?.binding),
+    ];
+    expect(boundNames.sort()).toEqual([...shipped.keys(), "OPERATOR_TOKEN"].sort());
     expect(worker.bindings).toMatchObject({ OPERATOR_TOKEN: "t".repeat(32), PUBLIC_URL: "http://127.0.0.1:1", APPS_URL_SCHEME: "http" });
     expect(options.defaultPersistRoot).toBe(join(dir, "p", "v3"));
   });

@@ -281,13 +281,15 @@ appRoutes.openapi(
     }
     const { follow, tail, lines, since, process } = c.req.valid("query");
     // The log lives on the node that runs (or last ran, or is starting) the process; else on the node holding the app's disk.
-    const [disk] = await c.get("db").select({ nodeId: disks.nodeId }).from(disks).where(eq(disks.appId, app.id)).limit(1);
-    const nodeId = (await appRuntimeStub(c.env, app.id).logNode(process)) ?? disk?.nodeId ?? null;
+    const nodeId =
+      (await appRuntimeStub(c.env, app.id).logNode(process)) ??
+      (await c.get("db").select({ nodeId: disks.nodeId }).from(disks).where(eq(disks.appId, app.id)).get())?.nodeId ??
+      null;
     const node = nodeId ? await nodeRef(c.env, nodeId).catch(() => null) : null;
-    if (!node) return c.body("", 200, { "Content-Type": "text/plain; charset=utf-8", "Cache-Control": "no-store" });
     const window = since !== undefined ? { since } : lines !== undefined ? { lines } : { tail };
-    const live = await appLogStream(c.get("config"), node, app.id, { ...window, ...(process ? { process } : {}) }, follow === "true");
-    if (live.status === 404) return c.body("", 200, { "Content-Type": "text/plain; charset=utf-8", "Cache-Control": "no-store" });
+    const live = node ? await appLogStream(c.get("config"), node, app.id, { ...window, ...(process ? { process } : {}) }, follow === "true") : null;
+    // No node has the log (nothing ever ran), or it has none yet: an empty log.
+    if (!live || live.status === 404) return c.body("", 200, { "Content-Type": "text/plain; charset=utf-8", "Cache-Control": "no-store" });
     if (!live.ok) throw new ApiError("BUILDER_UNAVAILABLE", `the app's node could not return the log (HTTP ${live.status})`);
     return c.body(live.body ?? "", 200, { "Content-Type": "text/plain; charset=utf-8", ...UNCOMPRESSED_STREAM });
   },

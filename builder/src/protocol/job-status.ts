@@ -8,7 +8,6 @@ import { JobFailureReason, JobState } from "./jobs.js";
 import { ReleaseResult } from "./processes.js";
 import { BuildResult } from "./static.js";
 
-
 /** Every kind of job result, told apart by `kind`. */
 export const JobResult = z.discriminatedUnion("kind", [SnapshotResult, RestoreResult, BuildResult, ReleaseResult]);
 export type JobResult = z.infer<typeof JobResult>;
@@ -51,11 +50,8 @@ export const JobStatus = z.object({
   /**
    * What a snapshot, restore or build job produced, once it succeeded (null
    * before and for other jobs; absent in records written before results
-   * existed). Lazy because {@link JobResult} is defined at the end of the file.
+   * existed).
    */
-  result: z
-    .lazy(() => JobResult)
-    .nullable()
-    .optional(),
+  result: JobResult.nullable().optional(),
 });
 export type JobStatus = z.infer<typeof JobStatus>;
