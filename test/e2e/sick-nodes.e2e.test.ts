@@ -118,7 +118,16 @@ describe("sick nodes", () => {
     const app = await api.newApp(`sick-${tag}`);
     const others = stack.nodes.filter((n) => n !== node);
     for (const other of others) await api.ok("POST", `/v1/operator/nodes/${other.id}/cordon`, {}, api.operator());
-    const disk = await api.ok<DiskView>("POST", "/v1/disks", { name: `sick-${tag}`, sizeGb: 1, mountPath: "/data" });
+    // Making a disk's image may outlast its 10 s deadline when the machine stalls (it did in CI, heartbeats of two
+    // nodes missed at the same moment): the node, answering its health check, is "busy" (503 with Retry-After),
+    // nothing is kept, and a client tries again after the time it was told.
+    let made = await api.call<DiskView>("POST", "/v1/disks", { name: `sick-${tag}`, sizeGb: 1, mountPath: "/data" });
+    for (let attempt = 1; attempt < 3 && made.status === 503 && / is busy /.test(JSON.stringify(made.data)); attempt++) {
+      await sleep(Number(made.headers.get("Retry-After") ?? 2) * 1000);
+      made = await api.call<DiskView>("POST", "/v1/disks", { name: `sick-${tag}`, sizeGb: 1, mountPath: "/data" });
+    }
+    if (made.status !== 201) throw new Error(`POST /v1/disks: ${made.status} ${JSON.stringify(made.data)}`);
+    const disk = made.data;
     for (const other of others) await api.ok("POST", `/v1/operator/nodes/${other.id}/uncordon`, {}, api.operator());
     expect(api.holder(disk.id)).toBe(node);
     await api.ok("POST", `/v1/disks/${disk.id}/attach`, { app: app.id });
