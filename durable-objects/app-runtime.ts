@@ -14,6 +14,7 @@ import { placeProcess } from "../worker/services/placement";
 import { noteProgress } from "../worker/services/deployments";
 import { EDGE_APP_TTL_MS } from "../worker/sites/serve";
 import { presign } from "../worker/storage/presign";
+import { type HistoryWindow, ShippedLog } from "./shipped-log";
 
 /** One process the object started: where it runs (the node's id), and what for. */
 type Instance = { processId: string; node: string; deploymentId: string };
@@ -76,6 +77,14 @@ const SETTLE_MS = EDGE_APP_TTL_MS + 250;
  * step that failed half-way is taken again by the next alarm.
  */
 export class AppRuntime extends DurableObject<Env> {
+  #shipped: ShippedLog | null = null;
+
+  /** The app's runtime log as its nodes shipped it (made on first use: most calls never read it). */
+  private get shipped(): ShippedLog {
+    this.#shipped ??= new ShippedLog(this.ctx.storage);
+    return this.#shipped;
+  }
+
   private get db() {
     return openDb(this.env.DB);
   }
@@ -163,6 +172,34 @@ export class AppRuntime extends DurableObject<Env> {
     if (processId !== undefined && pending?.processId === processId) return pending.node;
     if (processId !== undefined && live?.processId === processId) return live.node;
     return live?.node ?? pending?.node ?? this.ctx.storage.kv.get<string>("logNode") ?? null;
+  }
+
+  /**
+   * Keeps lines of the app's runtime log that `node` shipped; false (and
+   * nothing kept) when no process of the app was ever started there: a node
+   * writes only into the logs of apps it ran.
+   */
+  async keepLog(node: string, text: string): Promise<boolean> {
+    if (!this.logNodes().includes(node)) return false;
+    this.shipped.keep(node, text);
+    return true;
+  }
+
+  /** What nodes other than `exceptNode` shipped of the log (every node's when null), cut to `window`. */
+  async logHistory(exceptNode: string | null, window: HistoryWindow, names: Record<string, string>): Promise<{ text: string; last: { node: string; time: string } | null }> {
+    return this.shipped.history(exceptNode, window, names);
+  }
+
+  /** The app was deleted: its shipped log goes with it. */
+  async dropLog(): Promise<void> {
+    this.shipped.drop();
+  }
+
+  /** Every node a process of the app was started on (those whose log shipments are kept). */
+  private logNodes(): string[] {
+    const last = this.ctx.storage.kv.get<string>("logNode");
+    const nodes = this.ctx.storage.kv.get<string[]>("logNodes") ?? [];
+    return last && !nodes.includes(last) ? [...nodes, last] : nodes;
   }
 
   /** A process's state changed (the node's callback, or a poll); `from` is the node that said so. */
@@ -296,6 +333,7 @@ export class AppRuntime extends DurableObject<Env> {
     };
     this.ctx.storage.kv.put("pending", pending);
     this.ctx.storage.kv.put("logNode", node.id);
+    this.ctx.storage.kv.put("logNodes", [...new Set([...this.logNodes(), node.id])]);
     if (reason === "deploy") {
       await this.db
         .update(deployments)

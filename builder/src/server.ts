@@ -16,6 +16,7 @@ import { DiskLeases } from "./disks/leases.js";
 import { DiskStore } from "./disks/store.js";
 import { HostRoom } from "./sandbox/host-room.js";
 import { JobManager } from "./jobs/manager.js";
+import { LogShipper } from "./processes/log-shipper.js";
 import { ProcessManager } from "./processes/manager.js";
 import { AppProxy } from "./processes/proxy.js";
 import { DiskLease } from "./node/lease.js";
@@ -114,7 +115,20 @@ const jobs = await JobManager.open({
   pip: { indexUrl: config.pipIndexUrl, findLinks: config.pipFindLinks },
 });
 
-const processes = await ProcessManager.open({ dataDir: config.dataDir, credentials, host, room, tenants, disks, leases, lease });
+// A node's apps' runtime logs leave it as they are written, so they outlive it (a failover, a drain).
+const shipper = config.join ? new LogShipper({ controlUrl: config.join.controlUrl, credentials }) : null;
+const processes = await ProcessManager.open({
+  dataDir: config.dataDir,
+  credentials,
+  host,
+  room,
+  tenants,
+  disks,
+  leases,
+  lease,
+  ...(shipper ? { logTap: (appId: string, records: Buffer) => shipper.take(appId, records) } : {}),
+});
+shipper?.start();
 const proxy = new AppProxy({ secret: credentials.key, lookup: (id) => processes.lookup(id) });
 
 handler = createRequestHandler({ secret: credentials.key, jobs, disks, nonces: new NonceCache(), leases, lease, processes, proxy });
@@ -142,6 +156,7 @@ async function stop(): Promise<void> {
   server.close();
   // App processes end with the builder (their sandboxes die with it anyway): stopped cleanly, reported.
   await Promise.all([jobs.shutdown(config.shutdownGraceMs), processes.shutdown()]);
+  await shipper?.stop();
   server.closeAllConnections();
   await disks.close();
   await lease.close();

@@ -145,6 +145,16 @@ describe("a fleet of three nodes", () => {
       );
       expect(lostAt - killedAt).toBeLessThanOrEqual((LOST_AFTER_S + 5) * 1000);
       expect(servingAt - lostAt).toBeLessThanOrEqual(10_000);
+      // Its runtime log outlives the killed node: the lines that node shipped, a line marking the move, then the new node's.
+      const runtimeLog = await until("the runtime log across the move", async () => {
+        const res = await fetch(`${stack.apiUrl}/v1/apps/${web}/runtime-logs?lines=1000`, { headers: { Authorization: `Bearer ${stack.adminKey}` } });
+        const text = await res.text();
+        return new RegExp(` svc -/fleet the app moved from node ${victim.name} to node local-\\d$`, "m").test(text) ? text : null;
+      });
+      const [onVictim = "", elsewhere = ""] = runtimeLog.split(/^.* the app moved from node .*$/m);
+      const writers = (text: string) => new Set([...text.matchAll(/^\S+ (?:out|err|svc) \S+\/(prc_\w+) /gm)].map((m) => m[1]));
+      expect(writers(onVictim).size, runtimeLog).toBeGreaterThan(0);
+      expect([...writers(elsewhere)].some((process) => !writers(onVictim).has(process)), runtimeLog).toBe(true);
       expect(restored.disk.placement).toMatch(new RegExp(`node local-\\d was lost at .*; restored on node local-\\d from the backup of .* \\(${backup.id}\\); writes after it are lost`));
       expect(others.some((node) => existsSync(join(node.dataDir, "disks", kept.id, "disk.json")))).toBe(true);
       expect(sums((await api.run(check.id)).log)).toEqual(keptSums);

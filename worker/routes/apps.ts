@@ -9,7 +9,8 @@ import { authErrors, errorResponse, jsonBody, newRouter, planLimited, UNCOMPRESS
 import { ApplyQuery, DnsLabel, Deleted, dataOf, Ref, withRollout } from "../lib/schemas";
 import { appRuntimeStub, runsProcess } from "../services/app-runtime";
 import { appChanged } from "../services/cron-targets";
-import { nodeRef } from "../services/fleet";
+import { fleet, nodeRef } from "../services/fleet";
+import { movedLine } from "../../durable-objects/shipped-log";
 import { deleteAppCrons } from "../services/crons";
 import { APP_STATES, appView, appViews, createApp, deleteApp, listApps, resolveApp, setAppStatus, updateAppSettings } from "../services/apps";
 import { applyPending, configChanged } from "../services/rollout";
@@ -280,20 +281,50 @@ appRoutes.openapi(
       throw new ApiError("APP_IS_STATIC", `${app.name} is a static site: it has no process; its request log is \`svc logs --app ${app.name}\``);
     }
     const { follow, tail, lines, since, process } = c.req.valid("query");
+    const runtime = appRuntimeStub(c.env, app.id);
     // The log lives on the node that runs (or last ran, or is starting) the process; else on the node holding the app's disk.
     const nodeId =
-      (await appRuntimeStub(c.env, app.id).logNode(process)) ??
-      (await c.get("db").select({ nodeId: disks.nodeId }).from(disks).where(eq(disks.appId, app.id)).get())?.nodeId ??
-      null;
+      (await runtime.logNode(process)) ?? (await c.get("db").select({ nodeId: disks.nodeId }).from(disks).where(eq(disks.appId, app.id)).get())?.nodeId ?? null;
     const node = nodeId ? await nodeRef(c.env, nodeId).catch(() => null) : null;
     const window = since !== undefined ? { since } : lines !== undefined ? { lines } : { tail };
-    const live = node ? await appLogStream(c.get("config"), node, app.id, { ...window, ...(process ? { process } : {}) }, follow === "true") : null;
-    // No node has the log (nothing ever ran), or it has none yet: an empty log.
-    if (!live || live.status === 404) return c.body("", 200, { "Content-Type": "text/plain; charset=utf-8", "Cache-Control": "no-store" });
-    if (!live.ok) throw new ApiError("BUILDER_UNAVAILABLE", `the app's node could not return the log (HTTP ${live.status})`);
-    return c.body(live.body ?? "", 200, { "Content-Type": "text/plain; charset=utf-8", ...UNCOMPRESSED_STREAM });
+    const scope = { ...window, ...(process ? { process } : {}) };
+    // What other nodes wrote (a failover or a drain moved the app) comes from what they shipped, then the
+    // lines of the node the log lives on now. A node not answering: what it shipped, and a line saying so.
+    const names = Object.fromEntries((await fleet(c.env)).nodes.map((n) => [n.id, n.name]));
+    const live = node ? await appLogStream(c.get("config"), node, app.id, scope, follow === "true").catch(unlessUnreachable) : null;
+    // The node's own log has its lines; what it shipped is left out of the history.
+    const history = await runtime.logHistory(live instanceof Response && live.ok ? node!.id : null, scope, names);
+    const plain = { "Content-Type": "text/plain; charset=utf-8", "Cache-Control": "no-store" };
+    if (live instanceof ApiError) {
+      if (history.text === "") throw live;
+      const silent = `${new Date().toISOString()} svc -/fleet node ${names[node!.id] ?? node!.id} is not answering (${live.message}); lines it wrote after those above are on it\n`;
+      return c.body(history.text + silent, 200, plain);
+    }
+    if (live && !live.ok && live.status !== 404) throw new ApiError("BUILDER_UNAVAILABLE", `the app's node could not return the log (HTTP ${live.status})`);
+    // Stamped with the last shipped line's time: the move came after it.
+    const moved = history.last && node ? `${movedLine(history.last.time, names[history.last.node] ?? history.last.node, names[node.id] ?? node.id)}\n` : "";
+    const head = history.text + moved;
+    // No node has the log (nothing ever ran), or it has none yet: what was shipped, if anything.
+    if (!live?.ok || !live.body) return c.body(head, 200, plain);
+    if (head === "") return c.body(live.body, 200, { ...plain, ...UNCOMPRESSED_STREAM });
+    const joined = new TransformStream<Uint8Array, Uint8Array>();
+    const writer = joined.writable.getWriter();
+    c.executionCtx.waitUntil(
+      (async () => {
+        await writer.write(new TextEncoder().encode(head));
+        writer.releaseLock();
+        await live.body!.pipeTo(joined.writable);
+      })().catch(() => undefined),
+    );
+    return c.body(joined.readable, 200, { ...plain, ...UNCOMPRESSED_STREAM });
   },
 );
+
+/** A node that did not answer in time, as a value (what it shipped is read instead); any other failure thrown on. */
+function unlessUnreachable(error: unknown): ApiError {
+  if (error instanceof ApiError && error.code === "NODE_UNREACHABLE") return error;
+  throw error;
+}
 
 appRoutes.openapi(
   createRoute({
@@ -312,7 +343,10 @@ appRoutes.openapi(
   }),
   async (c) => {
     const app = await resolveApp(c.get("db"), c.get("principal").accountId, c.req.valid("param").app);
-    if (runsProcess(app.runtime)) await appRuntimeStub(c.env, app.id).stop(app.id);
+    if (runsProcess(app.runtime)) {
+      await appRuntimeStub(c.env, app.id).stop(app.id);
+      await appRuntimeStub(c.env, app.id).dropLog();
+    }
     await deleteAppCrons(c.get("db"), c.env, app.id);
     await deleteApp(c.get("db"), app);
     return c.json({ data: { id: app.id, deleted: true as const } }, 200);

@@ -2,7 +2,7 @@ import { Hono, type MiddlewareHandler } from "hono";
 import { PartUrlRequest } from "../../builder/src/protocol/disks";
 import { JobStatus } from "../../builder/src/protocol/job-status";
 import { NODE_ID_PATTERN, NodeHeartbeat, NodeRejoin } from "../../builder/src/protocol/node";
-import { ProcessStatus } from "../../builder/src/protocol/processes";
+import { AppLogShipment, ProcessStatus } from "../../builder/src/protocol/processes";
 import { HEADER_NODE, NonceCache, verifyRequest } from "../../builder/src/protocol/signing";
 import { BlobsRequest } from "../../builder/src/protocol/static";
 import type { AppEnv } from "../context";
@@ -101,6 +101,19 @@ internalRoutes.post("/nodes/heartbeat", async (c) => {
   const reply = await fleetStub(c.env).heartbeat(c.get("node"), parsed.data);
   if (!reply) throw new ApiError("NODE_NOT_FOUND", "this node is not a member of the fleet; join again");
   return c.json(reply, 200);
+});
+
+/**
+ * Lines the node's apps' runtime logs gained, kept off the node by each app's
+ * object (durable-objects/shipped-log.ts), which takes only what a node it
+ * started a process of the app on sends.
+ */
+internalRoutes.post("/app-logs", async (c) => {
+  const parsed = AppLogShipment.safeParse(c.get("signedBody"));
+  if (!parsed.success) throw new ApiError("VALIDATION_ERROR", "body is not an app log shipment");
+  const node = c.get("node");
+  await Promise.all(parsed.data.logs.map(({ appId, text }) => appRuntimeStub(c.env, appId).keepLog(node, text)));
+  return c.body(null, 204);
 });
 
 /** A state change of an app's process, routed to the app's object by the labels it gave the process. */

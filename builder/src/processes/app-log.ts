@@ -154,19 +154,22 @@ export class AppLog {
   #writeFailed = false;
   /** Pipes paused while the queue is over its bound; resumed once it drains. */
   readonly #paused = new Set<Readable>();
+  /** Sees every record appended from now on (the log shipper). */
+  #tap: ((records: Buffer) => void) | null = null;
 
   private constructor(dir: string) {
     this.#dir = dir;
   }
 
-  /** Opens the log of one app (creating its folder), continuing what an earlier builder left. */
-  static async open(dir: string): Promise<AppLog> {
+  /** Opens the log of one app (creating its folder), continuing what an earlier builder left; `tap` sees what is appended from then on. */
+  static async open(dir: string, tap?: (records: Buffer) => void): Promise<AppLog> {
     await mkdir(dir, { recursive: true, mode: 0o700 });
     const log = new AppLog(dir);
     log.#previousBytes = await sizeOf(join(dir, PREVIOUS));
     log.#currentBytes = await sizeOf(join(dir, CURRENT));
     // A builder that died mid-write may have left half a line: end it, so the next record starts its own.
     if (log.#currentBytes > 0 && (await lastByte(join(dir, CURRENT))) !== 0x0a) log.append(NEWLINE);
+    log.#tap = tap ?? null;
     return log;
   }
 
@@ -183,6 +186,7 @@ export class AppLog {
   /** Queues whole records (lines with their newline) for the file. */
   append(records: Buffer): void {
     if (this.#writeFailed || this.#closed) return;
+    this.#tap?.(records);
     this.#queue.push(records);
     this.#queuedBytes += records.length;
     this.#draining ??= this.#drain();
@@ -510,20 +514,27 @@ export class ProcessOutput implements OutputLog {
   }
 }
 
+/** Sees the records appended to an app's log. */
+export type LogTap = (appId: string, records: Buffer) => void;
+
 /** Every app's log on this node, opened on first use. */
 export class AppLogs {
   readonly #root: string;
   readonly #logs = new Map<string, Promise<AppLog>>();
+  readonly #tap: LogTap | undefined;
 
-  constructor(root: string) {
+  /** `tap` sees every record appended to any app's log (the log shipper). */
+  constructor(root: string, tap?: LogTap) {
     this.#root = root;
+    this.#tap = tap;
   }
 
   /** The app's log (appId already validated: it becomes a directory name). */
   get(appId: string): Promise<AppLog> {
     let log = this.#logs.get(appId);
     if (!log) {
-      log = AppLog.open(join(this.#root, appId));
+      const tap = this.#tap;
+      log = AppLog.open(join(this.#root, appId), tap && ((records) => tap(appId, records)));
       this.#logs.set(appId, log);
       log.catch(() => this.#logs.delete(appId));
     }

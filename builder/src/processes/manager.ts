@@ -30,7 +30,7 @@ import { TENANT_PATTERN, type NodeCredentials } from "../protocol/shared.js";
 import type { SandboxHost } from "../sandbox/host.js";
 import { formatBytes } from "../units.js";
 import type { TenantUsers } from "../sandbox/tenants.js";
-import { AppLogs, ProcessOutput } from "./app-log.js";
+import { AppLogs, type LogTap, ProcessOutput } from "./app-log.js";
 import type { ProxiedProcess } from "./proxy.js";
 import { ReleaseStore } from "./releases.js";
 import { IN_FLIGHT_WAIT_MS, STOP_GRACE_MS, Supervisor } from "./supervisor.js";
@@ -55,6 +55,8 @@ export interface ProcessManagerOptions {
   leases: DiskLeases;
   /** The node's lease on its disks: a disk's process is not restarted without it. */
   lease: DiskLease;
+  /** Sees every line the apps' logs get (the log shipper, on a node of a fleet). */
+  logTap?: LogTap;
 }
 
 /** Answer to `POST /v1/processes` (`existing`: its key named a process already); refusals are values. */
@@ -96,7 +98,7 @@ export class ProcessManager {
     this.#options = options;
     this.#dir = join(options.dataDir, "processes");
     this.#releases = releases;
-    this.appLogs = new AppLogs(join(options.dataDir, "app-logs"));
+    this.appLogs = new AppLogs(join(options.dataDir, "app-logs"), options.logTap);
     options.room.addDiskPromises(() => promisedTreeBytes(this.#dir));
   }
 

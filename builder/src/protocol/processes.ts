@@ -307,3 +307,36 @@ export async function verifyProxy(
   const data = proxySigned(processId, timestamp);
   return crypto.subtle.verify("HMAC", await hmacKey(secret), fromHex(signature), data);
 }
+
+// ---------------------------------------------------------------------------
+// Runtime logs leave the node as they are written (docs/fleet.md, "Logs that
+// outlive their node"): every LOG_SHIP_EVERY_MS a node posts the lines each
+// app's log gained since the last round, signed, to
+//
+//     POST /internal/app-logs        AppLogShipment → 204
+//
+// The control plane keeps them per app (the newest LOG_LIMIT_BYTES), so after
+// a failover or a drain the log still shows what the old node wrote.
+
+/** How often a node ships its apps' new log lines. */
+export const LOG_SHIP_EVERY_MS = 3_000;
+/** Most bytes of one app's log shipped in one round: an app printing faster keeps the rest on its node only. */
+export const LOG_SHIPMENT_APP_BYTES = 64 * 1024;
+/** Most bytes of one round's request, as JSON (the control plane's body limit is 1 MiB); the rest waits for the next round. */
+export const LOG_SHIPMENT_BYTES = 768 * 1024;
+/** Most apps' logs in one round's request. */
+export const LOG_SHIPMENT_APPS = 512;
+
+export const AppLogShipment = z.object({
+  logs: z
+    .array(
+      z.object({
+        appId: z.string().regex(TENANT_PATTERN, "must be an app id"),
+        /** Whole lines in the app log's line format, each ending in a newline. */
+        text: z.string().min(1).max(LOG_SHIPMENT_APP_BYTES + 1024),
+      }),
+    )
+    .min(1)
+    .max(LOG_SHIPMENT_APPS),
+});
+export type AppLogShipment = z.infer<typeof AppLogShipment>;
