@@ -44,6 +44,10 @@ function workerProject(test: { name: string; include: string[]; exclude?: string
       ...test,
       // Many of these drive the real builder (runs, builds, processes) on a shared 2-core machine.
       testTimeout: 30_000,
+      // Objects log on their own (a cron's alarm, every minute, long after the test that made it): sent to
+      // vitest over the runner's RPC, a log that came as the runtime closed left the whole run waiting
+      // (vitest-dev/vitest#11153's race, here a hang). workerd prints them itself instead.
+      disableConsoleIntercept: true,
       setupFiles: ["./test/worker/apply-migrations.ts"],
       // cron-parser is CommonJS requiring luxon; pre-bundle it the way wrangler's esbuild does.
       deps: { optimizer: { ssr: { enabled: true, include: ["cron-parser"] } } },
