@@ -59,13 +59,14 @@ function workerProject(test: { name: string; include: string[]; exclude?: string
  * Three kinds of project: the Worker suites run inside real workerd (D1, R2, Durable
  * Objects through Miniflare); the builder suites run in Node against real
  * builder processes; the CLI and end-to-end suites run in Node against a
- * stack (`wrangler dev` + builder) they share.
+ * stack (the local Worker + builder) they share.
  */
 export default defineConfig({
   test: {
-    // Two files at once on two cores (vitest's default there is one). A third was
-    // measured no faster: the end-to-end files keep both cores ~85 % busy.
-    maxWorkers: 2,
+    // Three files at once on two cores (vitest's default there is one): with two, the cores sat
+    // 23-27 % idle while files waited (a cron's minute, a lease running out, a build's sleep);
+    // with three, 6 %, and the run took 923 s instead of 1,041-1,114 s.
+    maxWorkers: 3,
     projects: [
       workerProject({
         name: "worker",

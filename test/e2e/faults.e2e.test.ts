@@ -113,7 +113,7 @@ async function archiveOf(dir: string, bytes: number): Promise<Buffer> {
 async function slowSite(dir: string): Promise<Buffer> {
   const { execFileSync } = await import("node:child_process");
   await mkdir(join(dir, "site"), { recursive: true });
-  await writeFile(join(dir, "site", "svc.json"), JSON.stringify({ runtime: "static", buildCommand: "sleep 20 && mkdir -p out && echo hi > out/index.html", outputDir: "out" }));
+  await writeFile(join(dir, "site", "svc.json"), JSON.stringify({ runtime: "static", buildCommand: "sleep 120 && mkdir -p out && echo hi > out/index.html", outputDir: "out" }));
   execFileSync("tar", ["-czf", join(dir, "site.tgz"), "-C", join(dir, "site"), "."]);
   return readFile(join(dir, "site.tgz"));
 }
@@ -173,7 +173,8 @@ only("faults: the builder killed mid-operation and started again by its supervis
       appId: app,
       name: "long",
       schedule: "0 0 1 1 *",
-      command: "echo started; sleep 60",
+      // Far longer than the others take to start on a loaded machine: all four run together when the kill comes.
+      command: "echo started; sleep 300",
     });
     const run = await client.call<{ data: { jobName: string } }>("POST", `/v1/crons/${cron.data.id}/run`);
     const backup = await client.call<Envelope<{ id: string }>>("POST", `/v1/disks/${savedId}/backups`, { description: "cut short" });
@@ -238,6 +239,8 @@ only("faults: the builder killed mid-operation and started again by its supervis
     // The supervisor kept the disk: a new run reads it.
     const after = await client.call<{ data: { jobName: string } }>("POST", `/v1/crons/${cron.data.id}/run`);
     expect(after.data.jobName).toMatch(/^manual-/);
+    // It would sleep for minutes in one of the account's job slots.
+    await client.call("POST", `/v1/crons/${cron.data.id}/runs/${after.data.jobName}/cancel`);
   }, 240_000);
 
   it("nothing is stuck and nothing runs twice", async () => {
