@@ -2043,7 +2043,7 @@ export interface paths {
         };
         /**
          * The app's runtime log: its processes' stdout and stderr, and what the platform did to them
-         * @description Apps that run: the output of the app's processes across restarts and deploys (the newest 10 MiB are kept), with `svc` lines for each start, readiness, exit, OOMKilled and restart. Each line is `<time> <out|err|svc> <deployment>/<process> <text>`: which release and which process wrote it. Where it starts: `lines` (the last N lines), `since` (an ISO time, or a duration back from now: `10m`, `2h`, `1d`), else `tail` bytes from the end (default 64 KiB); `process` keeps one process's lines; `follow=true` then streams new lines until the client goes away.
+         * @description Apps that run: the output of the app's processes across restarts and deploys (the newest 10 MiB are kept), with `svc` lines for each start, readiness, exit, OOMKilled and restart. Each line is `<time> <out|err|svc> <deployment>/<process> <text>`: which release and which process wrote it. Where it starts: `lines` (the last N lines), `since` (an ISO time, or a duration back from now: `10m`, `2h`, `1d`), else `tail` bytes from the end (default 64 KiB); `process` keeps one process's lines; `follow=true` then streams new lines until the client goes away. After the app moved to another node (a failover, a drain), the lines the old node shipped come first, then a line `svc -/fleet the app moved from node A to node B`; while the app's node does not answer, what it shipped and a line saying so.
          */
         get: {
             parameters: {
@@ -2126,6 +2126,15 @@ export interface paths {
                 };
                 /** @description The app's node could not be reached (BUILDER_UNAVAILABLE) */
                 502: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description The app's node is not answering and shipped nothing of the log yet (NODE_UNREACHABLE); Retry-After says when to ask again */
+                503: {
                     headers: {
                         [name: string]: unknown;
                     };

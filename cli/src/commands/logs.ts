@@ -85,6 +85,7 @@ export const logs = defineCommand({
     "                       `<time> <out|err|svc> <deployment>/<process> <text>` (which release and which process wrote it);\n" +
     "                       `svc` lines say what the platform did (started, ready, exited, OOMKilled, restarting). The last\n" +
     "                       --tail lines (default 100), or those since --since; --follow then streams until Ctrl-C.\n" +
+    "                       After the app moved to another node (a failover, a drain), the old node's lines come first.\n" +
     "A worker takes no HTTP traffic: its log is the runtime log, the default for a worker.",
   args: [APP_ARG],
   options: {
