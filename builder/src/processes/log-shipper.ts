@@ -30,6 +30,7 @@ export class LogShipper {
   #pending = new Map<string, Pending>();
   #timer: NodeJS.Timeout | null = null;
   #round: Promise<void> = Promise.resolve();
+  #shipping = false;
   #failing = false;
 
   constructor(options: { controlUrl: string; credentials: NodeCredentials }) {
@@ -60,7 +61,12 @@ export class LogShipper {
 
   start(): void {
     this.#timer = setInterval(() => {
-      this.#round = this.#round.then(() => this.#ship());
+      // A round still waiting for the control plane (up to its deadline) is not queued behind: the next takes all.
+      if (this.#shipping) return;
+      this.#shipping = true;
+      this.#round = this.#ship().finally(() => {
+        this.#shipping = false;
+      });
     }, LOG_SHIP_EVERY_MS);
     this.#timer.unref();
   }
