@@ -175,14 +175,12 @@ export class AppRuntime extends DurableObject<Env> {
   }
 
   /**
-   * Keeps lines of the app's runtime log that `node` shipped; false (and
-   * nothing kept) when no process of the app was ever started there: a node
-   * writes only into the logs of apps it ran.
+   * Keeps lines of the app's runtime log that `node` shipped, unless no
+   * process of the app was ever started there: a node writes only into the
+   * logs of apps it ran.
    */
-  async keepLog(node: string, text: string): Promise<boolean> {
-    if (!this.logNodes().includes(node)) return false;
-    this.shipped.keep(node, text);
-    return true;
+  async keepLog(node: string, text: string): Promise<void> {
+    if (this.logNodes().includes(node)) this.shipped.keep(node, text);
   }
 
   /** What nodes other than `exceptNode` shipped of the log (every node's when null), cut to `window`. */

@@ -18,11 +18,9 @@ type ChunkRow = { seq: number; node: string; at: number; text: string };
  */
 export class ShippedLog {
   readonly #sql: SqlStorage;
-  readonly #kv: SyncKvStorage;
 
   constructor(storage: DurableObjectStorage) {
     this.#sql = storage.sql;
-    this.#kv = storage.kv;
     this.#sql.exec("CREATE TABLE IF NOT EXISTS shipped_log (seq INTEGER PRIMARY KEY AUTOINCREMENT, node TEXT NOT NULL, at INTEGER NOT NULL, bytes INTEGER NOT NULL, text TEXT NOT NULL)");
   }
 
@@ -30,14 +28,12 @@ export class ShippedLog {
   keep(node: string, text: string, now = Date.now()): void {
     const bytes = new TextEncoder().encode(text).length;
     this.#sql.exec("INSERT INTO shipped_log (node, at, bytes, text) VALUES (?, ?, ?, ?)", node, now, bytes, text);
-    let total = (this.#kv.get<number>("shippedBytes") ?? 0) + bytes;
-    while (total > LOG_LIMIT_BYTES) {
-      const oldest = this.#sql.exec<{ seq: number; bytes: number }>("SELECT seq, bytes FROM shipped_log ORDER BY seq LIMIT 1").toArray()[0];
-      if (!oldest) break;
+    let total = this.#sql.exec<{ total: number }>("SELECT coalesce(sum(bytes), 0) AS total FROM shipped_log").one().total;
+    for (const oldest of this.#sql.exec<{ seq: number; bytes: number }>("SELECT seq, bytes FROM shipped_log ORDER BY seq").toArray()) {
+      if (total <= LOG_LIMIT_BYTES) break;
       this.#sql.exec("DELETE FROM shipped_log WHERE seq = ?", oldest.seq);
       total -= oldest.bytes;
     }
-    this.#kv.put("shippedBytes", Math.max(0, total));
   }
 
   /**
@@ -82,7 +78,6 @@ export class ShippedLog {
   /** Forgets everything shipped (the app is gone). */
   drop(): void {
     this.#sql.exec("DELETE FROM shipped_log");
-    this.#kv.delete("shippedBytes");
   }
 }
 

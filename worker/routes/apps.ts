@@ -302,12 +302,11 @@ appRoutes.openapi(
       return c.body(history.text + silent, 200, plain);
     }
     if (live && !live.ok && live.status !== 404) throw new ApiError("BUILDER_UNAVAILABLE", `the app's node could not return the log (HTTP ${live.status})`);
-    // Stamped with the last shipped line's time: the move came after it.
-    const moved = history.last && node ? `${movedLine(history.last.time, names[history.last.node] ?? history.last.node, names[node.id] ?? node.id)}\n` : "";
-    const head = history.text + moved;
-    // No node has the log (nothing ever ran), or it has none yet: what was shipped, if anything.
-    if (!live?.ok || !live.body) return c.body(head, 200, plain);
-    if (head === "") return c.body(live.body, 200, { ...plain, ...UNCOMPRESSED_STREAM });
+    // No node has the log (nothing ever ran, or its node left the fleet), or it has none yet: what was shipped, if anything.
+    if (!live?.ok || !live.body) return c.body(history.text, 200, plain);
+    if (!history.last) return c.body(live.body, 200, { ...plain, ...UNCOMPRESSED_STREAM });
+    // Before the live node's lines; stamped with the last shipped line's time: the move came after it.
+    const head = `${history.text}${movedLine(history.last.time, names[history.last.node] ?? history.last.node, names[node!.id] ?? node!.id)}\n`;
     const joined = new TransformStream<Uint8Array, Uint8Array>();
     const writer = joined.writable.getWriter();
     c.executionCtx.waitUntil(
@@ -345,8 +344,9 @@ appRoutes.openapi(
   async (c) => {
     const app = await resolveApp(c.get("db"), c.get("principal").accountId, c.req.valid("param").app);
     if (runsProcess(app.runtime)) {
-      await appRuntimeStub(c.env, app.id).stop(app.id);
-      await appRuntimeStub(c.env, app.id).dropLog();
+      const runtime = appRuntimeStub(c.env, app.id);
+      await runtime.stop(app.id);
+      await runtime.dropLog();
     }
     await deleteAppCrons(c.get("db"), c.env, app.id);
     await deleteApp(c.get("db"), app);
