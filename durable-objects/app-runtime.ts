@@ -255,6 +255,13 @@ export class AppRuntime extends DurableObject<Env> {
   private async launch(app: AppRow, deployment: DeploymentRow, reason: Pending["reason"]): Promise<void> {
     const config = this.config;
     const disk = await this.db.select().from(disks).where(eq(disks.appId, app.id)).get();
+    // A disk being restored (a failover's, a drain's, a user's) is on its new node before its data is: a process
+    // started there now would write to an empty disk, and the node then refuses the restore (the chaos run found
+    // it). The restore's end starts the app.
+    if (disk?.status === "restoring") {
+      await this.couldNotStart(app, deployment, reason, undefined, `disk ${disk.name} is being restored; the app starts on its node once it is`);
+      return;
+    }
     const live = this.live;
     const web = deployment.processType !== "worker";
     const stopFirst = disk !== undefined || (!web && deployment.overlap !== true);

@@ -81,6 +81,12 @@ export class RestoreJob extends SingleBuilderJob {
       this.db.update(disks).set({ status: "available", updatedAt: now }).where(eq(disks.id, restore.diskId)),
     ]);
     const disk = await this.db.select().from(disks).where(eq(disks.id, restore.diskId)).get();
+    // A failover's or a drain's restore names its backup in the disk's note: one that failed must not read as done.
+    const moved = restore.backupId !== null && disk?.placementNote?.includes(`(${restore.backupId})`) && !disk.placementNote.includes(" — the restore failed: ");
+    if (error && disk && moved) {
+      const note = `${disk.placementNote} — the restore failed: ${error}; the backup is kept (svc backups restore ${disk.name} --backup ${restore.backupId})`;
+      await this.db.update(disks).set({ placementNote: note }).where(eq(disks.id, disk.id));
+    }
     const app = disk?.appId ? await this.db.select().from(apps).where(eq(apps.id, disk.appId)).get() : null;
     if (!app) return;
     if (!error) {
