@@ -501,9 +501,10 @@ export class Fleet extends DurableObject<Env> {
         if (disk.placementNote !== note) await this.db.update(disks).set({ placementNote: note, updatedAt: now }).where(eq(disks.id, disk.id));
         continue;
       }
-      const backupAt = new Date(backup.completedAt ?? backup.createdAt).toISOString();
+      // A snapshot reads a live disk: what was written once it began may or may not be in it.
+      const begun = new Date(backup.createdAt).toISOString();
       const targetName = (await this.nodes).get(target.id)?.name ?? target.id;
-      const note = `node ${node.name} was lost at ${lostAt}; restored on node ${targetName} from the backup of ${backupAt} (${backup.id}); writes after it are lost`;
+      const note = `node ${node.name} was lost at ${lostAt}; restored on node ${targetName} from the backup begun at ${begun} (${backup.id}); writes since it began may be lost`;
       const why = await relocateDisk(this.env, this.db, disk, backup, target, note);
       console.log(JSON.stringify({ event: "disk.failover", disk: disk.id, from: node.id, to: target.id, backup: backup.id, refused: why }));
     }

@@ -5672,7 +5672,7 @@ export interface components {
             nextSnapshotAt: string | null;
             /**
              * @description What happened to the disk when the machine holding it was lost or emptied: where it was restored, from which backup, and what was lost; null when nothing did
-             * @example node local-2 was lost at 2026-11-24T03:12:09Z; restored on node local-1 from the backup of 2026-11-24T03:00:00Z; writes after it are lost
+             * @example node local-2 was lost at 2026-11-24T03:12:09Z; restored on node local-1 from the backup begun at 2026-11-24T03:00:00Z (bak_…); writes since it began may be lost
              */
             placement: string | null;
             sizeGb: number;

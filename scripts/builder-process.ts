@@ -21,7 +21,7 @@ export type LaunchOptions = {
   log?: "inherit" | { file: string } | "none";
   /**
    * A cgroup v2 directory the builder starts in (made if missing), so every socket it opens is
-   * that cgroup's: a test cuts one node's network with nftables' `socket cgroupv2` (test/e2e/partition.ts).
+   * that cgroup's: a test cuts one node's network with nftables' `socket cgroupv2` (scripts/partition.ts).
    */
   cgroup?: string;
 };

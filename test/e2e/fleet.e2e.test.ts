@@ -155,7 +155,7 @@ describe("a fleet of three nodes", () => {
       const writers = (text: string) => new Set([...text.matchAll(/^\S+ (?:out|err|svc) \S+\/(prc_\w+) /gm)].map((m) => m[1]));
       expect(writers(onVictim).size, runtimeLog).toBeGreaterThan(0);
       expect([...writers(elsewhere)].some((process) => !writers(onVictim).has(process)), runtimeLog).toBe(true);
-      expect(restored.disk.placement).toMatch(new RegExp(`node local-\\d was lost at .*; restored on node local-\\d from the backup of .* \\(${backup.id}\\); writes after it are lost`));
+      expect(restored.disk.placement).toMatch(new RegExp(`node local-\\d was lost at .*; restored on node local-\\d from the backup begun at .* \\(${backup.id}\\); writes since it began may be lost`));
       expect(others.some((node) => existsSync(join(node.dataDir, "disks", kept.id, "disk.json")))).toBe(true);
       expect(sums((await api.run(check.id)).log)).toEqual(keptSums);
       const loneNow = await until("the lone disk's report", async () => {

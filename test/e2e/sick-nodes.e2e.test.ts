@@ -7,7 +7,7 @@ import { afterAll, beforeAll, describe, expect, it, onTestFailed } from "vitest"
 import type { LocalNode, LocalStack } from "../../scripts/local-stack.js";
 import { STACK_START_TIMEOUT_MS, startOwnStack } from "../cli/svc.js";
 import { type DiskView, fleetApi, type NodeView, type Run, until } from "./fleet-api.js";
-import { type Cut, Partitions } from "./partition.js";
+import { type Cut, Partitions } from "../../scripts/partition.js";
 
 /** Short enough for a test; the same code paths as the defaults (60 s, 300 s, 60 s). */
 const LOST_AFTER_S = 6;
@@ -48,7 +48,7 @@ const p99 = (samples: number[]) => [...samples].sort((a, b) => a - b)[Math.ceil(
  * Issue 30: a node that hangs, is partitioned (both ways, or one) or slows
  * down stalls no API call and leaves no second writer on a disk. Three node
  * processes of `npm start -- --nodes 3`'s kind; the network is cut by this
- * test with nftables (test/e2e/partition.ts), a hang is the node agent
+ * test with nftables (scripts/partition.ts), a hang is the node agent
  * stopped (SIGSTOP: the kernel still accepts its connections), and a slow
  * node is one frozen 2.5 s of every 3 s. Disk writers are cron runs that
  * append to their disk until stopped, found by a marker in their command line.
@@ -213,7 +213,7 @@ describe("sick nodes", () => {
       const error = (refused.data as unknown as { error: { code: string; message: string } }).error;
       expect(error.code).toBe("NODE_UNREACHABLE");
       expect(refused.headers.get("Retry-After")).toMatch(/^\d+$/);
-      expect(error.message).toMatch(/stopped answering at \S+Z .*; it is declared lost at \S+Z unless it answers; disk \S+ is restored on another node from the backup of \S+ \(bak_\w+\) at \S+Z unless the node returns/);
+      expect(error.message).toMatch(/stopped answering at \S+Z .*; it is declared lost at \S+Z unless it answers; disk \S+ is restored on another node from the backup begun at \S+ \(bak_\w+\) at \S+Z unless the node returns/);
       expect((await timedCall("GET", `/v1/disks/${disk.id}`)).status).toBe(200);
       expect((await nodeView(victim)).unreachable).not.toBeNull();
 

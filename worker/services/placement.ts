@@ -115,7 +115,7 @@ async function diskFate(env: Env, diskId: string, sick: NodeSickness): Promise<s
   const at = (ms: number) => new Date(ms).toISOString();
   const lost = sick.state === "lost" ? "" : `it is declared lost at ${at(lostAt)} unless it answers; `;
   if (!backup) return `${lost}disk ${diskId} has no ready backup, so it stays on that node until the node returns`;
-  return `${lost}disk ${diskId} is restored on another node from the backup of ${at(backup.completedAt ?? backup.createdAt)} (${backup.id}) at ${at(restoreAt)} unless the node returns`;
+  return `${lost}disk ${diskId} is restored on another node from the backup begun at ${at(backup.createdAt)} (${backup.id}) at ${at(restoreAt)} unless the node returns`;
 }
 
 /** The node an app's process runs on: its disk's node when it has one, else the least loaded with room for it. */
