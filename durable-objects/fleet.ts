@@ -107,6 +107,8 @@ type Move = {
 const FAILOVER_RETRY_MS = 30_000;
 /** How often the alarm advances moves under way. */
 const MOVE_TICK_MS = 1_000;
+/** No heartbeat from any node for this long (two intervals and a second) is a silence of the fleet itself, not of its nodes. */
+const SILENCE_OF_ALL_MS = (heartbeatSeconds: number) => (2 * heartbeatSeconds + 1) * 1000;
 /** How often an unreachable node is probed (its /healthz, within a call's deadline) until it answers. */
 const PROBE_EVERY_MS = 2_000;
 
@@ -205,6 +207,7 @@ export class Fleet extends DurableObject<Env> {
       return (await this.nameTaken(request.name, null)) ?? refuse("INTERNAL", `the node could not be recorded: ${err instanceof Error ? err.message : String(err)}`);
     }
     console.log(JSON.stringify({ event: "node.joined", node: id, name: request.name, address: request.address, token: token.id }));
+    this.heard(Date.now());
     await this.claimLegacyDisks(id, request.disks);
     await this.arm();
     return { ok: true, value: { nodeId: id } };
@@ -221,6 +224,7 @@ export class Fleet extends DurableObject<Env> {
     if (!known) return refuse("NODE_NOT_FOUND", `node ${nodeId} is not a member of the fleet (it was removed); join as a new node with a join token`);
     const taken = await this.nameTaken(request.name, nodeId);
     if (taken) return taken;
+    this.heard(Date.now());
     await this.db
       .update(nodes)
       .set({
@@ -285,7 +289,6 @@ export class Fleet extends DurableObject<Env> {
     return { ok: true, value: (await this.nodes).get(nodeId)! };
   }
 
-  /** A heartbeat: capacity and load recorded, the deadline moved; the answer names copies to fence. */
   /**
    * A node's heartbeat: its report is recorded, and the answer names its
    * stale copies and grants its lease (docs/fleet.md, "Leases"): a node
@@ -307,6 +310,7 @@ export class Fleet extends DurableObject<Env> {
       .from(nodes)
       .where(eq(nodes.id, nodeId));
     if (!node) return null;
+    this.heard(now);
     const returned = node.state === "lost" && node.unreachableSince === null;
     this.quarantined.set(nodeId, report.quarantined);
     if (returned) await this.returned(nodeId, now);
@@ -440,8 +444,9 @@ export class Fleet extends DurableObject<Env> {
     const lostAfter = this.config.NODE_LOST_AFTER_SECONDS * 1000;
     const all = [...(await this.nodes).values()];
     await Promise.all(all.filter((node) => node.unreachableSince !== null).map((node) => this.probe(node)));
+    const from = this.listeningFrom(now);
     for (const node of all) {
-      if (node.state !== "lost" && now - node.lastHeartbeatAt >= lostAfter) {
+      if (node.state !== "lost" && now - Math.max(node.lastHeartbeatAt, from) >= lostAfter) {
         await this.lose(node, `no heartbeat for ${Math.round((now - node.lastHeartbeatAt) / 1000)} s`);
       } else if (node.state !== "lost" && node.unreachableSince !== null && now - node.unreachableSince >= lostAfter) {
         await this.lose(node, `no answer to calls for ${Math.round((now - node.unreachableSince) / 1000)} s (${node.unreachableReason})`);
@@ -450,6 +455,30 @@ export class Fleet extends DurableObject<Env> {
     }
     for (const move of this.moves()) await this.advance(move).catch((err: unknown) => console.error(`fleet: moving disk ${move.diskId}`, err));
     await this.arm();
+  }
+
+  /**
+   * From when a node's silence counts: the fleet hears heartbeats only while
+   * it runs and can be reached, so a silence of every node at once (the
+   * control plane's own restart or outage: the heartbeats had nowhere to go)
+   * is not held against them: from the end of such a silence each node has a
+   * whole NODE_LOST_AFTER_SECONDS again. One fresh threshold per silence, no
+   * more: when every node is really gone, they are declared lost one
+   * threshold later than one node alone would be.
+   */
+  private listeningFrom(now: number): number {
+    const kv = this.ctx.storage.kv;
+    const heardAt = kv.get<number>("heardAt") ?? now;
+    const from = kv.get<number>("listeningFrom") ?? 0;
+    if (heardAt <= from || now - heardAt <= SILENCE_OF_ALL_MS(this.config.NODE_HEARTBEAT_SECONDS)) return from;
+    kv.put("listeningFrom", now);
+    return now;
+  }
+
+  /** A node spoke (a heartbeat, a join) at `now`: after a silence of every node, their thresholds start again from here. */
+  private heard(now: number): void {
+    this.listeningFrom(now);
+    this.ctx.storage.kv.put("heardAt", now);
   }
 
   /** An unreachable node that answers its probe is reachable again (a lost one then returns at its next heartbeat). */
@@ -634,11 +663,12 @@ export class Fleet extends DurableObject<Env> {
   /** One alarm: the earliest heartbeat deadline of a node not yet lost, a lost node's failover, or the next step of a move. */
   private async arm(): Promise<void> {
     const lostAfter = this.config.NODE_LOST_AFTER_SECONDS * 1000;
+    const from = this.listeningFrom(Date.now());
     let next = this.moves().length > 0 ? Date.now() + MOVE_TICK_MS : Number.POSITIVE_INFINITY;
     for (const node of (await this.nodes).values()) {
       // An unreachable node is probed until it answers (lost or not: a lost one that heartbeats waits for it).
       if (node.unreachableSince !== null) next = Math.min(next, Date.now() + PROBE_EVERY_MS);
-      if (node.state !== "lost") next = Math.min(next, node.lastHeartbeatAt + lostAfter, node.unreachableSince === null ? next : node.unreachableSince + lostAfter);
+      if (node.state !== "lost") next = Math.min(next, Math.max(node.lastHeartbeatAt, from) + lostAfter, node.unreachableSince === null ? next : node.unreachableSince + lostAfter);
       // Its disks' failover is due at the end of the grace period; until they have left, a lost node
       // keeps the alarm coming (a failover that found no room, or no backup yet, tries again).
       else if (node.lostAt !== null && (await this.holdsDisks(node.id))) {

@@ -58,6 +58,11 @@ function heartbeat(nodeId: string, key: string, body: unknown): Promise<Response
 async function emptyFleet(): Promise<void> {
   await db().delete(disks);
   await db().delete(nodes);
+  // When the fleet last heard a node (its own silences are not held against nodes): each test starts unheard.
+  await runInDurableObject(fleetStub(env), (_instance, state) => {
+    state.storage.kv.delete("heardAt");
+    state.storage.kv.delete("listeningFrom");
+  });
   forgetFleet();
 }
 beforeEach(emptyFleet);
@@ -271,6 +276,25 @@ describe("a lost node", () => {
     for (let i = 0; i < 10; i++) expect((await placeStateless(env)).id).toBe(b.nodeId);
     expect((await heartbeat(a.nodeId, a.key, { capacity: capacity(), disks: [], quarantined: [] })).status).toBe(200);
     expect((await db().select().from(nodes).where(eq(nodes.id, a.nodeId)))[0]!.state).toBe("ready");
+  });
+
+  it("is not declared lost for a silence of every node at once (the control plane's own restart): each gets a whole threshold again", async () => {
+    const a = await join("node-a");
+    const b = await join("node-b");
+    const fleet = fleetStub(env);
+    const old = Date.now() - 120_000;
+    // The fleet heard nobody for two minutes: its own silence, as across the local Worker's restart (the chaos run's).
+    await runInDurableObject(fleet, (_instance, state) => state.storage.kv.put("heardAt", old));
+    // Then a node speaks (here rejoining; its last heartbeat as old as the silence), and the alarm comes.
+    for (const [node, name] of [
+      [a, "node-a"],
+      [b, "node-b"],
+    ] as const) {
+      await fleet.rejoin(node.nodeId, { name, address: "http://127.0.0.1:9", capacity: capacity(), disks: [] }, old);
+    }
+    await runDurableObjectAlarm(fleet);
+    const states = Object.fromEntries((await db().select().from(nodes)).map((n) => [n.id, n.state]));
+    expect(states).toEqual({ [a.nodeId]: "ready", [b.nodeId]: "ready" });
   });
 
   it("a build it held starts again from its source on another node (a build is safe to repeat)", async () => {
