@@ -78,6 +78,21 @@ const SETTLE_MS = EDGE_APP_TTL_MS + 250;
  */
 export class AppRuntime extends DurableObject<Env> {
   #shipped: ShippedLog | null = null;
+  /** The change of the app's processes under way; the next waits for it (see {@link inTurn}). */
+  #turn: Promise<unknown> = Promise.resolve();
+
+  /**
+   * One change of the app's processes at a time. Each awaits its nodes, and an
+   * object takes other calls meanwhile: a restore's end starting the app
+   * while the alarm started it too made two processes, the second overwrote
+   * the first's record, and the first ran on unknown, writing the same disk
+   * (the chaos run found three of one app on one node).
+   */
+  private inTurn<T>(change: () => Promise<T>): Promise<T> {
+    const next = this.#turn.then(change, change);
+    this.#turn = next.catch(() => undefined);
+    return next;
+  }
 
   /** The app's runtime log as its nodes shipped it (made on first use: most calls never read it). */
   private get shipped(): ShippedLog {
@@ -110,7 +125,11 @@ export class AppRuntime extends DurableObject<Env> {
    * and switched to once ready. A stopped app only records it (it runs when
    * the app starts). A release still starting is replaced by this newer one.
    */
-  async release(appId: string, deploymentId: string): Promise<void> {
+  release(appId: string, deploymentId: string): Promise<void> {
+    return this.inTurn(() => this.releaseNow(appId, deploymentId));
+  }
+
+  private async releaseNow(appId: string, deploymentId: string): Promise<void> {
     this.ctx.storage.kv.put("appId", appId);
     const app = await this.app(appId);
     const deployment = await this.db.select().from(deployments).where(eq(deployments.id, deploymentId)).get();
@@ -129,7 +148,11 @@ export class AppRuntime extends DurableObject<Env> {
   }
 
   /** The app was started (restart, a restore finished): runs its active release, beside the live process if any. */
-  async start(appId: string): Promise<void> {
+  start(appId: string): Promise<void> {
+    return this.inTurn(() => this.startNow(appId));
+  }
+
+  private async startNow(appId: string): Promise<void> {
     this.ctx.storage.kv.put("appId", appId);
     const app = await this.app(appId);
     if (!app || app.status === "stopped" || !app.activeDeploymentId) return;
@@ -140,7 +163,11 @@ export class AppRuntime extends DurableObject<Env> {
   }
 
   /** The app was stopped (or deleted): its processes stop, and the edge answers 503. */
-  async stop(appId: string): Promise<void> {
+  stop(appId: string): Promise<void> {
+    return this.inTurn(() => this.stopNow(appId));
+  }
+
+  private async stopNow(appId: string): Promise<void> {
     this.ctx.storage.kv.put("appId", appId);
     this.ctx.storage.kv.delete("retryStartAt");
     await this.abandonPending("the app was stopped");
@@ -152,7 +179,11 @@ export class AppRuntime extends DurableObject<Env> {
   }
 
   /** The fleet declared `nodeId` lost: what ran there starts again elsewhere (an app whose disk is there waits for its disk). */
-  async nodeLost(nodeId: string, why: string): Promise<void> {
+  nodeLost(nodeId: string, why: string): Promise<void> {
+    return this.inTurn(() => this.nodeLostNow(nodeId, why));
+  }
+
+  private async nodeLostNow(nodeId: string, why: string): Promise<void> {
     // This isolate's copy of the fleet may still call the node ready: placement must see it lost.
     forgetFleet();
     const pending = this.pending;
@@ -201,7 +232,11 @@ export class AppRuntime extends DurableObject<Env> {
   }
 
   /** A process's state changed (the node's callback, or a poll); `from` is the node that said so. */
-  async processChanged(status: ProcessStatus, from?: string): Promise<void> {
+  processChanged(status: ProcessStatus, from?: string): Promise<void> {
+    return this.inTurn(() => this.processChangedNow(status, from));
+  }
+
+  private async processChangedNow(status: ProcessStatus, from?: string): Promise<void> {
     const pending = this.pending;
     if (pending?.processId === status.id && (from === undefined || from === pending.node)) {
       await this.advance(pending, status);
@@ -214,14 +249,18 @@ export class AppRuntime extends DurableObject<Env> {
     if (status.state === "failed" || status.state === "stopped") await this.replaceLost(`process ${status.id} ${status.state}`);
   }
 
-  override async alarm(): Promise<void> {
+  override alarm(): Promise<void> {
+    return this.inTurn(() => this.tick());
+  }
+
+  private async tick(): Promise<void> {
     await this.retryStops();
     await this.settle(false);
     const retryAt = this.ctx.storage.kv.get<number>("retryStartAt");
     const appId = this.ctx.storage.kv.get<string>("appId");
     if (retryAt !== undefined && retryAt <= Date.now() && appId && !this.pending && !this.live) {
       this.ctx.storage.kv.delete("retryStartAt");
-      await this.start(appId);
+      await this.startNow(appId);
     }
     const pending = this.pending;
     if (pending) {
@@ -494,7 +533,7 @@ export class AppRuntime extends DurableObject<Env> {
     if (!appId || this.pending) return;
     console.warn(JSON.stringify({ event: "app.process_lost", appId, why }));
     this.ctx.storage.kv.delete("live");
-    await this.start(appId);
+    await this.startNow(appId);
   }
 
   /** Asks the node to stop a process; a stop that could not be delivered is retried by the alarm. */
