@@ -10,6 +10,7 @@
 import { createCipheriv, createHash } from "node:crypto";
 import { mkdir, writeFile } from "node:fs/promises";
 import { join } from "node:path";
+import { prng } from "../scripts/prng.js";
 
 export const MiB = 1024 * 1024;
 
@@ -18,18 +19,6 @@ export function randomStream(seed: string): (bytes: number) => Buffer {
   const key = createHash("sha256").update(seed).digest();
   const cipher = createCipheriv("aes-256-ctr", key, Buffer.alloc(16));
   return (bytes) => cipher.update(Buffer.alloc(bytes));
-}
-
-/** Small seeded PRNG (mulberry32) for choices. */
-export function prng(seed: number): () => number {
-  let state = seed >>> 0;
-  return () => {
-    state = (state + 0x6d2b79f5) >>> 0;
-    let t = state;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
 }
 
 export const WORDS = "alpha beta gamma delta order user invoice paid pending shipped berlin paris tokyo retry cache ok error".split(" ");

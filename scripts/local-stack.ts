@@ -114,6 +114,19 @@ export async function ensureSecrets(file: string): Promise<LocalSecrets> {
   return secrets;
 }
 
+/**
+ * Worker vars for a fleet whose clocks run in seconds (heartbeat every second; wrangler.toml has the
+ * production ones): the tests and the chaos run that lose, cut off and fence nodes on purpose.
+ */
+export function fleetClocks(clocks: { lostAfterSeconds: number; graceSeconds: number; leaseSeconds: number }): Record<string, string> {
+  return {
+    NODE_HEARTBEAT_SECONDS: "1",
+    NODE_LOST_AFTER_SECONDS: String(clocks.lostAfterSeconds),
+    DISK_FAILOVER_GRACE_SECONDS: String(clocks.graceSeconds),
+    NODE_LEASE_SECONDS: String(clocks.leaseSeconds),
+  };
+}
+
 export async function freePort(): Promise<number> {
   return new Promise((resolvePort, reject) => {
     const server = createServer();

@@ -3,7 +3,7 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
-import { type LocalStack, startLocalStack } from "../local-stack.js";
+import { fleetClocks, type LocalStack, startLocalStack } from "../local-stack.js";
 import { Partitions } from "../partition.js";
 import { apiFailures, failedRows, formatTable, lossWindows, lostWrites, nodeJobs, p99, type Row, runsExecutedTwice } from "./check.js";
 import { type Ack, deploy, edgeRequest, type LedgerApp, makeLedgerApp, type Note, removeSource, TimedApi, watchPlacement, writeLedger } from "./load.js";
@@ -61,12 +61,7 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosReport> {
       workerLogs: true,
       nodes: 3,
       nodeCgroupRoot: partitions.cgroupRoot,
-      workerVars: {
-        NODE_HEARTBEAT_SECONDS: "1",
-        NODE_LOST_AFTER_SECONDS: String(LOST_AFTER_S),
-        DISK_FAILOVER_GRACE_SECONDS: String(GRACE_S),
-        NODE_LEASE_SECONDS: String(LEASE_S),
-      },
+      workerVars: fleetClocks({ lostAfterSeconds: LOST_AFTER_S, graceSeconds: GRACE_S, leaseSeconds: LEASE_S }),
     });
     const live = stack;
     const api = new TimedApi(live);

@@ -1,4 +1,5 @@
 import type { Cut } from "../partition.js";
+import { prng } from "../prng.js";
 
 /** What the chaos run does to one node (or to the Worker), and for how long. */
 export type Fault =
@@ -8,18 +9,6 @@ export type Fault =
 
 /** A fault and when it starts, counted from the start of the chaos. */
 export type Planned = { atMs: number; fault: Fault };
-
-/** mulberry32: a small seeded generator, so a seed names one schedule exactly. */
-export function seeded(seed: number): () => number {
-  let state = seed >>> 0;
-  return () => {
-    state = (state + 0x6d2b79f5) >>> 0;
-    let t = state;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4_294_967_296;
-  };
-}
 
 /** Each round of the schedule: every kind once (partitions twice, three ways to cut), in an order the seed draws. */
 const ROUND = ["kill", "stop", "partition", "partition", "restart-api"] as const;
@@ -34,7 +23,7 @@ const ROUND = ["kill", "stop", "partition", "partition", "restart-api"] as const
  * pass unnoticed, some fence the node, and some move its disks.
  */
 export function faultSchedule(seed: number, durationMs: number, nodes: number, longestMs: number): Planned[] {
-  const next = seeded(seed);
+  const next = prng(seed);
   const between = (low: number, high: number) => Math.round(low + next() * (high - low));
   const planned: Planned[] = [];
   const cuts: Cut[] = ["both", "to-node", "from-node"];

@@ -3,7 +3,7 @@ import { cp, mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it, onTestFailed } from "vitest";
-import { type LocalNode, type LocalStack, ROOT } from "../../scripts/local-stack.js";
+import { fleetClocks, type LocalNode, type LocalStack, ROOT } from "../../scripts/local-stack.js";
 import { STACK_START_TIMEOUT_MS, startOwnStack, svc, tempHome } from "../cli/svc.js";
 import { type DiskView, fleetApi, type Run, until } from "./fleet-api.js";
 import { expectExit, siteRequest } from "./sites.js";
@@ -34,12 +34,7 @@ describe("a fleet of three nodes", () => {
     stack = await startOwnStack({
       workerLogs: true,
       nodes: 3,
-      workerVars: {
-        NODE_HEARTBEAT_SECONDS: "1",
-        NODE_LOST_AFTER_SECONDS: String(LOST_AFTER_S),
-        DISK_FAILOVER_GRACE_SECONDS: String(GRACE_S),
-        NODE_LEASE_SECONDS: String(LEASE_S),
-      },
+      workerVars: fleetClocks({ lostAfterSeconds: LOST_AFTER_S, graceSeconds: GRACE_S, leaseSeconds: LEASE_S }),
     });
     home = await tempHome();
     api = fleetApi(stack);

@@ -4,7 +4,7 @@ import { readdir, readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { afterAll, beforeAll, describe, expect, it, onTestFailed } from "vitest";
-import type { LocalNode, LocalStack } from "../../scripts/local-stack.js";
+import { fleetClocks, type LocalNode, type LocalStack } from "../../scripts/local-stack.js";
 import { STACK_START_TIMEOUT_MS, startOwnStack } from "../cli/svc.js";
 import { type DiskView, fleetApi, type NodeView, type Run, until } from "./fleet-api.js";
 import { type Cut, Partitions } from "../../scripts/partition.js";
@@ -66,12 +66,7 @@ describe("sick nodes", () => {
       workerLogs: true,
       nodes: 3,
       nodeCgroupRoot: partitions.cgroupRoot,
-      workerVars: {
-        NODE_HEARTBEAT_SECONDS: "1",
-        NODE_LOST_AFTER_SECONDS: String(LOST_AFTER_S),
-        DISK_FAILOVER_GRACE_SECONDS: String(GRACE_S),
-        NODE_LEASE_SECONDS: String(LEASE_S),
-      },
+      workerVars: fleetClocks({ lostAfterSeconds: LOST_AFTER_S, graceSeconds: GRACE_S, leaseSeconds: LEASE_S }),
     });
     api = fleetApi(stack);
     const account = await api.ok<{ apiKey: { key: string } }>("POST", "/v1/accounts", { name: "bystander", plan: "business" }, api.operator());
