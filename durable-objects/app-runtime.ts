@@ -301,6 +301,8 @@ export class AppRuntime extends DurableObject<Env> {
       await this.couldNotStart(app, deployment, reason, undefined, `disk ${disk.name} is being restored; the app starts on its node once it is`);
       return;
     }
+    // Stops not yet delivered (a process its node was lost with) go first: one process writes a disk at a time.
+    if (disk) await this.retryStops();
     const live = this.live;
     const web = deployment.processType !== "worker";
     const stopFirst = disk !== undefined || (!web && deployment.overlap !== true);
@@ -532,17 +534,28 @@ export class AppRuntime extends DurableObject<Env> {
     const appId = this.ctx.storage.kv.get<string>("appId");
     if (!appId || this.pending) return;
     console.warn(JSON.stringify({ event: "app.process_lost", appId, why }));
+    const live = this.live;
     this.ctx.storage.kv.delete("live");
+    if (live) {
+      // No longer the app's live process anywhere: a lost node that returns is told to stop it (fleet.ts), and so is
+      // one that merely answered late, before a process of the app starts on its disk again (the chaos run found the
+      // old one running beside the new for ten minutes, both writing the disk).
+      await this.db
+        .update(apps)
+        .set({ liveProcessId: null, liveNode: null, processState: null })
+        .where(and(eq(apps.id, appId), eq(apps.liveProcessId, live.processId)));
+      await this.retire(live, 0);
+    }
     await this.startNow(appId);
   }
 
   /** Asks the node to stop a process; a stop that could not be delivered is retried by the alarm. */
   private async retire(instance: Instance, drainSeconds: number): Promise<void> {
     const node = await nodeRef(this.env, instance.node).catch(() => null);
-    // A node that left the fleet or was lost cannot be told; a lost one that returns is told by its heartbeat's
-    // answer to stop what no app runs there any more (fleet.ts), and its disks' writers ended with its lease.
-    if (!node || (await lostNode(this.env, instance.node))) return;
-    const stopped = await stopProcess(this.config, node, instance.processId, drainSeconds).catch(() => null);
+    // A node that left the fleet cannot be told. A lost one is told when it returns (its heartbeat's answer names
+    // what no app runs there any more: fleet.ts), or by this stop, tried again until it is delivered.
+    if (!node) return;
+    const stopped = (await lostNode(this.env, instance.node)) ? null : await stopProcess(this.config, node, instance.processId, drainSeconds).catch(() => null);
     if (stopped?.ok) return;
     const stops = this.ctx.storage.kv.get<Instance[]>("stops") ?? [];
     this.ctx.storage.kv.put("stops", [...stops.filter((s) => s.processId !== instance.processId), instance]);
