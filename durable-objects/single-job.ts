@@ -10,6 +10,8 @@ const SLOW_POLL_MS = 15_000;
 const FAST_POLL_WINDOW_MS = 60_000;
 /** A finish that failed half-way (storage or D1 unavailable) is tried again this much later. */
 const FINISH_RETRY_MS = 5_000;
+/** A finish still marked under way this long after it began was cut short (the runtime restarted): it runs again. */
+const FINISH_STALE_MS = 60_000;
 
 /** What a job ended with: the builder's final status, or why there is none. */
 export type Ending = JobStatus | { error: string };
@@ -160,7 +162,18 @@ export abstract class SingleBuilderJob extends DurableObject<Env> {
   }
 
   override async alarm(): Promise<void> {
-    if (this.ctx.storage.kv.get("finished") || this.ctx.storage.kv.get("finishing")) return;
+    const kv = this.ctx.storage.kv;
+    if (kv.get("finished")) return;
+    const finishing = kv.get<number>("finishing");
+    if (finishing !== undefined) {
+      if (Date.now() - finishing < FINISH_STALE_MS) {
+        await this.ctx.storage.setAlarm(finishing + FINISH_STALE_MS);
+        return;
+      }
+      // Cut short (the chaos run restarted the Worker a second after a snapshot ended: its backup stayed
+      // `creating`): the job's end is asked for again and finished again, every step being repeatable.
+      kv.delete("finishing");
+    }
     const watchedAt = this.ctx.storage.kv.get<number>("watchedAt") ?? Date.now();
     const age = Date.now() - watchedAt;
     const jobId = this.ctx.storage.kv.get<string>("jobId");
@@ -207,9 +220,12 @@ export abstract class SingleBuilderJob extends DurableObject<Env> {
   private async finishOnce(ending: Ending): Promise<void> {
     const kv = this.ctx.storage.kv;
     if (kv.get("finished") || kv.get("finishing")) return;
-    kv.put("finishing", Date.now());
-    // Polling is over; a subclass's finish may set an alarm of its own (a deployment publishing in steps).
-    await this.ctx.storage.deleteAlarm();
+    const began = Date.now();
+    kv.put("finishing", began);
+    // Polling is over, but an alarm stays until the finish is done, so one the runtime cuts short runs again;
+    // a subclass's finish may set an alarm of its own (a deployment publishing in steps), which then stands.
+    const safety = began + FINISH_STALE_MS;
+    await this.ctx.storage.setAlarm(safety);
     try {
       await this.finish(ending);
     } catch (err) {
@@ -220,6 +236,7 @@ export abstract class SingleBuilderJob extends DurableObject<Env> {
     }
     kv.put("finished", true);
     kv.delete("finishing");
+    if ((await this.ctx.storage.getAlarm()) === safety) await this.ctx.storage.deleteAlarm();
   }
 }
 
