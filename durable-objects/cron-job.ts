@@ -6,6 +6,7 @@ import { RELEASE_PATH } from "../builder/src/protocol/processes";
 import { countingD1, openDb } from "../worker/db/client";
 import { cronRuns, crons, type Plan } from "../worker/db/schema";
 import { configOf, type Env } from "../worker/env";
+import { ApiError } from "../worker/lib/errors";
 import { cancelJob, describeWait, findJob, getJob, jobLog, LONE_BUILDER_ID, neverSent, type NodeRef, submitJob } from "../worker/lib/builder-client";
 import { lostNode, nodeRef } from "../worker/services/fleet";
 import { diskNode, placeStateless } from "../worker/services/placement";
@@ -57,9 +58,12 @@ const LOST_CONTACT_GRACE_MS = 5 * 60_000;
 export const LATE_AFTER_MS = 2 * 60_000;
 
 /** What a manual run request comes to: the run (queued or running), or why it was refused. */
+/** Why a manual run was refused before it existed anywhere. */
+type Refusal = { code: "TOO_MANY_JOBS" | "NODE_UNREACHABLE" | "BUILDER_UNAVAILABLE"; message: string };
+
 export type ManualRun =
   | { ok: true; jobName: string; status: RunRow["status"]; phase: RunRow["phase"] }
-  | { ok: false; code: "RUN_IN_PROGRESS" | "TOO_MANY_JOBS"; message: string };
+  | { ok: false; code: "RUN_IN_PROGRESS" | Refusal["code"]; message: string };
 
 const logLine = (text: string, at = Date.now()) => `${new Date(at).toISOString()} svc ${text}\n`;
 
@@ -213,6 +217,7 @@ export class CronJob extends DurableObject<Env> {
     if (refused) {
       // Refused before it existed anywhere: no run to list, as for a stopped app.
       this.ctx.storage.sql.exec("DELETE FROM runs WHERE job_name = ? AND builder_job_id IS NULL", jobName);
+      if (refused.code !== "TOO_MANY_JOBS") return { ok: false, code: refused.code, message: `the run did not start: ${refused.message}` };
       const { concurrentJobs, manualRunQueueLimit } = PLAN_LIMITS[plan];
       return {
         ok: false,
@@ -438,67 +443,88 @@ export class CronJob extends DurableObject<Env> {
   /**
    * Sends the run to the builder with the app's env vars, disk and source,
    * counted against the account's share (its plan's concurrency); a refusal
-   * or an outage fails it. With `maxQueued` (manual runs), a builder refusing
-   * it because the account has that many jobs waiting leaves the run as it is
-   * and answers true.
+   * or an outage fails it. A run of an app without a disk goes to another
+   * node when the one picked is held sick. With `maxQueued` (manual runs), a
+   * run that cannot start anywhere is refused before it exists: the answer
+   * says why (the account has that many jobs waiting, or no node takes work
+   * now) and the run's row is gone; a scheduled run fails with the reason.
    */
-  private async dispatch(job: CronDefinition, target: CronTarget, jobName: string, maxQueued?: number): Promise<boolean> {
+  private async dispatch(job: CronDefinition, target: CronTarget, jobName: string, maxQueued?: number): Promise<Refusal | null> {
     const config = this.config;
     const { disk } = target;
-    if (disk?.restoring) {
-      const error = `disk ${disk.name} is being restored; the run did not start`;
+    const manual = maxQueued !== undefined;
+    const messageOf = (err: unknown) => (err instanceof Error ? err.message : String(err));
+    const fail = async (error: string) => {
       await this.complete(jobName, { status: "failed", exitCode: null, error, log: logLine(`error: ${error}`) });
-      return false;
-    }
-    try {
-      // A run of an app with a disk goes to the disk's node; any other to the least loaded (no D1 read either way).
-      const node = disk ? await diskNode(this.env, { id: disk.id, nodeId: disk.nodeId ?? null }) : await placeStateless(this.env);
-      this.ctx.storage.sql.exec("UPDATE runs SET node_id = ? WHERE job_name = ?", node.id, jobName);
-      const spec: JobSpec = {
-        key: `${job.id}/${jobName}`,
-        tenant: job.accountId,
-        command: job.command,
-        // A release's commands (`npm run report`, a venv's scripts) are on the PATH, unless the app sets its own.
-        env: { ...(target.release ? { PATH: RELEASE_PATH } : {}), ...(await decryptEnv(config, target.appId, target.env)) },
-        timeoutSeconds: job.timeoutSeconds,
-        memoryMb: target.memoryMb,
-        callbackUrl: new URL("/internal/builder/callback", config.PUBLIC_URL).href,
-        labels: { kind: "cron", cronId: job.id, jobName },
-        // A target stored before it carried the plan leaves the builder's default.
-        ...(target.plan ? builderShare(target.plan) : {}),
-        ...(maxQueued === undefined ? {} : { tenantMaxQueued: maxQueued }),
-        ...(disk
-          ? { disk: { id: disk.id, mountPath: disk.mountPath, sizeBytes: disk.sizeGb * GIB, ...(disk.generation ? { generation: disk.generation } : {}) } }
-          : {}),
-        // The app's environment: its active release (or a static site's source), extracted as the working directory.
-        ...(target.sourceKey
-          ? {
-              sourceUrl: (await presign(config, { method: "GET", key: target.sourceKey, expiresInSeconds: config.PRESIGNED_URL_TTL_SECONDS }))
-                .url,
-            }
-          : {}),
-      };
-      const submitted = await submitJob(config, node, spec);
-      if (!submitted.ok) {
-        if (maxQueued !== undefined && submitted.code === "TENANT_QUEUE_FULL") return true;
-        const error = `the builder refused the run: ${submitted.message}`;
-        await this.complete(jobName, { status: "failed", exitCode: null, error, log: logLine(`error: ${error}`) });
-        return false;
+      return null;
+    };
+    if (disk?.restoring) return fail(`disk ${disk.name} is being restored; the run did not start`);
+    /** Nodes that refused the run unsent (held sick): a run without a disk tries the others. */
+    const passedOver = new Map<string, string>();
+    for (;;) {
+      let node: NodeRef;
+      try {
+        // A run of an app with a disk goes to the disk's node; any other to the least loaded (no D1 read either way).
+        node = disk
+          ? await diskNode(this.env, { id: disk.id, nodeId: disk.nodeId ?? null })
+          : await placeStateless(this.env, passedOver.size > 0 ? { exclude: new Set(passedOver.keys()) } : {});
+      } catch (err) {
+        const reason = passedOver.size > 0 ? `no other node takes work (${[...passedOver.values()].join(", ")} not answering)` : messageOf(err);
+        if (manual) return { code: passedOver.size > 0 || (err instanceof ApiError && err.code === "NODE_UNREACHABLE") ? "NODE_UNREACHABLE" : "BUILDER_UNAVAILABLE", message: reason };
+        return fail(`the run did not start: ${reason}`);
       }
-      this.ctx.storage.sql.exec("UPDATE runs SET builder_job_id = ? WHERE job_name = ?", submitted.value.id, jobName);
-      this.noteStatus(jobName, submitted.value);
-    } catch (err) {
-      // Its node is held sick and was not asked: the run never started anywhere, and says why now.
-      if (neverSent(err)) {
-        const error = `the run did not start: ${(err as Error).message}`;
-        await this.complete(jobName, { status: "failed", exitCode: null, error, log: logLine(`error: ${error}`) });
-        return false;
+      try {
+        this.ctx.storage.sql.exec("UPDATE runs SET node_id = ? WHERE job_name = ?", node.id, jobName);
+        const submitted = await submitJob(config, node, await this.spec(job, target, jobName, maxQueued));
+        if (!submitted.ok) {
+          if (manual && submitted.code === "TENANT_QUEUE_FULL") return { code: "TOO_MANY_JOBS", message: submitted.message };
+          return fail(`the builder refused the run: ${submitted.message}`);
+        }
+        this.ctx.storage.sql.exec("UPDATE runs SET builder_job_id = ? WHERE job_name = ?", submitted.value.id, jobName);
+        this.noteStatus(jobName, submitted.value);
+        return null;
+      } catch (err) {
+        // Its node is held sick and was not asked: the run never started there. Without a disk, another node may take it.
+        if (neverSent(err)) {
+          if (!disk) {
+            passedOver.set(node.id, node.name ?? node.id);
+            continue;
+          }
+          if (manual) return { code: "NODE_UNREACHABLE", message: messageOf(err) };
+          return fail(`the run did not start: ${messageOf(err)}`);
+        }
+        // Unreachable even after retries. The key lets the next poll find the run if the builder did get it.
+        this.kv.put(`unreachable:${jobName}`, `the builder could not be reached: ${messageOf(err)}`);
+        return null;
       }
-      // Unreachable even after retries. The key lets the next poll find the run if the builder did get it.
-      const error = `the builder could not be reached: ${err instanceof Error ? err.message : String(err)}`;
-      this.kv.put(`unreachable:${jobName}`, error);
     }
-    return false;
+  }
+
+  /** What the builder is asked to run: the command with the app's env vars, disk and source, within the account's share. */
+  private async spec(job: CronDefinition, target: CronTarget, jobName: string, maxQueued: number | undefined): Promise<JobSpec> {
+    const config = this.config;
+    const { disk } = target;
+    return {
+      key: `${job.id}/${jobName}`,
+      tenant: job.accountId,
+      command: job.command,
+      // A release's commands (`npm run report`, a venv's scripts) are on the PATH, unless the app sets its own.
+      env: { ...(target.release ? { PATH: RELEASE_PATH } : {}), ...(await decryptEnv(config, target.appId, target.env)) },
+      timeoutSeconds: job.timeoutSeconds,
+      memoryMb: target.memoryMb,
+      callbackUrl: new URL("/internal/builder/callback", config.PUBLIC_URL).href,
+      labels: { kind: "cron", cronId: job.id, jobName },
+      // A target stored before it carried the plan leaves the builder's default.
+      ...(target.plan ? builderShare(target.plan) : {}),
+      ...(maxQueued === undefined ? {} : { tenantMaxQueued: maxQueued }),
+      ...(disk
+        ? { disk: { id: disk.id, mountPath: disk.mountPath, sizeBytes: disk.sizeGb * GIB, ...(disk.generation ? { generation: disk.generation } : {}) } }
+        : {}),
+      // The app's environment: its active release (or a static site's source), extracted as the working directory.
+      ...(target.sourceKey
+        ? { sourceUrl: (await presign(config, { method: "GET", key: target.sourceKey, expiresInSeconds: config.PRESIGNED_URL_TTL_SECONDS })).url }
+        : {}),
+    };
   }
 
   /** The node a run was sent to; null when it left the fleet (or the row predates the fleet and no lone builder is configured). */

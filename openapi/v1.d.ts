@@ -2728,7 +2728,16 @@ export interface paths {
                         "application/json": components["schemas"]["Error"];
                     };
                 };
-                /** @description The node holding the app's disk is not answering (NODE_UNREACHABLE); Retry-After says when to ask again */
+                /** @description No node has joined or is ready to take work (BUILDER_UNAVAILABLE); the run did not start */
+                502: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description The node holding the app's disk is not answering, or (without a disk) no node is (NODE_UNREACHABLE); the run did not start, and Retry-After says when to ask again */
                 503: {
                     headers: {
                         [name: string]: unknown;

@@ -56,9 +56,9 @@ export function fleetApi(stack: LocalStack & { stateDir: string }) {
   const operator = () => stack.secrets.OPERATOR_TOKEN;
   /** Starts a manual run; with `wait`, resolves to its end and its log. */
   const run = async (cronId: string, wait = true, token?: string): Promise<Run & { log: string }> => {
-    // A client told to wait (the account's queue is full, or the key's rate) waits and asks again.
+    // A client told to wait (the account's queue is full, the key's rate, or no node answering now) waits and asks again.
     let attempt = await call<Run>("POST", `/v1/crons/${cronId}/run`, {}, token);
-    for (let tries = 0; attempt.status === 429 && tries < 120; tries++) {
+    for (let tries = 0; (attempt.status === 429 || attempt.status === 503) && tries < 120; tries++) {
       await sleep(500);
       attempt = await call<Run>("POST", `/v1/crons/${cronId}/run`, {}, token);
     }

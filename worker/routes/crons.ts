@@ -263,7 +263,10 @@ cronRoutes.openapi(
       ...cronNotFound,
       409: errorResponse("The app is stopped (APP_STOPPED), or the policy is forbid and a run is queued or running (RUN_IN_PROGRESS)"),
       429: errorResponse("The account has its plan's limit of jobs waiting for a slot (TOO_MANY_JOBS), or too many requests (RATE_LIMITED)"),
-      503: errorResponse("The node holding the app's disk is not answering (NODE_UNREACHABLE); Retry-After says when to ask again"),
+      502: errorResponse("No node has joined or is ready to take work (BUILDER_UNAVAILABLE); the run did not start"),
+      503: errorResponse(
+        "The node holding the app's disk is not answering, or (without a disk) no node is (NODE_UNREACHABLE); the run did not start, and Retry-After says when to ask again",
+      ),
     },
   }),
   async (c) => {
@@ -279,7 +282,9 @@ cronRoutes.openapi(
     if (disk?.nodeId) await diskNode(c.env, disk);
     const started = await cronStub(c.env, cron.id).runNow(await accountPlan(db, accountId));
     if (!started) throw new ApiError("CRON_NOT_FOUND", `cron job ${cron.id} not found`);
-    if (!started.ok) throw new ApiError(started.code, started.message);
+    if (!started.ok) {
+      throw new ApiError(started.code, started.message, undefined, undefined, started.code === "NODE_UNREACHABLE" ? { "Retry-After": "5" } : {});
+    }
     return c.json({ data: { jobName: started.jobName, status: started.status, phase: started.phase } }, 202);
   },
 );
