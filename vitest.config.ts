@@ -86,6 +86,9 @@ export default defineConfig({
           name: "node",
           environment: "node",
           include: ["test/builder/**/*.test.ts", "test/dashboard/**/*.test.ts", "test/scripts/**/*.test.ts"],
+          // One process runs file after file, importing what they share once: a fresh process per file cost
+          // ~1.9 s of CPU a file (14 builder files: 128 -> 102 s). No file mocks modules or changes process.env.
+          isolate: false,
           testTimeout: 60_000,
           hookTimeout: 120_000,
         },
@@ -97,6 +100,8 @@ export default defineConfig({
           environment: "node",
           include: ["test/cli/**/*.test.ts", "test/e2e/**/*.test.ts"],
           globalSetup: ["./test/support/shared-stack.ts"],
+          // As the node files: ~1 s of CPU less a file.
+          isolate: false,
           testTimeout: 60_000,
           hookTimeout: 240_000,
         },

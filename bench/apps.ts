@@ -25,7 +25,7 @@ import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { freePort, ROOT } from "../scripts/local-stack";
-import { svcBinary } from "../test/cli/svc";
+import { svc } from "../test/cli/svc";
 import { benchStack, fmt, percentile } from "./load";
 
 const ROUNDS = Number(process.env.ROUNDS ?? 3);
@@ -118,7 +118,7 @@ try {
   const apiPort = Number(new URL(stack.apiUrl).port);
   const env = { HOME: work, SVC_API_URL: stack.apiUrl, SVC_API_KEY: stack.adminKey };
   const run = async (args: string[]) => {
-    const r = await svcBinary(args, env);
+    const r = await svc(args, env);
     if (r.code !== 0) throw new Error(`svc ${args.join(" ")}: ${r.stderr}`);
     return r;
   };

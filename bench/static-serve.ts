@@ -28,7 +28,7 @@ import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { freePort, ROOT } from "../scripts/local-stack";
-import { svcBinary } from "../test/cli/svc";
+import { svc } from "../test/cli/svc";
 import { benchStack, fmt, load, type LoadResult, rawLoad, wrkLoad } from "./load";
 
 const ROUNDS = Number(process.env.ROUNDS ?? 3);
@@ -147,9 +147,9 @@ try {
   });
   const { key } = (await keyRes.json()) as { key: string };
   const env = { HOME: join(dir, "home"), XDG_CONFIG_HOME: join(dir, "home", "config"), SVC_API_URL: stack.apiUrl, SVC_API_KEY: key };
-  const created = await svcBinary(["apps", "create", "--name", app, "--runtime", "static"], env);
+  const created = await svc(["apps", "create", "--name", app, "--runtime", "static"], env);
   if (created.code !== 0) throw new Error(`apps create: ${created.stderr}`);
-  const [deployed, started] = await Promise.all([svcBinary(["deploy", "--source", site.source, "--json"], env), startAssetsOnly(dir, site.output)]);
+  const [deployed, started] = await Promise.all([svc(["deploy", "--source", site.source, "--json"], env), startAssetsOnly(dir, site.output)]);
   theirs = started;
   if (deployed.code !== 0) throw new Error(`deploy: ${deployed.stderr}`);
   const ours = (JSON.parse(deployed.stdout) as { url: string }).url;

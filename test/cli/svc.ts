@@ -20,18 +20,12 @@ export async function tempHome(): Promise<{ dir: string; env: Record<string, str
 }
 
 /**
- * Runs the real `svc` (its sources, bundled once per test run) with only PATH plus the given
+ * Runs the real `svc` (cli/bin/svc.js, the file users run) with only PATH plus the given
  * variables in its environment, so SVC_* settings of the developer's shell
  * cannot leak in. stdin is a pipe (not a terminal), closed after `input`.
  */
 export function svc(args: readonly string[], env: Record<string, string>, input = "", cwd = ROOT): Promise<SvcResult> {
-  // The sources bundled once for the run (test/support/shared-stack.ts).
-  return runCli(inject("svcEntry"), args, env, input, cwd);
-}
-
-/** Runs cli/bin/svc.js itself (the file users run, compiling through tsx), for the tests of the binary. */
-export function svcBinary(args: readonly string[], env: Record<string, string>, input = ""): Promise<SvcResult> {
-  return runCli(join(ROOT, "cli", "bin", "svc.js"), args, env, input, ROOT);
+  return runCli(join(ROOT, "cli", "bin", "svc.js"), args, env, input, cwd);
 }
 
 function runCli(entry: string, args: readonly string[], env: Record<string, string>, input: string, cwd: string): Promise<SvcResult> {
