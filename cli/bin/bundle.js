@@ -21,17 +21,19 @@ const BUNDLE = join(CACHE, "main.cjs");
 const MANIFEST = join(CACHE, "inputs.json");
 const CODE_CACHE = join(CACHE, "main.cjs.v8");
 
+/** @typedef {{ source: string; hash: string }} Bundle */
+
 /**
- * The bundle's source when every file that went into it is as it was, else null.
- * @returns {string | null}
+ * The bundle when every file that went into it is as it was, else null.
+ * @returns {Bundle | null}
  */
 function freshBundle() {
   try {
-    /** @type {{ node: string; inputs: Record<string, string> }} */
+    /** @type {{ node: string; hash: string; inputs: Record<string, string> }} */
     const manifest = JSON.parse(readFileSync(MANIFEST, "utf8"));
-    if (manifest.node !== process.version) return null;
+    if (manifest.node !== process.version || typeof manifest.hash !== "string") return null;
     for (const [file, stamp] of Object.entries(manifest.inputs)) if (stampOf(file) !== stamp) return null;
-    return readFileSync(BUNDLE, "utf8");
+    return { source: readFileSync(BUNDLE, "utf8"), hash: manifest.hash };
   } catch {
     return null;
   }
@@ -56,7 +58,7 @@ function writeWhole(file, data) {
 
 /**
  * Bundles the sources, keeps the bundle and its manifest when the cache can be written, and returns it.
- * @returns {Promise<string>}
+ * @returns {Promise<Bundle>}
  */
 async function bundle() {
   const { build } = await import("esbuild");
@@ -85,15 +87,32 @@ async function bundle() {
     ],
   });
   const source = result.outputFiles[0].text;
+  const hash = createHash("sha256").update(source).digest("hex");
   try {
     const inputs = Object.fromEntries(Object.keys(result.metafile.inputs).map((input) => [join(ROOT, input), stampOf(join(ROOT, input))]));
     mkdirSync(CACHE, { recursive: true });
     writeWhole(BUNDLE, source);
-    writeWhole(MANIFEST, JSON.stringify({ node: process.version, inputs }));
+    writeWhole(MANIFEST, JSON.stringify({ node: process.version, hash, inputs }));
   } catch {
     // A read-only install: run from memory.
   }
-  return source;
+  return { source, hash };
+}
+
+/**
+ * V8's compiled code for the bundle whose hash is `hash`, or undefined. V8 checks a code cache
+ * against its source's length only, so the file starts with the hash of the bundle it was made
+ * from: an edit that keeps the bundle's length must not run the code compiled before it.
+ * @param {string} hash
+ * @returns {Buffer | undefined}
+ */
+function codeCacheFor(hash) {
+  try {
+    const file = readFileSync(CODE_CACHE);
+    return file.subarray(0, hash.length).toString("latin1") === hash ? file.subarray(hash.length) : undefined;
+  } catch {
+    return undefined;
+  }
 }
 
 /**
@@ -102,14 +121,8 @@ async function bundle() {
  * @returns {Promise<number>}
  */
 export async function runCli(args) {
-  const source = freshBundle() ?? (await bundle());
-  /** @type {Buffer | undefined} */
-  let cachedData;
-  try {
-    cachedData = readFileSync(CODE_CACHE);
-  } catch {
-    cachedData = undefined;
-  }
+  const { source, hash } = freshBundle() ?? (await bundle());
+  const cachedData = codeCacheFor(hash);
   const script = new Script(`(function (exports, require, module, __filename, __dirname) {${source}\n})`, { filename: BUNDLE, cachedData, importModuleDynamically: constants.USE_MAIN_CONTEXT_DEFAULT_LOADER });
   /** @type {{ exports: { main?: (args: string[]) => Promise<number> } }} */
   const module = { exports: {} };
@@ -120,7 +133,7 @@ export async function runCli(args) {
   // Once run, the script holds the functions the command compiled too: a later start skips compiling them.
   if (cachedData === undefined || script.cachedDataRejected) {
     try {
-      writeWhole(CODE_CACHE, script.createCachedData());
+      writeWhole(CODE_CACHE, Buffer.concat([Buffer.from(hash, "latin1"), script.createCachedData()]));
     } catch {
       // A read-only install: the next start compiles again.
     }
