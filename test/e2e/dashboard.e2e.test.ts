@@ -145,8 +145,8 @@ describe("the dashboard in headless Chromium", () => {
     // Warm-up: the first requests compile the Worker and open the local database.
     await firstLoad("/", "input[name=apiKey]");
     await firstLoad("/apps", "main table, main .empty", stack.adminKey);
-    const signInLoads = [];
-    const appLoads = [];
+    const signInLoads: Awaited<ReturnType<typeof firstLoad>>[] = [];
+    const appLoads: Awaited<ReturnType<typeof firstLoad>>[] = [];
     // The budget holds for the page's own cost: the fastest of the loads. Suites running beside this one (CI
     // runs two files at once) only ever add time, which moved the median from 0.8 s alone to 1.7 s in CI
     // while the Worker served each asset in 11-20 ms, and the best of five to 1,068 ms once, beside a file
