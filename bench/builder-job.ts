@@ -19,6 +19,7 @@ import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { SandboxHost } from "../builder/src/sandbox/host.js";
 import { JobLog, runInSandbox } from "../builder/src/sandbox/sandbox.js";
+import { percentile } from "../scripts/percentile.js";
 import { followLog, startBuilder, submitJob } from "../test/builder/builder-process.js";
 
 const iterations = Number(process.argv[2] ?? 200);
@@ -42,10 +43,6 @@ async function measure(label: string, runs: number, once: () => Promise<void>): 
   }
   process.stderr.write(`${label}: ${runs} runs done\n`);
   return samples.sort((a, b) => a - b);
-}
-
-function percentile(sorted: number[], p: number): number {
-  return sorted[Math.min(sorted.length - 1, Math.ceil((p / 100) * sorted.length) - 1)] ?? Number.NaN;
 }
 
 const mean = (values: number[]) => values.reduce((sum, value) => sum + value, 0) / values.length;

@@ -57,10 +57,10 @@ const LOST_CONTACT_GRACE_MS = 5 * 60_000;
 /** The alarm is this late (or missing) before the job's detail calls it late. */
 export const LATE_AFTER_MS = 2 * 60_000;
 
-/** What a manual run request comes to: the run (queued or running), or why it was refused. */
 /** Why a manual run was refused before it existed anywhere. */
 type Refusal = { code: "TOO_MANY_JOBS" | "NODE_UNREACHABLE" | "BUILDER_UNAVAILABLE"; message: string };
 
+/** What a manual run request comes to: the run (queued or running), or why it was refused. */
 export type ManualRun =
   | { ok: true; jobName: string; status: RunRow["status"]; phase: RunRow["phase"] }
   | { ok: false; code: "RUN_IN_PROGRESS" | Refusal["code"]; message: string };

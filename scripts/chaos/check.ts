@@ -69,12 +69,6 @@ export function runsExecutedTwice(jobs: NodeJob[]): string[] {
   return [...started].filter(([, ran]) => ran.length > 1).map(([key, ran]) => `${key} on ${ran.join(", ")}`);
 }
 
-/** The 99th percentile of `values`. */
-export function p99(values: number[]): number {
-  if (values.length === 0) return 0;
-  return [...values].sort((a, b) => a - b)[Math.ceil(values.length * 0.99) - 1]!;
-}
-
 /** The API's errors: 5xx answers and calls that got none, except a 503 that said when to come back (the honest answer of a sick node's resources). */
 export function apiFailures(calls: ApiCall[]): ApiCall[] {
   return calls.filter((call) => call.status === 0 || (call.status >= 500 && !(call.status === 503 && call.retryAfter)));

@@ -25,12 +25,8 @@ export async function tempHome(): Promise<{ dir: string; env: Record<string, str
  * cannot leak in. stdin is a pipe (not a terminal), closed after `input`.
  */
 export function svc(args: readonly string[], env: Record<string, string>, input = "", cwd = ROOT): Promise<SvcResult> {
-  return runCli(join(ROOT, "cli", "bin", "svc.js"), args, env, input, cwd);
-}
-
-function runCli(entry: string, args: readonly string[], env: Record<string, string>, input: string, cwd: string): Promise<SvcResult> {
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [entry, ...args], {
+    const child = spawn(process.execPath, [join(ROOT, "cli", "bin", "svc.js"), ...args], {
       cwd,
       env: { PATH: process.env.PATH ?? "", ...env },
       stdio: ["pipe", "pipe", "pipe"],

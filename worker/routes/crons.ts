@@ -247,6 +247,12 @@ cronRoutes.openapi(
   },
 );
 
+/**
+ * When to ask again for a run no node took: a node held unreachable is probed every 2 s and takes work
+ * again once it answers (durable-objects/fleet.ts), sooner than a sick disk's node is worth asking again.
+ */
+const NO_NODE_RETRY_AFTER_SECONDS = 5;
+
 cronRoutes.openapi(
   createRoute({
     method: "post",
@@ -283,7 +289,8 @@ cronRoutes.openapi(
     const started = await cronStub(c.env, cron.id).runNow(await accountPlan(db, accountId));
     if (!started) throw new ApiError("CRON_NOT_FOUND", `cron job ${cron.id} not found`);
     if (!started.ok) {
-      throw new ApiError(started.code, started.message, undefined, undefined, started.code === "NODE_UNREACHABLE" ? { "Retry-After": "5" } : {});
+      const retry: Record<string, string> = started.code === "NODE_UNREACHABLE" ? { "Retry-After": String(NO_NODE_RETRY_AFTER_SECONDS) } : {};
+      throw new ApiError(started.code, started.message, undefined, undefined, retry);
     }
     return c.json({ data: { jobName: started.jobName, status: started.status, phase: started.phase } }, 202);
   },
