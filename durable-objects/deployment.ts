@@ -107,6 +107,7 @@ export class Deployment extends SingleBuilderJob {
       ...(release ? { release } : {}),
       key: deploymentId,
       tenant: app.accountId,
+      app: app.id,
       sourceUrl: source.url,
       env: await envOf(this.db, config, app.id),
       // The app's memory limit (spec: OOMKilled when a build exceeds it), capped by the operator's maximum.

@@ -15,6 +15,7 @@ import { loadConfig } from "./config.js";
 import { DiskLeases } from "./disks/leases.js";
 import { DiskStore } from "./disks/store.js";
 import { HostRoom } from "./sandbox/host-room.js";
+import { DependencyCache } from "./jobs/dependency-cache.js";
 import { JobManager } from "./jobs/manager.js";
 import { LogShipper } from "./processes/log-shipper.js";
 import { ProcessManager } from "./processes/manager.js";
@@ -113,6 +114,7 @@ const jobs = await JobManager.open({
   buildScratchBytes: config.buildScratchBytes,
   npmRegistry: config.npmRegistry,
   pip: { indexUrl: config.pipIndexUrl, findLinks: config.pipFindLinks },
+  dependencyCache: await DependencyCache.open(join(config.dataDir, "dependency-cache"), config.dependencyCacheBytes),
 });
 
 // A node's apps' runtime logs leave it as they are written, so they outlive it (a failover, a drain).

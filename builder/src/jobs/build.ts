@@ -32,6 +32,7 @@ import { uploadMissingBlobs } from "../static/upload.js";
 import { buildFailureFromLog } from "./build-error.js";
 import { NPM_INSTALL_KEEPING_LOCKFILE, type NodeInstallStep, type PipSources, nodeInstallStep, registryEnv } from "./install.js";
 import { absentOptionalNote, absentOptionalPackages, installFailureFromLog } from "./install-error.js";
+import { type CacheKey, type CacheScope, type DependencyCache, installKey } from "./dependency-cache.js";
 import { type ReleaseBuildPlan, planReleaseBuild, publishRelease, releasePath } from "./release.js";
 import { failure, finish, interrupted } from "./run.js";
 
@@ -60,6 +61,8 @@ export interface BuildJobInput {
   pip: PipSources;
   /** Aborting cancels the build (reason "shutdown" when the builder stops). */
   signal: AbortSignal;
+  /** The node's dependency cache and the app whose entries this build may use; null: install every time. */
+  dependencies: { cache: DependencyCache; scope: CacheScope } | null;
 }
 
 /** Everything decided about a static site before anything of the user's runs. */
@@ -185,27 +188,48 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
 
     if (plan.install) {
       const { packageManager, lockfile, command, viaNpx, from } = plan.install;
-      const through = viaNpx ? ` (${packageManager} is not installed: running ${viaNpx} through npx)` : "";
-      const into = packageManager === "pip" ? " into .venv" : "";
-      log.note(`installing dependencies from ${lockfile} with ${packageManager}${through}${into} from ${from}`);
-      log.note(`$ ${command}`);
       // Without NODE_ENV: NODE_ENV=production makes every package manager skip devDependencies, where build tools live.
       const { NODE_ENV: _omitted, ...appEnv } = spec.env;
       const installEnv = { CI: "true", ...appEnv, ...registry, ...plan.install.env, PATH: toolsPath };
-      let { failed, output } = await step("install", command, installEnv);
-      // The cause is one line among many: quote it in the summary, with what to do (install-error.ts).
-      let cause = failed?.reason === "exit_code" ? await installFailureFromLog(logFile, output, lockfile, packageManager).catch(() => null) : null;
-      // npm ci refusing a lockfile npm install wrote, for optional platform packages the registry lacked: install it the other way.
-      const absent = cause?.refusal && packageManager === "npm" ? await absentOptionalPackages(root, cause.refusal).catch(() => null) : null;
-      if (absent) {
-        log.note(absentOptionalNote(absent, NPM_INSTALL_KEEPING_LOCKFILE));
-        log.note(`$ ${NPM_INSTALL_KEEPING_LOCKFILE}`);
-        ({ failed, output } = await step("install", NPM_INSTALL_KEEPING_LOCKFILE, installEnv));
-        cause = failed?.reason === "exit_code" ? await installFailureFromLog(logFile, output, lockfile, packageManager).catch(() => null) : null;
+      const cache = input.dependencies;
+      const cacheKey = cache
+        ? await installKey({ step: plan.install, files, root, env: installEnv, searchPath, wheels: plan.install.wheels }).catch(
+            (error: unknown): CacheKey => ({ ok: false, why: `not cached: ${error instanceof Error ? error.message : String(error)}` }),
+          )
+        : null;
+      if (cacheKey !== null && !cacheKey.ok) log.note(`dependencies: ${cacheKey.why}`);
+      let restored = false;
+      if (cache && cacheKey?.ok && cache.cache.has(cache.scope, cacheKey.key)) {
+        const started = Date.now();
+        restored = await cache.cache.restore(cache.scope, cacheKey.key, root, input.user, signal);
+        log.note(
+          restored
+            ? `dependencies: from cache (lockfile unchanged): ${cacheKey.folder} restored in ${((Date.now() - started) / 1000).toFixed(1)} s`
+            : "dependencies: the cached copy could not be restored; installing",
+        );
       }
-      if (failed) {
-        if (failed.reason === "exit_code") failed.error = `install failed: ${failed.error}${cause?.why ? `: ${cause.why}` : ""}`;
-        return finish(log, failed);
+      if (!restored) {
+        const through = viaNpx ? ` (${packageManager} is not installed: running ${viaNpx} through npx)` : "";
+        const into = packageManager === "pip" ? " into .venv" : "";
+        log.note(`installing dependencies from ${lockfile} with ${packageManager}${through}${into} from ${from}`);
+        log.note(`$ ${command}`);
+        let { failed, output } = await step("install", command, installEnv);
+        // The cause is one line among many: quote it in the summary, with what to do (install-error.ts).
+        let cause = failed?.reason === "exit_code" ? await installFailureFromLog(logFile, output, lockfile, packageManager).catch(() => null) : null;
+        // npm ci refusing a lockfile npm install wrote, for optional platform packages the registry lacked: install it the other way.
+        const absent = cause?.refusal && packageManager === "npm" ? await absentOptionalPackages(root, cause.refusal).catch(() => null) : null;
+        if (absent) {
+          log.note(absentOptionalNote(absent, NPM_INSTALL_KEEPING_LOCKFILE));
+          log.note(`$ ${NPM_INSTALL_KEEPING_LOCKFILE}`);
+          ({ failed, output } = await step("install", NPM_INSTALL_KEEPING_LOCKFILE, installEnv));
+          cause = failed?.reason === "exit_code" ? await installFailureFromLog(logFile, output, lockfile, packageManager).catch(() => null) : null;
+        }
+        if (failed) {
+          if (failed.reason === "exit_code") failed.error = `install failed: ${failed.error}${cause?.why ? `: ${cause.why}` : ""}`;
+          return finish(log, failed);
+        }
+        // Kept before the build step runs: what the cache holds is what the install wrote, whatever the build does after.
+        if (cache && cacheKey?.ok) log.note(await cache.cache.save(cache.scope, cacheKey.key, cacheKey.folder, root, input.user, signal));
       }
     }
 

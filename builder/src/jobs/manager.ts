@@ -12,6 +12,7 @@ import type { DiskLeases } from "../disks/leases.js";
 import type { DiskStore } from "../disks/store.js";
 import { newId } from "../ids.js";
 import { NO_PIP_SOURCES, type PipSources, runBuild } from "./build.js";
+import { type DependencyCache, validScope } from "./dependency-cache.js";
 import { restoreJob } from "./restore.js";
 import { runJob } from "./run.js";
 import { snapshotJob } from "./snapshot.js";
@@ -125,6 +126,8 @@ export interface JobManagerOptions {
   npmRegistry: string | null;
   /** Where python builds install from (BUILDER_PIP_INDEX_URL, BUILDER_PIP_FIND_LINKS); absent: nowhere. */
   pip?: PipSources;
+  /** What builds install, kept per app for its next build (jobs/dependency-cache.ts); absent: nothing kept. */
+  dependencyCache?: DependencyCache;
 }
 
 const isFinal = (status: JobStatus["status"]) => status === "succeeded" || status === "failed" || status === "cancelled";
@@ -208,7 +211,9 @@ export class JobManager {
 
   /** Accepts a static-site build (jobs/build.ts), queued and refused like a run; it uses no disk. */
   submitBuild(spec: BuildSpec): Promise<Admission> {
-    const { host, tenants, credentials, npmRegistry, buildScratchBytes, pip = NO_PIP_SOURCES } = this.#options;
+    const { host, tenants, credentials, npmRegistry, buildScratchBytes, pip = NO_PIP_SOURCES, dependencyCache } = this.#options;
+    const scope = { tenant: spec.tenant, app: spec.app ?? "" };
+    const dependencies = dependencyCache?.enabled && validScope(scope) ? { cache: dependencyCache, scope } : null;
     return this.#admit({
       key: spec.key,
       labels: spec.labels,
@@ -217,7 +222,17 @@ export class JobManager {
       ...fairShareOf(spec),
       disk: null,
       execute: async (context) =>
-        runBuild({ ...context, spec, host, user: await tenants.userOf(spec.tenant), scratchBytes: buildScratchBytes, credentials, npmRegistry, pip }),
+        runBuild({
+          ...context,
+          spec,
+          host,
+          user: await tenants.userOf(spec.tenant),
+          scratchBytes: buildScratchBytes,
+          credentials,
+          npmRegistry,
+          pip,
+          dependencies,
+        }),
     });
   }
 

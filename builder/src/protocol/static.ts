@@ -86,6 +86,8 @@ export const BuildSpec = z.object({
   key: key.optional(),
   /** The account the build belongs to (its user runs install and build). */
   tenant,
+  /** The app the build belongs to: its dependencies are cached on the node for its next build (absent: nothing cached). */
+  app: z.string().regex(/^[A-Za-z0-9_-]{1,64}$/, "must be an app id").optional(),
   /** Presigned GET of the project's `.tar.gz`, extracted as the build's working directory. */
   sourceUrl: httpUrl,
   /** The app's variables: the install and build steps see them (install without NODE_ENV). */

@@ -1,0 +1,338 @@
+/**
+ * The node's dependency cache: what a build's install step left in the project
+ * (node_modules, or a requirements.txt app's .venv), kept per app of an
+ * account on this node and keyed by everything that install read: the
+ * lockfile's bytes, package.json's install fields, the package manager's
+ * files and command, where packages come from, the app's variables and the
+ * runtime's version. A later build of the same app whose key is the same gets
+ * the folder back instead of installing (`dependencies: from cache (lockfile
+ * unchanged)`); nothing is ever shared between apps, let alone accounts.
+ *
+ * An install is cached only when the folder is all it leaves: a project whose
+ * own package.json runs scripts at install (`postinstall: prisma generate`
+ * reads the source, which the key does not hold), an npm/yarn/pnpm workspace
+ * (its packages get node_modules of their own), a pyproject.toml project (pip
+ * installs the project itself) or a requirements.txt naming local paths
+ * installs every time, and the log says why.
+ *
+ * Every copy into or out of the cache runs as the tenant's own user (`cp -a`,
+ * which follows no link), so a tree the tenant's code shaped can lead the copy
+ * nowhere the tenant could not write anyway; the cache's folders are on the
+ * host only, never in a sandbox. Bounded in bytes across the node, the least
+ * recently used entries go first; an entry a build is copying is never evicted.
+ *
+ * Layout: `<dir>/<tenant>/<app>/<key>.json` (the builder's record: folder,
+ * bytes, last use) beside `<dir>/<tenant>/<app>/<key>/<folder>` (the tenant's).
+ */
+import { execFile } from "node:child_process";
+import { createHash, randomUUID } from "node:crypto";
+import { chown, lstat, mkdir, readFile, readdir, rename, rm, writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import { promisify } from "node:util";
+import { openInside } from "../static/files.js";
+import type { ProjectFiles } from "../static/detect.js";
+import type { JobUser } from "../sandbox/tenants.js";
+import { TENANT_PATTERN } from "../protocol/shared.js";
+import type { InstallStep } from "./install.js";
+
+const exec = promisify(execFile);
+
+/** Largest lockfile hashed into a key (a monorepo's package-lock.json can be tens of MiB). */
+const MAX_LOCKFILE_BYTES = 256 * 1024 * 1024;
+
+/** Files besides the lockfile that change what a node package manager installs. */
+const NODE_INSTALL_FILES = [".npmrc", ".yarnrc", ".yarnrc.yml", ".pnpmfile.cjs"];
+
+/** package.json fields that decide what installs. */
+const INSTALL_FIELDS = [
+  "dependencies",
+  "devDependencies",
+  "optionalDependencies",
+  "peerDependencies",
+  "peerDependenciesMeta",
+  "bundleDependencies",
+  "bundledDependencies",
+  "overrides",
+  "resolutions",
+  "pnpm",
+  "packageManager",
+  "engines",
+];
+
+/** The project's own scripts a package manager runs at install: their effects outside node_modules are not cached. */
+const INSTALL_SCRIPTS = ["preinstall", "install", "postinstall", "prepare"];
+
+/** A requirements.txt line naming something other than a package of the index (a local path, another file). */
+const LOCAL_REQUIREMENT = /^(?:-[rcef]\b|--(?:requirement|constraint|editable|find-links)\b|\.|\/|~)|\bfile:/;
+
+/** The app a build belongs to on this node: its cache is its own. */
+export interface CacheScope {
+  tenant: string;
+  app: string;
+}
+
+/** Whether and under which key an install can come from the cache, or why it cannot. */
+export type CacheKey = { ok: true; key: string; folder: string } | { ok: false; why: string };
+
+/** The builder's record of one entry. */
+interface Entry {
+  folder: string;
+  bytes: number;
+  usedAt: number;
+}
+
+const APP_PATTERN = /^[A-Za-z0-9_-]{1,64}$/;
+
+export class DependencyCache {
+  readonly #dir: string;
+  readonly #maxBytes: number;
+  /** `<tenant>/<app>/<key>` → its record. */
+  readonly #entries = new Map<string, Entry>();
+  /** Entries being copied out now: never evicted under a build. */
+  readonly #reading = new Map<string, number>();
+
+  private constructor(dir: string, maxBytes: number) {
+    this.#dir = dir;
+    this.#maxBytes = maxBytes;
+  }
+
+  /** Opens the cache at `dir` (made when missing), dropping what an interrupted save left; `maxBytes` 0 keeps nothing. */
+  static async open(dir: string, maxBytes: number): Promise<DependencyCache> {
+    const cache = new DependencyCache(dir, maxBytes);
+    await mkdir(dir, { recursive: true, mode: 0o711 });
+    for (const tenant of await readdir(dir)) {
+      for (const app of await readdir(join(dir, tenant)).catch((): string[] => [])) {
+        const appDir = join(dir, tenant, app);
+        const names = await readdir(appDir).catch((): string[] => []);
+        for (const name of names) {
+          if (name.endsWith(".json")) {
+            const key = name.slice(0, -".json".length);
+            const entry = await readFile(join(appDir, name), "utf8").then((text) => JSON.parse(text) as Entry, () => null);
+            if (entry !== null && names.includes(key)) cache.#entries.set(`${tenant}/${app}/${key}`, entry);
+            else await rm(join(appDir, name), { force: true });
+          } else if (!names.includes(`${name}.json`)) {
+            await rm(join(appDir, name), { recursive: true, force: true }); // a save cut short
+          }
+        }
+      }
+    }
+    if (maxBytes === 0) for (const id of [...cache.#entries.keys()]) await cache.#evict(id);
+    return cache;
+  }
+
+  get enabled(): boolean {
+    return this.#maxBytes > 0;
+  }
+
+  /** Bytes the entries hold now. */
+  get bytes(): number {
+    let total = 0;
+    for (const entry of this.#entries.values()) total += entry.bytes;
+    return total;
+  }
+
+  has(scope: CacheScope, key: string): boolean {
+    return this.#entries.has(entryId(scope, key));
+  }
+
+  /** Copies the cached folder into `workDir` (replacing one the source brought) as the tenant; false when it could not. */
+  async restore(scope: CacheScope, key: string, workDir: string, user: JobUser, signal: AbortSignal): Promise<boolean> {
+    const id = entryId(scope, key);
+    const entry = this.#entries.get(id);
+    if (!entry) return false;
+    this.#reading.set(id, (this.#reading.get(id) ?? 0) + 1);
+    try {
+      await asUser(user, "rm", ["-rf", "--", join(workDir, entry.folder)], signal);
+      await asUser(user, "cp", ["-a", "--", join(this.#dir, id, entry.folder), `${workDir}/`], signal);
+      entry.usedAt = Date.now();
+      await this.#record(id, entry);
+      return true;
+    } catch {
+      await asUser(user, "rm", ["-rf", "--", join(workDir, entry.folder)], AbortSignal.timeout(60_000)).catch(() => {});
+      return false;
+    } finally {
+      const left = (this.#reading.get(id) ?? 1) - 1;
+      if (left === 0) this.#reading.delete(id);
+      else this.#reading.set(id, left);
+    }
+  }
+
+  /**
+   * Keeps `workDir/<folder>` under `key`, then evicts the least recently used
+   * entries beyond the bound. Says what happened, for the build's log.
+   */
+  async save(scope: CacheScope, key: string, folder: string, workDir: string, user: JobUser, signal: AbortSignal): Promise<string> {
+    const id = entryId(scope, key);
+    if (this.#entries.has(id)) return "dependencies: already cached";
+    let bytes: number | null;
+    try {
+      bytes = await sizeOf(user, join(workDir, folder), signal);
+    } catch (error) {
+      return `dependencies: not cached (${firstLine(error)})`;
+    }
+    if (bytes === null) return `dependencies: not cached (the install left no ${folder} folder)`;
+    if (bytes > this.#maxBytes) return `dependencies: not cached (${mib(bytes)} MiB, more than this node's cache of ${mib(this.#maxBytes)} MiB)`;
+    const appDir = join(this.#dir, scope.tenant, scope.app);
+    await mkdir(appDir, { recursive: true, mode: 0o711 });
+    const staging = join(appDir, `${key}.saving-${randomUUID()}`);
+    await mkdir(staging, { mode: 0o700 });
+    await chown(staging, user.uid, user.gid);
+    try {
+      await asUser(user, "cp", ["-a", "--", join(workDir, folder), `${staging}/`], signal);
+      await rename(staging, join(this.#dir, id));
+    } catch (error) {
+      await rm(staging, { recursive: true, force: true });
+      if (this.#entries.has(id)) return "dependencies: already cached"; // another build of the app saved the same key first
+      return `dependencies: not cached (${firstLine(error)})`;
+    }
+    const entry: Entry = { folder, bytes, usedAt: Date.now() };
+    this.#entries.set(id, entry);
+    await this.#record(id, entry);
+    const evicted = await this.#shrink(id);
+    const dropped = evicted === 0 ? "" : `; ${evicted} least recently used entr${evicted === 1 ? "y" : "ies"} dropped`;
+    return `dependencies cached for the next build with this lockfile (${mib(bytes)} MiB${dropped})`;
+  }
+
+  /** Evicts least recently used entries (never `keep`, nor one being copied out) until the bound holds. */
+  async #shrink(keep: string): Promise<number> {
+    let evicted = 0;
+    let total = this.bytes;
+    const order = [...this.#entries].filter(([id]) => id !== keep).sort((a, b) => a[1].usedAt - b[1].usedAt);
+    for (const [id, entry] of order) {
+      if (total <= this.#maxBytes) break;
+      if (this.#reading.has(id)) continue;
+      await this.#evict(id);
+      total -= entry.bytes;
+      evicted++;
+    }
+    return evicted;
+  }
+
+  async #evict(id: string): Promise<void> {
+    this.#entries.delete(id);
+    await rm(join(this.#dir, `${id}.json`), { force: true });
+    await rm(join(this.#dir, id), { recursive: true, force: true });
+  }
+
+  async #record(id: string, entry: Entry): Promise<void> {
+    const file = join(this.#dir, `${id}.json`);
+    await writeFile(`${file}.tmp`, JSON.stringify(entry));
+    await rename(`${file}.tmp`, file);
+  }
+}
+
+/** Whether a scope names real ids (both become path segments). */
+export function validScope(scope: CacheScope): boolean {
+  return TENANT_PATTERN.test(scope.tenant) && APP_PATTERN.test(scope.app);
+}
+
+/** Inputs of {@link installKey}. */
+export interface InstallKeyInput {
+  step: InstallStep;
+  files: ProjectFiles;
+  /** The project's real root on the host. */
+  root: string;
+  /** Every variable the install sees. */
+  env: Record<string, string>;
+  /** The PATH the install searches: the runtime whose version counts. */
+  searchPath: string;
+  /** The folder of wheels pip installs from, if any. */
+  wheels: string | null;
+}
+
+/** The cache key of an install, or why it is not cached. */
+export async function installKey(input: InstallKeyInput): Promise<CacheKey> {
+  const { step, files } = input;
+  const parts: unknown[] = [step.packageManager, step.command, step.viaNpx, step.lockfile, input.env];
+  if (step.packageManager === "pip") {
+    if (step.lockfile !== "requirements.txt") return { ok: false, why: `pip installs the ${step.lockfile} project itself, so its install is not cached` };
+    const requirements = (await files.read("requirements.txt")) ?? "";
+    const local = requirements.split("\n").map((line) => line.trim()).find((line) => LOCAL_REQUIREMENT.test(line));
+    if (local !== undefined) return { ok: false, why: `requirements.txt names more than packages (${local.slice(0, 80)}), so its install is not cached` };
+    parts.push(requirements, await runtimeVersion("python3", input.searchPath), input.wheels === null ? null : await wheelsListing(input.wheels));
+    return { ok: true, key: digest(parts), folder: ".venv" };
+  }
+  const pkgText = await files.read("package.json");
+  const pkg = pkgText === null ? {} : (JSON.parse(pkgText) as Record<string, unknown>);
+  const scripts = typeof pkg.scripts === "object" && pkg.scripts !== null ? (pkg.scripts as Record<string, unknown>) : {};
+  const hook = INSTALL_SCRIPTS.find((name) => name in scripts);
+  if (hook !== undefined) return { ok: false, why: `package.json runs a "${hook}" script at install, so its install is not cached` };
+  if ("workspaces" in pkg || (await files.exists("pnpm-workspace.yaml"))) return { ok: false, why: "a workspace's install is not cached" };
+  const lockfile = await fileDigest(input.root, step.lockfile);
+  if (lockfile === null) return { ok: false, why: `${step.lockfile} could not be read` };
+  parts.push(lockfile, INSTALL_FIELDS.map((field) => pkg[field] ?? null));
+  for (const name of NODE_INSTALL_FILES) parts.push(await files.read(name));
+  parts.push(await runtimeVersion("node", input.searchPath));
+  return { ok: true, key: digest(parts), folder: "node_modules" };
+}
+
+/** `<tool> --version` as the sandbox runs it, once per tool and PATH. */
+const versions = new Map<string, Promise<string | null>>();
+function runtimeVersion(tool: "node" | "python3", searchPath: string): Promise<string | null> {
+  const id = `${tool}\n${searchPath}`;
+  let version = versions.get(id);
+  if (!version) {
+    version = exec(tool, ["--version"], { env: { PATH: searchPath }, timeout: 10_000 }).then(
+      ({ stdout, stderr }) => (stdout || stderr).trim(),
+      () => null,
+    );
+    versions.set(id, version);
+  }
+  return version;
+}
+
+/** Names and sizes of the wheels pip may install from. */
+async function wheelsListing(dir: string): Promise<string[]> {
+  const names = (await readdir(dir).catch(() => [])).sort();
+  return Promise.all(names.map(async (name) => `${name} ${(await lstat(join(dir, name)).catch(() => null))?.size ?? "?"}`));
+}
+
+/** SHA-256 of a project file, read without following it out of the project; null when it cannot be read. */
+async function fileDigest(root: string, path: string): Promise<string | null> {
+  const handle = await openInside(root, path);
+  if (!handle) return null;
+  try {
+    if ((await handle.stat()).size > MAX_LOCKFILE_BYTES) return null;
+    return createHash("sha256").update(await handle.readFile()).digest("hex");
+  } finally {
+    await handle.close();
+  }
+}
+
+function digest(parts: unknown[]): string {
+  return createHash("sha256").update(JSON.stringify(parts)).digest("hex").slice(0, 32);
+}
+
+function entryId(scope: CacheScope, key: string): string {
+  return `${scope.tenant}/${scope.app}/${key}`;
+}
+
+/** Apparent bytes of a folder (not a link to one), measured as the tenant; null when it is not a folder. */
+async function sizeOf(user: JobUser, path: string, signal: AbortSignal): Promise<number | null> {
+  const stat = await lstat(path).catch(() => null);
+  if (!stat?.isDirectory()) return null;
+  const { stdout } = await asUser(user, "du", ["-sb", "--", path], signal);
+  return Number.parseInt(stdout, 10);
+}
+
+/** Runs a coreutils command as the tenant (the builder's own user when it is not root). */
+function asUser(user: JobUser, command: string, args: string[], signal: AbortSignal): Promise<{ stdout: string }> {
+  const root = process.getuid?.() === 0;
+  return exec(command, args, {
+    env: { PATH: "/usr/bin:/bin" },
+    signal,
+    maxBuffer: 1024 * 1024,
+    ...(root ? { uid: user.uid, gid: user.gid } : {}),
+  });
+}
+
+/** What a failed copy said: the command's own first complaint rather than "Command failed: …". */
+function firstLine(error: unknown): string {
+  const stderr = typeof error === "object" && error !== null && "stderr" in error ? String(error.stderr).trim() : "";
+  const text = stderr !== "" ? stderr : error instanceof Error ? error.message : String(error);
+  return text.split("\n")[0] ?? text;
+}
+
+function mib(bytes: number): string {
+  return (bytes / 1024 / 1024).toFixed(1);
+}
