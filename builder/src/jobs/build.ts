@@ -201,7 +201,7 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
       let restored = false;
       if (cache && cacheKey?.ok && cache.cache.has(cache.scope, cacheKey.key)) {
         const started = Date.now();
-        restored = await cache.cache.restore(cache.scope, cacheKey.key, root, input.user, signal);
+        restored = await cache.cache.restore(cache.scope, cacheKey.key, root, signal);
         log.note(
           restored
             ? `dependencies: from cache (lockfile unchanged): ${cacheKey.folder} restored in ${((Date.now() - started) / 1000).toFixed(1)} s`
@@ -229,7 +229,7 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
           return finish(log, failed);
         }
         // Kept before the build step runs: what the cache holds is what the install wrote, whatever the build does after.
-        if (cache && cacheKey?.ok) log.note(await cache.cache.save(cache.scope, cacheKey.key, cacheKey.folder, root, input.user, signal));
+        if (cache && cacheKey?.ok) log.note(await cache.cache.save(cache.scope, cacheKey.key, cacheKey.folder, root, signal));
       }
     }
 

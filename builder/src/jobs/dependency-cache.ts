@@ -15,23 +15,26 @@
  * installs the project itself) or a requirements.txt naming local paths
  * installs every time, and the log says why.
  *
- * Every copy into or out of the cache runs as the tenant's own user (`cp -a`,
- * which follows no link), so a tree the tenant's code shaped can lead the copy
- * nowhere the tenant could not write anyway; the cache's folders are on the
- * host only, never in a sandbox. Bounded in bytes across the node, the least
- * recently used entries go first; an entry a build is copying is never evicted.
+ * Copies into and out of the cache run between the job's sandboxed steps,
+ * when nothing of the tenant's runs (each step's processes end with its PID
+ * namespace), with `cp -a`: it follows no link and reads no FIFO, keeping
+ * links, owners and modes as they are, so a tree the tenant's code shaped
+ * (`node_modules` a link to `/etc`, a link to `/root` inside it) is copied as
+ * that shape and never leads the copy anywhere. The cache's folders are on
+ * the host only, never shown to a sandbox. Bounded in bytes across the node
+ * (apparent sizes: a sparse file counts whole), the least recently used
+ * entries go first; an entry a build is copying is never evicted.
  *
  * Layout: `<dir>/<tenant>/<app>/<key>.json` (the builder's record: folder,
  * bytes, last use) beside `<dir>/<tenant>/<app>/<key>/<folder>` (the tenant's).
  */
 import { execFile } from "node:child_process";
 import { createHash, randomUUID } from "node:crypto";
-import { chown, lstat, mkdir, readFile, readdir, rename, rm, writeFile } from "node:fs/promises";
+import { lstat, mkdir, readFile, readdir, rename, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { promisify } from "node:util";
 import { openInside } from "../static/files.js";
 import type { ProjectFiles } from "../static/detect.js";
-import type { JobUser } from "../sandbox/tenants.js";
 import { TENANT_PATTERN } from "../protocol/shared.js";
 import type { InstallStep } from "./install.js";
 
@@ -135,20 +138,20 @@ export class DependencyCache {
     return this.#entries.has(entryId(scope, key));
   }
 
-  /** Copies the cached folder into `workDir` (replacing one the source brought) as the tenant; false when it could not. */
-  async restore(scope: CacheScope, key: string, workDir: string, user: JobUser, signal: AbortSignal): Promise<boolean> {
+  /** Copies the cached folder into `workDir` (replacing what the source brought there); false when it could not. */
+  async restore(scope: CacheScope, key: string, workDir: string, signal: AbortSignal): Promise<boolean> {
     const id = entryId(scope, key);
     const entry = this.#entries.get(id);
     if (!entry) return false;
     this.#reading.set(id, (this.#reading.get(id) ?? 0) + 1);
     try {
-      await asUser(user, "rm", ["-rf", "--", join(workDir, entry.folder)], signal);
-      await asUser(user, "cp", ["-a", "--", join(this.#dir, id, entry.folder), `${workDir}/`], signal);
+      await rm(join(workDir, entry.folder), { recursive: true, force: true });
+      await copy(join(this.#dir, id, entry.folder), workDir, signal);
       entry.usedAt = Date.now();
       await this.#record(id, entry);
       return true;
     } catch {
-      await asUser(user, "rm", ["-rf", "--", join(workDir, entry.folder)], AbortSignal.timeout(60_000)).catch(() => {});
+      await rm(join(workDir, entry.folder), { recursive: true, force: true });
       return false;
     } finally {
       const left = (this.#reading.get(id) ?? 1) - 1;
@@ -161,12 +164,12 @@ export class DependencyCache {
    * Keeps `workDir/<folder>` under `key`, then evicts the least recently used
    * entries beyond the bound. Says what happened, for the build's log.
    */
-  async save(scope: CacheScope, key: string, folder: string, workDir: string, user: JobUser, signal: AbortSignal): Promise<string> {
+  async save(scope: CacheScope, key: string, folder: string, workDir: string, signal: AbortSignal): Promise<string> {
     const id = entryId(scope, key);
     if (this.#entries.has(id)) return "dependencies: already cached";
     let bytes: number | null;
     try {
-      bytes = await sizeOf(user, join(workDir, folder), signal);
+      bytes = await sizeOf(join(workDir, folder), signal);
     } catch (error) {
       return `dependencies: not cached (${firstLine(error)})`;
     }
@@ -176,9 +179,8 @@ export class DependencyCache {
     await mkdir(appDir, { recursive: true, mode: 0o711 });
     const staging = join(appDir, `${key}.saving-${randomUUID()}`);
     await mkdir(staging, { mode: 0o700 });
-    await chown(staging, user.uid, user.gid);
     try {
-      await asUser(user, "cp", ["-a", "--", join(workDir, folder), `${staging}/`], signal);
+      await copy(join(workDir, folder), staging, signal);
       await rename(staging, join(this.#dir, id));
     } catch (error) {
       await rm(staging, { recursive: true, force: true });
@@ -307,23 +309,17 @@ function entryId(scope: CacheScope, key: string): string {
   return `${scope.tenant}/${scope.app}/${key}`;
 }
 
-/** Apparent bytes of a folder (not a link to one), measured as the tenant; null when it is not a folder. */
-async function sizeOf(user: JobUser, path: string, signal: AbortSignal): Promise<number | null> {
+/** Apparent bytes of a folder (not a link to one), links and all counted as they are; null when it is not a folder. */
+async function sizeOf(path: string, signal: AbortSignal): Promise<number | null> {
   const stat = await lstat(path).catch(() => null);
   if (!stat?.isDirectory()) return null;
-  const { stdout } = await asUser(user, "du", ["-sb", "--", path], signal);
+  const { stdout } = await exec("du", ["-sb", "--", path], { env: { PATH: "/usr/bin:/bin" }, signal });
   return Number.parseInt(stdout, 10);
 }
 
-/** Runs a coreutils command as the tenant (the builder's own user when it is not root). */
-function asUser(user: JobUser, command: string, args: string[], signal: AbortSignal): Promise<{ stdout: string }> {
-  const root = process.getuid?.() === 0;
-  return exec(command, args, {
-    env: { PATH: "/usr/bin:/bin" },
-    signal,
-    maxBuffer: 1024 * 1024,
-    ...(root ? { uid: user.uid, gid: user.gid } : {}),
-  });
+/** `cp -a` of a folder into `into`: no link followed, no FIFO read, owners and modes kept. */
+async function copy(folder: string, into: string, signal: AbortSignal): Promise<void> {
+  await exec("cp", ["-a", "--no-dereference", "--", folder, `${into}/`], { env: { PATH: "/usr/bin:/bin" }, signal, maxBuffer: 1024 * 1024 });
 }
 
 /** What a failed copy said: the command's own first complaint rather than "Command failed: …". */
