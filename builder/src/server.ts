@@ -160,9 +160,14 @@ async function stop(): Promise<void> {
   await Promise.all([jobs.shutdown(config.shutdownGraceMs), processes.shutdown()]);
   await shipper?.stop();
   server.closeAllConnections();
-  await disks.close();
-  await lease.close();
-  await host.close();
+  // Each step whatever the one before it met: a disk that would not unmount must not leave the data dir's own mount behind.
+  for (const [what, step] of [
+    ["unmounting disks", () => disks.close()],
+    ["ending the lease", () => lease.close()],
+    ["closing the sandbox host", () => host.close()],
+  ] as const) {
+    await step().catch((error: unknown) => console.error(`builder: ${what} at shutdown failed: ${error instanceof Error ? error.message : String(error)}`));
+  }
   room.close();
   process.exit(0);
 }

@@ -198,7 +198,13 @@ export const FsImages = {
 
   /** Unmounts (the loop device goes with it); lazily, so a straggling reader cannot block a shutdown. */
   async unmount(dir: string): Promise<void> {
-    if (await isMountPoint(dir)) await tool("umount", ["-l", dir]);
+    if (!(await isMountPoint(dir))) return;
+    try {
+      await tool("umount", ["-l", dir]);
+    } catch (error) {
+      // Unmounted meanwhile by another hand (the lease watchdog, when the node's lease runs out as it shuts down): done.
+      if (await isMountPoint(dir)) throw error;
+    }
   },
 
   /**
