@@ -33,6 +33,8 @@ function workerProject(test: { name: string; include: string[]; exclude?: string
             // Nothing listens here: completion reaches the Worker suites by polling,
             // the path a lost callback takes in production.
             PUBLIC_URL: "http://127.0.0.1:9",
+            // The suites call the API at http://api.test (test/worker/helpers.ts): a host of the control plane's own.
+            API_HOSTS: "api.test",
             ENV_ENCRYPTION_KEY: "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=",
             R2_ACCESS_KEY_ID: "test-access-key",
             R2_SECRET_ACCESS_KEY: "test-secret-access-key",

@@ -1589,6 +1589,504 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/apps/{app}/domains": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** List an app's custom domains */
+        get: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    /** @description App id or name */
+                    app: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description The app's domains, oldest first */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": {
+                            data: components["schemas"]["Domain"][];
+                        };
+                    };
+                };
+                /** @description Invalid request (VALIDATION_ERROR) */
+                400: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description Missing, malformed, unknown, deleted or expired API key (UNAUTHORIZED) */
+                401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description The key lacks the required scope (INSUFFICIENT_SCOPE) */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description app not found, or no such domain of the app (DOMAIN_NOT_FOUND) */
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description Too many requests with this key (RATE_LIMITED); Retry-After says when to try again */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+            };
+        };
+        put?: never;
+        /**
+         * Add a custom domain
+         * @description The domain serves nothing until its owner proves it: create the TXT record `records` names, then `POST …/verify`. A hostname another account has verified is refused (409 DOMAIN_TAKEN); one only claimed elsewhere can be added, and the first account to prove it keeps it.
+         */
+        post: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    /** @description App id or name */
+                    app: string;
+                };
+                cookie?: never;
+            };
+            requestBody: {
+                content: {
+                    "application/json": components["schemas"]["AddDomain"];
+                };
+            };
+            responses: {
+                /** @description Added, pending verification, with the records to create */
+                201: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": {
+                            data: components["schemas"]["Domain"];
+                        };
+                    };
+                };
+                /** @description Invalid request (VALIDATION_ERROR) */
+                400: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description Missing, malformed, unknown, deleted or expired API key (UNAUTHORIZED) */
+                401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description The key lacks the required scope (INSUFFICIENT_SCOPE) */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description app not found, or no such domain of the app (DOMAIN_NOT_FOUND) */
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description Verified by another account, or already a domain of one of this account's apps (DOMAIN_TAKEN) */
+                409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description Too many requests with this key (RATE_LIMITED); Retry-After says when to try again */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+            };
+        };
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/apps/{app}/domains/{hostname}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Show a custom domain */
+        get: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    /** @description App id or name */
+                    app: string;
+                    /** @description A full domain name (lowercase; an international name in its punycode form) */
+                    hostname: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description The domain, as its last check left it */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": {
+                            data: components["schemas"]["Domain"];
+                        };
+                    };
+                };
+                /** @description Invalid request (VALIDATION_ERROR) */
+                400: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description Missing, malformed, unknown, deleted or expired API key (UNAUTHORIZED) */
+                401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description The key lacks the required scope (INSUFFICIENT_SCOPE) */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description app not found, or no such domain of the app (DOMAIN_NOT_FOUND) */
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description Too many requests with this key (RATE_LIMITED); Retry-After says when to try again */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+            };
+        };
+        put?: never;
+        post?: never;
+        /**
+         * Remove a custom domain
+         * @description It stops serving within seconds and the hostname is free for any account again.
+         */
+        delete: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    /** @description App id or name */
+                    app: string;
+                    /** @description A full domain name (lowercase; an international name in its punycode form) */
+                    hostname: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description Removed */
+                204: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content?: never;
+                };
+                /** @description Invalid request (VALIDATION_ERROR) */
+                400: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description Missing, malformed, unknown, deleted or expired API key (UNAUTHORIZED) */
+                401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description The key lacks the required scope (INSUFFICIENT_SCOPE) */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description app not found, or no such domain of the app (DOMAIN_NOT_FOUND) */
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description Too many requests with this key (RATE_LIMITED); Retry-After says when to try again */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+            };
+        };
+        options?: never;
+        head?: never;
+        /** Change a custom domain's redirect or HTTPS setting */
+        patch: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    /** @description App id or name */
+                    app: string;
+                    /** @description A full domain name (lowercase; an international name in its punycode form) */
+                    hostname: string;
+                };
+                cookie?: never;
+            };
+            requestBody: {
+                content: {
+                    "application/json": components["schemas"]["UpdateDomain"];
+                };
+            };
+            responses: {
+                /** @description The domain after the change */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": {
+                            data: components["schemas"]["Domain"];
+                        };
+                    };
+                };
+                /** @description Invalid request (VALIDATION_ERROR) */
+                400: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description Missing, malformed, unknown, deleted or expired API key (UNAUTHORIZED) */
+                401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description The key lacks the required scope (INSUFFICIENT_SCOPE) */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description app not found, or no such domain of the app (DOMAIN_NOT_FOUND) */
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description Too many requests with this key (RATE_LIMITED); Retry-After says when to try again */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+            };
+        };
+        trace?: never;
+    };
+    "/v1/apps/{app}/domains/{hostname}/verify": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Check a custom domain now
+         * @description Checks ownership (the TXT record; a local stack asks its own edge over HTTP) and then the certificate, and answers the domain as the check left it: `status` and `reason` say what was found.
+         */
+        post: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    /** @description App id or name */
+                    app: string;
+                    /** @description A full domain name (lowercase; an international name in its punycode form) */
+                    hostname: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description The domain after the check */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": {
+                            data: components["schemas"]["Domain"];
+                        };
+                    };
+                };
+                /** @description Invalid request (VALIDATION_ERROR) */
+                400: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description Missing, malformed, unknown, deleted or expired API key (UNAUTHORIZED) */
+                401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description The key lacks the required scope (INSUFFICIENT_SCOPE) */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description app not found, or no such domain of the app (DOMAIN_NOT_FOUND) */
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description Too many requests with this key (RATE_LIMITED); Retry-After says when to try again */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+            };
+        };
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/apps/{app}/env": {
         parameters: {
             query?: never;
@@ -5312,6 +5810,25 @@ export interface components {
                 start: string;
             };
         };
+        /**
+         * @example {
+         *       "hostname": "www.example.com"
+         *     }
+         */
+        AddDomain: {
+            /**
+             * @description A full domain name (lowercase; an international name in its punycode form)
+             * @example www.example.com
+             */
+            hostname: string;
+            /** @default true */
+            httpsOnly: boolean;
+            /**
+             * @default none
+             * @enum {string}
+             */
+            redirect: "none" | "to-www" | "to-apex";
+        };
         ApiKey: {
             createdAt: string;
             expiresAt: string | null;
@@ -5706,6 +6223,43 @@ export interface components {
              */
             usedBytes: number | null;
         };
+        Domain: {
+            /** @description The app's name */
+            app: string;
+            /** @enum {string} */
+            certificate: "none" | "pending" | "active";
+            createdAt: string;
+            /** @example www.example.com */
+            hostname: string;
+            /** @description Plain-HTTP requests redirect to HTTPS (308) where the edge has a certificate (production) */
+            httpsOnly: boolean;
+            id: string;
+            reason: string | null;
+            /** @description The DNS records to create, exactly */
+            records: {
+                name: string;
+                purpose: string;
+                /** @enum {string} */
+                type: "TXT" | "CNAME";
+                value: string;
+            }[];
+            /**
+             * @description `to-www`: the apex redirects to www (308); `to-apex`: www redirects to the apex
+             * @enum {string}
+             */
+            redirect: "none" | "to-www" | "to-apex";
+            /**
+             * @description `pending_verification` until ownership is proven (`reason` says what the last check found), `pending_certificate` while the certificate is issued (production), `active` once it serves, `failed` when another account proved it first or the certificate was refused (`reason`)
+             * @enum {string}
+             */
+            status: "pending_verification" | "pending_certificate" | "active" | "failed";
+            verification: {
+                checkedAt: string | null;
+                /** @enum {string} */
+                method: "dns" | "http";
+                verifiedAt: string | null;
+            };
+        };
         EnvVar: {
             /** @example DATABASE_URL */
             name: string;
@@ -5935,6 +6489,11 @@ export interface components {
              * @example 7
              */
             snapshotKeep?: number;
+        };
+        UpdateDomain: {
+            httpsOnly?: boolean;
+            /** @enum {string} */
+            redirect?: "none" | "to-www" | "to-apex";
         };
         WhoAmI: {
             /** @example acct_8fK2pR7sT1uW9xZc3hY8aQ0m */

@@ -302,6 +302,8 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
         S3_ENDPOINT: `${apiUrl}/storage`,
         APPS_DOMAIN: `localhost:${port}`,
         APPS_URL_SCHEME: "http",
+        // Custom domains prove ownership here: the verifier asks this very edge, with the domain's Host header.
+        DOMAIN_CHECK_ORIGIN: apiUrl,
         ...opts.workerVars,
       },
       logLevel: opts.workerLogs ? "log" : "warn",

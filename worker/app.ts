@@ -18,7 +18,9 @@ import { backupRoutes } from "./routes/backups";
 import { cronRoutes } from "./routes/crons";
 import { deploymentRoutes } from "./routes/deployments";
 import { diskRoutes } from "./routes/disks";
-import { serveSite, siteName } from "./sites/serve";
+import { serveCustomHost, serveSite, siteName } from "./sites/serve";
+import { CHECK_HOST_HEADER, HTTP_CHECK_PATH, isControlPlaneHost } from "./services/domains";
+import { domainRoutes } from "./routes/domains";
 import { storageRoutes } from "./storage/gateway";
 import { envVarRoutes } from "./routes/env-vars";
 import { internalRoutes } from "./routes/internal";
@@ -68,8 +70,14 @@ export function createApp() {
   app.use("*", async (c, next) => {
     const config = configOf(c.env);
     // Requests for <app>.<APPS_DOMAIN> are static sites, answered before any API machinery.
-    const site = siteName(c.req.header("Host") ?? new URL(c.req.url).host, config.APPS_DOMAIN);
-    if (site) return serveSite(c.req.raw, c.env, (p) => c.executionCtx.waitUntil(p), site);
+    const host = c.req.header("Host") ?? new URL(c.req.url).host;
+    const waitUntil = (p: Promise<unknown>) => c.executionCtx.waitUntil(p);
+    const site = siteName(host, config.APPS_DOMAIN);
+    if (site) return serveSite(c.req.raw, c.env, waitUntil, { name: site });
+    // Any host but the control plane's own is a custom domain or nothing: never the API or the dashboard.
+    const checked = c.req.path.startsWith(`${HTTP_CHECK_PATH}/`) ? c.req.header(CHECK_HOST_HEADER) : undefined;
+    const hostname = (checked ?? host).toLowerCase().replace(/:\d+$/, "");
+    if (!isControlPlaneHost(hostname, config)) return serveCustomHost(c.req.raw, c.env, waitUntil, hostname);
     c.set("config", config);
     c.set("db", openDb(c.env.DB));
     await next();
@@ -107,6 +115,7 @@ export function createApp() {
   app.route("/v1/apps", appRoutes);
   app.route("/v1/apps", envVarRoutes);
   app.route("/v1/apps", deploymentRoutes);
+  app.route("/v1/apps", domainRoutes);
   app.route("/v1/disks", diskRoutes);
   app.route("/v1/disks", backupRoutes);
   app.route("/v1/crons", cronRoutes);

@@ -59,6 +59,25 @@ export interface Env {
   ENV_ENCRYPTION_KEY?: string;
   R2_ACCESS_KEY_ID?: string;
   R2_SECRET_ACCESS_KEY?: string;
+  /**
+   * Custom domains (docs/domains.md): how ownership is proven, `dns` (a TXT
+   * record, read through DNS_OVER_HTTPS_URL) in production, `http` (a token
+   * our own edge answers, fetched from DOMAIN_CHECK_ORIGIN with the domain's
+   * Host header) on a local stack.
+   */
+  DOMAIN_VERIFICATION?: string;
+  DOMAIN_CHECK_ORIGIN?: string;
+  DNS_OVER_HTTPS_URL?: string;
+  /** What a custom domain's CNAME points at: the SaaS zone's fallback origin in production. */
+  DOMAIN_CNAME_TARGET?: string;
+  /** "on" where the edge terminates TLS for custom domains (production): `httpsOnly` domains then redirect http to https. */
+  CUSTOM_DOMAIN_TLS?: string;
+  /** Cloudflare for SaaS: the zone whose custom hostnames carry the certificates, and a token that may edit them. */
+  CF_ZONE_ID?: string;
+  CF_API_TOKEN?: string;
+  CF_API_URL?: string;
+  /** Hosts the control plane answers on besides PUBLIC_URL's (comma-separated); any other host that is no app's gets a 404. */
+  API_HOSTS?: string;
   /** "on" only in bench/api-auth.ts's stack: serves the floor it measures authentication against (app.ts). */
   BENCH_FLOOR_ROUTES?: string;
 }
@@ -94,6 +113,18 @@ const configSchema = z.object({
   ENV_ENCRYPTION_KEY: z.string().optional(),
   R2_ACCESS_KEY_ID: z.string().optional(),
   R2_SECRET_ACCESS_KEY: z.string().optional(),
+  DOMAIN_VERIFICATION: z.enum(["dns", "http"]).default("dns"),
+  DOMAIN_CHECK_ORIGIN: z.url().optional(),
+  DNS_OVER_HTTPS_URL: z.url().default("https://cloudflare-dns.com/dns-query"),
+  DOMAIN_CNAME_TARGET: z.string().min(1).optional(),
+  CUSTOM_DOMAIN_TLS: z.enum(["on", "off"]).default("off"),
+  CF_ZONE_ID: z.string().min(1).optional(),
+  CF_API_TOKEN: z.string().min(1).optional(),
+  CF_API_URL: z.url().default("https://api.cloudflare.com/client/v4"),
+  API_HOSTS: z
+    .string()
+    .default("")
+    .transform((hosts) => hosts.split(",").map((host) => host.trim().toLowerCase()).filter((host) => host !== "")),
 });
 
 export type Config = z.infer<typeof configSchema>;

@@ -40,13 +40,13 @@ export type SiteResponse = { status: number; headers: Record<string, string | st
 
 /**
  * A request to an app's site the way a browser on this machine makes it:
- * to 127.0.0.1 with `Host: <app>.localhost:<port>` (fetch cannot set Host, so node:http).
+ * to 127.0.0.1 with `Host: <app>.localhost:<port>`, or `host` (a custom domain) (fetch cannot set Host, so node:http).
  */
 export function siteRequest(
   stack: Pick<LocalStack, "apiUrl">,
   app: string,
   path: string,
-  options: { method?: string; headers?: Record<string, string> } = {},
+  options: { method?: string; headers?: Record<string, string>; host?: string } = {},
 ): Promise<SiteResponse> {
   const api = new URL(stack.apiUrl);
   return new Promise((resolve, reject) => {
@@ -58,7 +58,7 @@ export function siteRequest(
         // A connection of its own: a kept-alive one the server is closing as the request goes out ends as "socket hang up".
         agent: false,
         method: options.method ?? "GET",
-        headers: { ...options.headers, Host: `${app}.localhost:${api.port}` },
+        headers: { ...options.headers, Host: options.host ?? `${app}.localhost:${api.port}` },
       },
       (res) => {
         const chunks: Buffer[] = [];

@@ -1,3 +1,4 @@
+import { sql } from "drizzle-orm";
 import { index, integer, primaryKey, sqliteTable, text, uniqueIndex } from "drizzle-orm/sqlite-core";
 
 /**
@@ -121,6 +122,54 @@ export const apps = sqliteTable(
   },
   (t) => [uniqueIndex("apps_name_idx").on(t.name), index("apps_account_idx").on(t.accountId, t.createdAt)],
 );
+
+export const DOMAIN_STATUSES = ["pending_verification", "pending_certificate", "active", "failed"] as const;
+export type DomainStatus = (typeof DOMAIN_STATUSES)[number];
+export const DOMAIN_REDIRECTS = ["none", "to-www", "to-apex"] as const;
+export type DomainRedirect = (typeof DOMAIN_REDIRECTS)[number];
+
+/**
+ * Custom domains (docs/domains.md). A hostname may be claimed by several
+ * accounts while none has proven it (each with its own token), but once one
+ * has, it is that account's alone: the partial unique index admits one
+ * verified row per hostname, whatever the race.
+ */
+export const domains = sqliteTable(
+  "domains",
+  {
+    id: text("id").primaryKey(),
+    accountId: text("account_id")
+      .notNull()
+      .references(() => accounts.id, { onDelete: "cascade" }),
+    appId: text("app_id")
+      .notNull()
+      .references(() => apps.id, { onDelete: "cascade" }),
+    /** Lowercase ASCII (punycode for international names), no trailing dot. */
+    hostname: text("hostname").notNull(),
+    status: text("status", { enum: DOMAIN_STATUSES }).notNull(),
+    /** Why the last check failed (`failed`), or what it waits for; null when active. */
+    reason: text("reason"),
+    /** The secret the account proves ownership with (a DNS TXT value, or the local HTTP answer). */
+    token: text("token").notNull(),
+    redirect: text("redirect", { enum: DOMAIN_REDIRECTS }).notNull().default("none"),
+    httpsOnly: integer("https_only", { mode: "boolean" }).notNull().default(true),
+    /** Cloudflare for SaaS custom hostname id, once asked for a certificate. */
+    certificateId: text("certificate_id"),
+    verifiedAt: integer("verified_at"),
+    checkedAt: integer("checked_at"),
+    createdAt: integer("created_at").notNull(),
+  },
+  (t) => [
+    uniqueIndex("domains_account_hostname_idx").on(t.accountId, t.hostname),
+    uniqueIndex("domains_verified_hostname_idx")
+      .on(t.hostname)
+      .where(sql`status in ('pending_certificate', 'active')`),
+    index("domains_app_idx").on(t.appId),
+    index("domains_hostname_idx").on(t.hostname, t.status),
+  ],
+);
+
+export type DomainRow = typeof domains.$inferSelect;
 
 export const envVars = sqliteTable(
   "env_vars",

@@ -20,6 +20,8 @@ export type ErrorCode =
   | "DEPLOYMENT_NOT_FOUND"
   | "ENV_VAR_NOT_FOUND"
   | "NODE_NOT_FOUND"
+  | "DOMAIN_NOT_FOUND"
+  | "DOMAIN_TAKEN"
   | "NODE_NOT_EMPTY"
   | "NODE_LOST"
   | "METHOD_NOT_ALLOWED"
@@ -73,6 +75,7 @@ export function statusOf(code: ErrorCode): ErrorStatus {
     case "DEPLOYMENT_NOT_FOUND":
     case "ENV_VAR_NOT_FOUND":
     case "NODE_NOT_FOUND":
+    case "DOMAIN_NOT_FOUND":
       return 404;
     case "METHOD_NOT_ALLOWED":
       return 405;
@@ -89,6 +92,7 @@ export function statusOf(code: ErrorCode): ErrorStatus {
     case "UPLOAD_INCOMPLETE":
     case "BACKUP_QUOTA_EXCEEDED":
     case "NAME_TAKEN":
+    case "DOMAIN_TAKEN":
     case "RUN_IN_PROGRESS":
       return 409;
     case "PRESIGNED_URL_EXPIRED":

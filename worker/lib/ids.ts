@@ -35,6 +35,7 @@ export const ID_PREFIXES = {
   deployment: "dep",
   node: "node",
   joinToken: "njt",
+  domain: "dom",
 } as const;
 
 export type IdKind = keyof typeof ID_PREFIXES;

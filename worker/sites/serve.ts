@@ -1,6 +1,7 @@
-import { eq } from "drizzle-orm";
+import { and, eq } from "drizzle-orm";
 import { openDb } from "../db/client";
-import { type AppRow, apps, deployments } from "../db/schema";
+import { type AppRow, apps, type DomainRedirect, deployments, domains } from "../db/schema";
+import { HTTP_CHECK_PATH, pendingToken, redirectTarget } from "../services/domains";
 import { nodeRef } from "../services/fleet";
 import { configOf, type Env } from "../env";
 import { runsProcess } from "../services/app-runtime";
@@ -39,6 +40,10 @@ type SiteApp = Pick<AppRow, "id" | "accountId" | "runtime" | "status" | "activeD
   processType: "web" | "worker" | null;
 };
 
+/** How a request names its app: `<name>.<APPS_DOMAIN>`, or an active custom domain (with its own settings). */
+export type SiteHost = { name: string } | { domain: string };
+type HostedApp = SiteApp & { redirect: DomainRedirect; httpsOnly: boolean };
+
 /**
  * How long an app's active deployment and live process are trusted per
  * isolate: a switch is visible everywhere this long after it (AppRuntime
@@ -49,7 +54,9 @@ const MAX_MANIFESTS = 64;
 /** What a client is told to wait while an app (re)starts. */
 const STARTING_RETRY_AFTER_SECONDS = 2;
 
-const appCache = new Map<string, { app: SiteApp | null; at: number }>();
+const appCache = new Map<string, { app: HostedApp | null; at: number }>();
+/** Hosts cached at once, per isolate: a flood of made-up hosts cannot grow it without bound. */
+const MAX_CACHED_HOSTS = 10_000;
 const manifestCache = new Map<string, Manifest>();
 
 /**
@@ -73,27 +80,43 @@ export function siteName(host: string | undefined, appsDomain: string): string |
   return /^[a-z0-9]([a-z0-9-]{0,50}[a-z0-9])?$/.test(name) ? name : null;
 }
 
-/** The app of a host, trusted per isolate for {@link EDGE_APP_TTL_MS} unless `fresh` asks for D1's current row. */
-async function siteApp(env: Env, name: string, now: number, fresh = false): Promise<SiteApp | null> {
-  const cached = appCache.get(name);
+/**
+ * The app of a host, trusted per isolate for {@link EDGE_APP_TTL_MS} unless `fresh` asks for D1's current row:
+ * one read either way, a custom domain's joined to its app in the same statement.
+ */
+async function siteApp(env: Env, host: SiteHost, now: number, fresh = false): Promise<HostedApp | null> {
+  const key = "name" in host ? host.name : `domain:${host.domain}`;
+  const cached = appCache.get(key);
   if (!fresh && cached && now - cached.at < EDGE_APP_TTL_MS) return cached.app;
-  const app =
-    (await openDb(env.DB)
-      .select({
-        id: apps.id,
-        accountId: apps.accountId,
-        runtime: apps.runtime,
-        status: apps.status,
-        activeDeploymentId: apps.activeDeploymentId,
-        liveProcessId: apps.liveProcessId,
-        liveNode: apps.liveNode,
-        processType: deployments.processType,
-      })
-      .from(apps)
-      .leftJoin(deployments, eq(deployments.id, apps.activeDeploymentId))
-      .where(eq(apps.name, name))
-      .get()) ?? null;
-  appCache.set(name, { app, at: now });
+  const columns = {
+    id: apps.id,
+    accountId: apps.accountId,
+    runtime: apps.runtime,
+    status: apps.status,
+    activeDeploymentId: apps.activeDeploymentId,
+    liveProcessId: apps.liveProcessId,
+    liveNode: apps.liveNode,
+    processType: deployments.processType,
+  };
+  const db = openDb(env.DB);
+  const app: HostedApp | null =
+    "name" in host
+      ? await db
+          .select(columns)
+          .from(apps)
+          .leftJoin(deployments, eq(deployments.id, apps.activeDeploymentId))
+          .where(eq(apps.name, host.name))
+          .get()
+          .then((row) => (row ? { ...row, redirect: "none" as const, httpsOnly: false } : null))
+      : ((await db
+          .select({ ...columns, redirect: domains.redirect, httpsOnly: domains.httpsOnly })
+          .from(domains)
+          .innerJoin(apps, eq(apps.id, domains.appId))
+          .leftJoin(deployments, eq(deployments.id, apps.activeDeploymentId))
+          .where(and(eq(domains.hostname, host.domain), eq(domains.status, "active")))
+          .get()) ?? null);
+  if (appCache.size >= MAX_CACHED_HOSTS) appCache.delete(appCache.keys().next().value!);
+  appCache.set(key, { app, at: now });
   return app;
 }
 
@@ -271,14 +294,14 @@ async function serveFrom(
  * `svc logs <app>` after the response, never before it.
  */
 /** An app that runs: its requests go to the process serving it (proxy.ts). */
-async function serveProcess(request: Request, env: Env, name: string, app: SiteApp): Promise<Response> {
+async function serveProcess(request: Request, env: Env, host: SiteHost, app: SiteApp): Promise<Response> {
   const slot = takeSlot(app.id, app.accountId, request.signal);
   if (slot instanceof Response) return slot;
   try {
     const target = await liveTarget(env, app);
     if (!target) return app.activeDeploymentId ? starting() : page(404, "Nothing deployed yet");
     return await proxyToProcess(request, configOf(env), target, starting, async () => {
-      const fresh = await siteApp(env, name, Date.now(), true);
+      const fresh = await siteApp(env, host, Date.now(), true);
       return fresh && fresh.status === "running" ? liveTarget(env, fresh) : null;
     });
   } finally {
@@ -293,20 +316,55 @@ async function liveTarget(env: Env, app: SiteApp): Promise<ProcessTarget | null>
   return node ? { processId: app.liveProcessId, node } : null;
 }
 
+/**
+ * A request for a host that is neither an app's `<name>.<APPS_DOMAIN>` nor the
+ * control plane's: an unproven domain's HTTP token (the local ownership check),
+ * an active custom domain (its https and www/apex redirects first, then served
+ * exactly as the app's own host), or a plain 404.
+ */
+export async function serveCustomHost(
+  request: Request,
+  env: Env,
+  waitUntil: (promise: Promise<unknown>) => void,
+  hostname: string,
+): Promise<Response> {
+  const url = new URL(request.url);
+  if (url.pathname.startsWith(`${HTTP_CHECK_PATH}/`)) {
+    const token = url.pathname.slice(HTTP_CHECK_PATH.length + 1);
+    const known = /^[0-9A-Za-z]{32}$/.test(token) && (await pendingToken(openDb(env.DB), hostname, token));
+    return known ? new Response(token, { headers: { "Content-Type": "text/plain", "Cache-Control": "no-store" } }) : notFoundHost(hostname);
+  }
+  const app = await siteApp(env, { domain: hostname }, Date.now());
+  if (!app) return notFoundHost(hostname);
+  const tls = configOf(env).CUSTOM_DOMAIN_TLS === "on";
+  const target = redirectTarget(hostname, app.redirect);
+  if (target !== null || (tls && app.httpsOnly && url.protocol === "http:")) {
+    const to = new URL(url);
+    if (target !== null) to.hostname = target;
+    if (tls) to.protocol = "https:";
+    return new Response(null, { status: 308, headers: { Location: to.href, "Cache-Control": "no-cache" } });
+  }
+  return serveSite(request, env, waitUntil, { domain: hostname });
+}
+
+function notFoundHost(hostname: string): Response {
+  return new Response(`No site is served at ${hostname}\n`, { status: 404, headers: { "Content-Type": "text/plain; charset=utf-8", "Cache-Control": "no-cache" } });
+}
+
 export async function serveSite(
   request: Request,
   env: Env,
   waitUntil: (promise: Promise<unknown>) => void,
-  name: string,
+  host: SiteHost,
 ): Promise<Response> {
   const started = Date.now();
   const pathname = new URL(request.url).pathname;
-  const app = await siteApp(env, name, started);
+  const app = await siteApp(env, host, started);
   let response: Response;
   if (!app) response = page(404, "No such site");
   else if (app.status === "stopped") response = page(503, "This app is stopped");
   else if (app.processType === "worker") return page(404, "This app is a worker: it takes no HTTP traffic");
-  else if (runsProcess(app.runtime)) response = await serveProcess(request, env, name, app);
+  else if (runsProcess(app.runtime)) response = await serveProcess(request, env, host, app);
   else if (request.method !== "GET" && request.method !== "HEAD") response = page(405, "Method not allowed", { Allow: "GET, HEAD" });
   else {
     const manifest = app.activeDeploymentId ? await manifestOf(env, app.activeDeploymentId) : null;
