@@ -9,8 +9,8 @@ import { ROOT } from "./local-stack.js";
  * example.com, fails in ways that are slow to trace), or that still carries
  * the placeholder database id. Exits 1 with every problem listed.
  */
-const PLACEHOLDER = /localhost|127\.0\.0\.1|\[::1\]|example\.com|ACCOUNT_ID|^0{8}-0{4}-0{4}-0{4}-0{12}$/;
-const CHECKED = ["PUBLIC_URL", "APPS_DOMAIN", "S3_ENDPOINT", "BUILDER_URL", "database_id"];
+const PLACEHOLDER = /localhost|127\.0\.0\.1|\[::1\]|example\.com|ACCOUNT_ID|^ZONE_ID$|^0{8}-0{4}-0{4}-0{4}-0{12}$/;
+const CHECKED = ["PUBLIC_URL", "APPS_DOMAIN", "S3_ENDPOINT", "BUILDER_URL", "database_id", "DOMAIN_CNAME_TARGET", "CF_ZONE_ID"];
 
 export function placeholderProblems(toml: string): string[] {
   const start = toml.indexOf("[env.production]");

@@ -6,6 +6,7 @@ import { backups } from "./commands/backups.js";
 import { cron } from "./commands/cron.js";
 import { deploy, deployments } from "./commands/deploy.js";
 import { disk } from "./commands/disk.js";
+import { domains } from "./commands/domains.js";
 import { env } from "./commands/env.js";
 import { init } from "./commands/init.js";
 import { keys } from "./commands/keys.js";
@@ -18,7 +19,7 @@ import { didYouMean } from "./suggest.js";
 import { VERSION } from "./version.js";
 
 /** Every noun and top-level command, in help order. A new noun is one file under commands/ and one line here. */
-const COMMANDS: readonly (Group | Command)[] = [login, logout, whoami, keys, apps, env, disk, backups, cron, init, deploy, deployments, logs, admin];
+const COMMANDS: readonly (Group | Command)[] = [login, logout, whoami, keys, apps, env, domains, disk, backups, cron, init, deploy, deployments, logs, admin];
 
 const isGroup = (entry: Group | Command): entry is Group => "commands" in entry;
 
@@ -112,9 +113,12 @@ const SYNONYMS: Readonly<Record<string, readonly string[]>> = {
   describe: ["info"],
   status: ["info"],
   ls: ["list"],
-  rm: ["delete"],
+  rm: ["delete", "remove"],
   remove: ["delete"],
-  destroy: ["delete"],
+  delete: ["remove"],
+  create: ["add"],
+  check: ["verify"],
+  destroy: ["delete", "remove"],
   new: ["create"],
   add: ["create", "set"],
   edit: ["update"],

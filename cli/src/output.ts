@@ -113,6 +113,7 @@ const LIST_COMMANDS: Record<string, string> = {
   APP_NOT_FOUND: "svc apps list",
   DISK_NOT_FOUND: "svc disk list",
   ENV_VAR_NOT_FOUND: "svc env list --app <app>",
+  DOMAIN_NOT_FOUND: "svc domains list --app <app>",
 };
 
 function orList(items: readonly string[]): string {
@@ -154,6 +155,8 @@ function hintFor(err: RequestFailed): string | undefined {
     }
     case "NAME_TAKEN":
       return "choose another name";
+    case "DOMAIN_TAKEN":
+      return "another account has verified this hostname (it is free again once that account removes it), or one of your apps has it already: `svc domains list --app <app>`";
     case "INVALID_CRON_EXPRESSION":
       return 'a schedule is five fields, quoted in the shell: minute (0-59) hour (0-23) day-of-month (1-31) month (1-12) day-of-week (0-7, 0 and 7 are Sunday), e.g. "*/15 * * * *" or "0 9 * * 1-5"';
     case "NOT_FOUND":

@@ -31,7 +31,7 @@ describe("svc command line", () => {
   it("prints every command with --help and exits 0", async () => {
     const r = await svc(["--help"], env);
     expect(r.code).toBe(0);
-    for (const cmd of ["login", "logout", "keys create", "keys list", "keys delete", "keys roll", "apps create", "apps delete", "env set", "env unset", "env list", "disk attach", "disk detach"]) {
+    for (const cmd of ["login", "logout", "keys create", "keys list", "keys delete", "keys roll", "apps create", "apps delete", "env set", "env unset", "env list", "domains add", "domains verify", "domains remove", "disk attach", "disk detach"]) {
       expect(r.stdout).toContain(cmd);
     }
   });
@@ -120,6 +120,8 @@ describe("svc command line", () => {
       [["apps", "info", "my-site"], ["apps", "info", "--app", "my-site"]],
       [["deployments", "list", "my-site"], ["deployments", "list", "--app", "my-site"]],
       [["disk", "attach", "uploads", "--app", "my-site"], ["disk", "attach", "uploads", "my-site"]],
+      [["domains", "list", "my-site"], ["domains", "list", "--app", "my-site"]],
+      [["domains", "info", "my-site", "www.example.com"], ["domains", "info", "www.example.com", "--app", "my-site"], ["domains", "info", "-a", "my-site", "www.example.com"]],
     ];
     for (const variants of forms) {
       const results = await Promise.all(variants.map((args) => svc(args, env)));
@@ -301,6 +303,7 @@ describe("svc command line", () => {
       [["backups", "restore", "uploads", "--backup", "bak_x"], "restore disk uploads", "svc backups restore uploads --backup bak_x --yes"],
       [["backups", "delete", "uploads", "bak_x"], "delete backup bak_x of disk uploads", "svc backups delete uploads bak_x --yes"],
       [["cron", "delete", "nightly"], "delete cron job nightly", "svc cron delete nightly --yes"],
+      [["domains", "remove", "www.example.com", "--app", "my-app"], "remove domain www.example.com from app my-app", "svc domains remove www.example.com --app my-app --yes"],
     ];
     for (const [args, action, retry] of cases) {
       const r = await svc(args, env);

@@ -7,7 +7,7 @@ import { ROOT } from "../../scripts/local-stack.js";
 describe("npm run deploy's configuration check", () => {
   it("refuses the shipped production environment: every placeholder and localhost address is named", async () => {
     const problems = placeholderProblems(await readFile(join(ROOT, "wrangler.toml"), "utf8"));
-    expect(problems.map((p) => p.split(" = ")[0])).toEqual(["database_id", "PUBLIC_URL", "APPS_DOMAIN", "S3_ENDPOINT"]);
+    expect(problems.map((p) => p.split(" = ")[0])).toEqual(["database_id", "PUBLIC_URL", "APPS_DOMAIN", "DOMAIN_CNAME_TARGET", "CF_ZONE_ID", "S3_ENDPOINT"]);
   });
 
   it("accepts a production environment with real addresses, and refuses a BUILDER_URL or a localhost left in it", () => {

@@ -12,6 +12,7 @@ import { appChanged } from "../services/cron-targets";
 import { fleet, nodeRef } from "../services/fleet";
 import { movedLine } from "../../durable-objects/shipped-log";
 import { deleteAppCrons } from "../services/crons";
+import { removeAppDomains } from "../services/domains";
 import { APP_STATES, appView, appViews, createApp, deleteApp, listApps, resolveApp, setAppStatus, updateAppSettings } from "../services/apps";
 import { applyPending, configChanged } from "../services/rollout";
 
@@ -349,6 +350,7 @@ appRoutes.openapi(
       await runtime.dropLog();
     }
     await deleteAppCrons(c.get("db"), c.env, app.id);
+    await removeAppDomains(c.get("db"), c.get("config"), app);
     await deleteApp(c.get("db"), app);
     return c.json({ data: { id: app.id, deleted: true as const } }, 200);
   },

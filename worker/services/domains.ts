@@ -155,8 +155,10 @@ export async function addDomain(
   input: { hostname: string; redirect: DomainRedirect; httpsOnly: boolean },
 ): Promise<DomainRow> {
   const hostname = input.hostname;
-  const problem = hostnameProblem(hostname, config) ?? redirectProblem(hostname, input.redirect);
-  if (problem) throw new ApiError("VALIDATION_ERROR", `hostname ${problem}`, [{ field: "hostname", message: problem }]);
+  const problem = hostnameProblem(hostname, config);
+  if (problem) throw new ApiError("VALIDATION_ERROR", `hostname: ${problem}`, [{ field: "hostname", message: problem }]);
+  const redirect = redirectProblem(hostname, input.redirect);
+  if (redirect) throw new ApiError("VALIDATION_ERROR", `redirect: ${redirect}`, [{ field: "redirect", message: redirect }]);
   const held = await verifiedRow(db, hostname);
   if (held && held.accountId !== app.accountId) throw new ApiError("DOMAIN_TAKEN", `${hostname} is already verified by another account`);
   const mine = await db
@@ -243,6 +245,11 @@ export async function removeDomain(db: Db, config: Config, row: DomainRow): Prom
     );
   }
   await db.delete(domains).where(eq(domains.id, row.id));
+}
+
+/** Removes every domain of an app that is being deleted, each with its custom hostname at Cloudflare (D1's cascade would leave those behind). */
+export async function removeAppDomains(db: Db, config: Config, app: AppRow): Promise<void> {
+  for (const row of await listDomains(db, app)) await removeDomain(db, config, row);
 }
 
 /** Whether `token` is an unproven domain's of `hostname`: the edge then answers it (the local HTTP proof). */
