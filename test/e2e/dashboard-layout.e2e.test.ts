@@ -166,6 +166,8 @@ describe("the dashboard's layout at 390 and 1280 px", () => {
     await api("PATCH", `/v1/apps/${app}/env`, {
       vars: { GREETING: "hello", DATABASE_URL: `postgres://reporting:${"s3cr3t".repeat(12)}@db.internal.example.com:5432/reports?sslmode=require` },
     });
+    // A pending domain shows its records (long TXT names and values), an active one its state.
+    await api("POST", `/v1/apps/${app}/domains`, { hostname: `www.a-rather-long-shop-name-${suffix}.example.test` });
     await createKey(stack, `layout-deploy-only-${suffix}`, ["deploy"]);
     const { data: d } = await api<{ data: { id: string } }>("POST", "/v1/disks", { name: disk, sizeGb: 1, mountPath: "/data" });
     await api("POST", `/v1/disks/${disk}/attach`, { app });
@@ -237,6 +239,7 @@ describe("the dashboard's layout at 390 and 1280 px", () => {
         await p.getByText("Unset DATABASE_URL?").waitFor();
       },
     },
+    { name: "app-domains", path: `/apps/${app}/domains`, ready: "main form" },
     { name: "app-request-log", path: `/apps/${app}/logs`, ready: "main table.requests" },
     { name: "app-runtime-log", path: `/apps/${app}/runtime`, ready: "main .hint" },
     { name: "app-not-found", path: "/apps/no-such-app", ready: "main [role=alert]" },
@@ -298,7 +301,10 @@ describe("the dashboard's layout at 390 and 1280 px", () => {
       await p.goto(stack.apiUrl);
       await p.getByLabel("API key").waitFor();
       await look("sign-in");
-      await p.getByLabel("API key").fill(stack.adminKey);
+      // A key of its own per width: one walk makes ~100 API calls in a few seconds, and two walks on one key
+      // met its rate limit (100 per 10 s) on the second, whose page then waited out the Retry-After.
+      const { key } = await createKey(stack, `admin-${width}`, ["admin", "deploy", "db", "registry"]);
+      await p.getByLabel("API key").fill(key);
       await p.getByRole("button", { name: "Sign in" }).click();
       await p.locator(".who strong").waitFor();
 

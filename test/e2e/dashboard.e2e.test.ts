@@ -330,6 +330,26 @@ describe("the dashboard in headless Chromium", () => {
     expect(names).toEqual(["GREETING"]);
   }, 60_000);
 
+  it("adds a custom domain, shows the records to create, verifies it (locally at once) and removes it", async () => {
+    const hostname = `www.${app}.example.test`;
+    await page.goto(`${stack.apiUrl}/apps/${app}/domains`);
+    const form = page.getByRole("form", { name: "Add a domain" });
+    await form.getByLabel("Hostname").fill("not a hostname");
+    await form.getByRole("button", { name: "Add" }).click();
+    await expect(form.getByRole("alert").textContent()).resolves.toMatch(/^VALIDATION_ERROR .*hostname/);
+    await form.getByLabel("Hostname").fill(hostname);
+    await form.getByRole("button", { name: "Add" }).click();
+    const card = page.getByRole("group", { name: `Domain ${hostname}` });
+    await card.getByText(`_svc-verify.${hostname}`).waitFor();
+    await shot("06b-app-domains");
+    await card.getByRole("button", { name: "Verify" }).click();
+    await card.getByText("active", { exact: true }).waitFor();
+    expect((await api<{ data: { status: string } }>("GET", `/v1/apps/${app}/domains/${hostname}`)).data.status).toBe("active");
+    await card.getByRole("button", { name: "Remove" }).click();
+    await card.getByRole("button", { name: "Remove" }).click();
+    await page.getByText("No custom domains.").waitFor();
+  }, 60_000);
+
   it("deploys a folder packed in the page (honouring .gitignore), streams the build log to success, and rolls back", async () => {
     const site = join(work, "site");
     await mkdir(join(site, "static"), { recursive: true });

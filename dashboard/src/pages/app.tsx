@@ -3,6 +3,7 @@ import { type ApiError, api, asApiError, ok, type Schemas } from "../api";
 import { Link, navigate } from "../router";
 import { Action, Badge, Bytes, Empty, ErrorNote, LogView, Pending, Table, Time, useAction, useLoad, usePoll } from "../ui";
 import { Deployments } from "./deployments";
+import { Domains } from "./domains";
 
 type App = Schemas["App"];
 
@@ -10,13 +11,16 @@ const TABS = [
   ["overview", "Overview"],
   ["deployments", "Deployments"],
   ["env", "Environment"],
+  ["domains", "Domains"],
   ["logs", "Request log"],
   ["runtime", "Runtime log"],
 ] as const;
 
-/** Tabs an app shows: the runtime log belongs to apps that run a process, not to static sites; a worker has no request log. */
+/** Tabs an app shows: the runtime log belongs to apps that run a process, not to static sites; a worker has no request log nor domains. */
 const tabsOf = (app: App | undefined) =>
-  TABS.filter(([id]) => (id !== "runtime" || (app !== undefined && app.runtime !== "static")) && (id !== "logs" || app?.type !== "worker"));
+  TABS.filter(
+    ([id]) => (id !== "runtime" || (app !== undefined && app.runtime !== "static")) && ((id !== "logs" && id !== "domains") || app?.type !== "worker"),
+  );
 
 function Overview({ app, onChange }: { app: App; onChange: (app: App) => void }) {
   const path = { params: { path: { app: app.name } } };
@@ -375,6 +379,8 @@ export function AppPage({ name, tab }: { name: string; tab: string }) {
         <Deployments key={app.id} app={app} onAppChange={setChanged} />
       ) : tab === "env" ? (
         <EnvVars key={app.id} app={app} />
+      ) : tab === "domains" ? (
+        <Domains key={app.id} app={app} />
       ) : tab === "logs" ? (
         <RequestLogTab key={app.id} app={app} />
       ) : tab === "runtime" ? (
