@@ -186,25 +186,36 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
       toolsPath = `${SANDBOX_TOOLS_DIR}:${searchPath}`;
     }
 
+    const prune = plan.kind === "release" && !plan.release.keepDevDependencies ? pruneCommand(plan.install?.packageManager) : null;
+    /** The cache's key of the install, and whether what it restored is already without devDependencies. */
+    let cacheKey: CacheKey | null = null;
+    let pruned = false;
+    const cache = input.dependencies;
+    /** A release without a build step needs the dependencies only as the prune leaves them: cached apart, under this key. */
+    const prunedKey = (key: string) => `${key}-pruned`;
+    const prunedOnly = prune !== null && plan.buildCommand === null;
+
     if (plan.install) {
       const { packageManager, lockfile, command, viaNpx, from } = plan.install;
       // Without NODE_ENV: NODE_ENV=production makes every package manager skip devDependencies, where build tools live.
       const { NODE_ENV: _omitted, ...appEnv } = spec.env;
       const installEnv = { CI: "true", ...appEnv, ...registry, ...plan.install.env, PATH: toolsPath };
-      const cache = input.dependencies;
-      const cacheKey = cache
+      cacheKey = cache
         ? await installKey({ step: plan.install, files, root, env: installEnv, searchPath, wheels: plan.install.wheels }).catch(
             (error: unknown): CacheKey => ({ ok: false, why: `not cached: ${error instanceof Error ? error.message : String(error)}` }),
           )
         : null;
       if (cacheKey !== null && !cacheKey.ok) log.note(`dependencies: ${cacheKey.why}`);
       let restored = false;
-      if (cache && cacheKey?.ok && cache.cache.has(cache.scope, cacheKey.key)) {
+      const cachedKey = !cache || !cacheKey?.ok ? null : prunedOnly && cache.cache.has(cache.scope, prunedKey(cacheKey.key)) ? prunedKey(cacheKey.key) : cacheKey.key;
+      if (cache && cacheKey?.ok && cachedKey !== null && cache.cache.has(cache.scope, cachedKey)) {
         const started = Date.now();
-        restored = await cache.cache.restore(cache.scope, cacheKey.key, root, signal);
+        restored = await cache.cache.restore(cache.scope, cachedKey, root, signal);
+        pruned = restored && cachedKey !== cacheKey.key;
+        const what = pruned ? `${cacheKey.folder} without devDependencies` : cacheKey.folder;
         log.note(
           restored
-            ? `dependencies: from cache (lockfile unchanged): ${cacheKey.folder} restored in ${((Date.now() - started) / 1000).toFixed(1)} s`
+            ? `dependencies: from cache (lockfile unchanged): ${what} restored in ${((Date.now() - started) / 1000).toFixed(1)} s`
             : "dependencies: the cached copy could not be restored; installing",
         );
       }
@@ -250,8 +261,7 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
       }
     }
 
-    const prune = plan.kind === "release" && !plan.release.keepDevDependencies ? pruneCommand(plan.install?.packageManager) : null;
-    if (prune !== null && plan.install) {
+    if (prune !== null && plan.install && !pruned) {
       // The build needed them; the running app does not: the package manager's own prune keeps the release lean.
       log.note(`dropping devDependencies from the release (keep them with "keepDevDependencies": true in svc.json)`);
       log.note(`$ ${prune}`);
@@ -261,6 +271,7 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
         if (failed.reason === "exit_code") failed.error = `pruning devDependencies failed: ${failed.error} (set "keepDevDependencies": true in svc.json to keep them)`;
         return finish(log, failed);
       }
+      if (prunedOnly && cache && cacheKey?.ok) log.note(await cache.cache.save(cache.scope, prunedKey(cacheKey.key), cacheKey.folder, root, signal));
     }
 
     if (plan.kind === "release") {
