@@ -97,7 +97,7 @@ describe("a custom domain with a certificate from Cloudflare for SaaS", () => {
     const active = await api("POST", `/v1/apps/${app}/domains/${hostname}/verify`);
     expect(active.body?.data).toMatchObject({ status: "active", reason: null, certificate: "active" });
 
-    // Served by the app's process, as <app>.localhost is (the edge's copy of the host lasts at most 2 s).
+    // Served by the app's process, as <app>.localhost is (the edge's copy of the host lasts at most 1 s).
     let served = await siteRequest(stack, app, "/", { host: hostname });
     for (let i = 0; i < 30 && served.status !== 200; i++) {
       await new Promise((resolve) => setTimeout(resolve, 200));

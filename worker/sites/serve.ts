@@ -49,7 +49,7 @@ type HostedApp = SiteApp & { redirect: DomainRedirect; httpsOnly: boolean };
  * isolate: a switch is visible everywhere this long after it (AppRuntime
  * counts a deploy done only then).
  */
-export const EDGE_APP_TTL_MS = 2_000;
+export const EDGE_APP_TTL_MS = 1_000;
 const MAX_MANIFESTS = 64;
 /** What a client is told to wait while an app (re)starts. */
 const STARTING_RETRY_AFTER_SECONDS = 2;

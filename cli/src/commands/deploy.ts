@@ -26,6 +26,10 @@ type Created = ResponseData<"/v1/apps/{app}/deployments", "post", 201>;
 const FINAL = new Set<Deployment["status"]>(["ready", "failed", "cancelled"]);
 /** How often a deployment is looked at while it is published, or when the live log stream ended early. */
 const POLL_MS = 500;
+/** A rollout is followed closer: its end ("serving") is what `svc deploy` waits to print. */
+const ROLLOUT_POLL_MS = 200;
+/** After a rollout's end, how long the process's last lines get to arrive before its stream is cut (it is live: they come within ms). */
+const LAST_LINES_MS = 200;
 /** Pause before a process's followed output that failed or ended is opened again. */
 const RESUME_MS = 500;
 /** Longest a build is followed: the builder's 20-minute limit plus publishing. */
@@ -280,7 +284,7 @@ export async function followRollout(client: ApiClient, app: string, id: string, 
     shownSteps = deployment.progress.length;
     if (output === null && deployment.processId !== null) output = followProcess(client, app, deployment.processId, deployment.createdAt, write);
     if (FINAL.has(deployment.status) || Date.now() > deadline) break;
-    await sleep(POLL_MS);
+    await sleep(ROLLOUT_POLL_MS);
     deployment = await get();
   }
   await output?.stop();
@@ -340,7 +344,7 @@ function followProcess(client: ApiClient, app: string, processId: string, since:
   return {
     async stop() {
       // Lines written just before the end still arrive: a moment to read them, then the stream is cut.
-      await Promise.race([done, sleep(1_000)]);
+      await Promise.race([done, sleep(LAST_LINES_MS)]);
       stopping.abort();
       await done;
     },
