@@ -32,6 +32,8 @@ export interface BuilderConfig {
   buildScratchBytes: number;
   /** Bound of the per-app dependency cache across the node (BUILDER_DEPENDENCY_CACHE_MB; 0: off). */
   dependencyCacheBytes: number;
+  /** Bound of each account's package-manager cache (BUILDER_PACKAGE_CACHE_MB; 0: off). */
+  packageCacheBytes: number;
   /** On SIGTERM, how long running jobs may go on before they are ended. */
   shutdownGraceMs: number;
   /** Package mirror builds install through; null keeps the package managers' default registry. */
@@ -86,6 +88,7 @@ const EnvSchema = z.object({
   BUILDER_TENANT_REGISTRY: z.string().min(1).default(DEFAULT_TENANT_REGISTRY),
   BUILDER_BUILD_SCRATCH_MB: z.coerce.number().int().min(64).max(1_048_576).default(4096),
   BUILDER_DEPENDENCY_CACHE_MB: z.coerce.number().int().min(0).max(1_073_741_824).default(2048),
+  BUILDER_PACKAGE_CACHE_MB: z.coerce.number().int().min(0).max(1_073_741_824).default(1024),
   BUILDER_SHUTDOWN_GRACE_SECONDS: z.coerce.number().int().min(0).max(3600).default(20),
   NPM_CONFIG_REGISTRY: httpUrl.optional(),
   BUILDER_HOST_RESERVE_MB: z.coerce.number().int().min(0).max(1_073_741_824).optional(),
@@ -138,6 +141,7 @@ export function loadConfig(
       tenantRegistry: resolve(cwd, values.BUILDER_TENANT_REGISTRY),
       buildScratchBytes: values.BUILDER_BUILD_SCRATCH_MB * 1024 * 1024,
       dependencyCacheBytes: values.BUILDER_DEPENDENCY_CACHE_MB * 1024 * 1024,
+      packageCacheBytes: values.BUILDER_PACKAGE_CACHE_MB * 1024 * 1024,
       shutdownGraceMs: values.BUILDER_SHUTDOWN_GRACE_SECONDS * 1000,
       npmRegistry: values.NPM_CONFIG_REGISTRY ?? null,
       hostReserveBytes: values.BUILDER_HOST_RESERVE_MB === undefined ? null : values.BUILDER_HOST_RESERVE_MB * 1024 * 1024,

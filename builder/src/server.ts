@@ -17,6 +17,7 @@ import { DiskStore } from "./disks/store.js";
 import { HostRoom } from "./sandbox/host-room.js";
 import { DependencyCache } from "./jobs/dependency-cache.js";
 import { JobManager } from "./jobs/manager.js";
+import { PackageCaches } from "./jobs/package-cache.js";
 import { LogShipper } from "./processes/log-shipper.js";
 import { ProcessManager } from "./processes/manager.js";
 import { AppProxy } from "./processes/proxy.js";
@@ -115,6 +116,7 @@ const jobs = await JobManager.open({
   npmRegistry: config.npmRegistry,
   pip: { indexUrl: config.pipIndexUrl, findLinks: config.pipFindLinks },
   dependencyCache: await DependencyCache.open(join(config.dataDir, "dependency-cache"), config.dependencyCacheBytes),
+  packageCaches: new PackageCaches(join(config.dataDir, "package-cache"), config.packageCacheBytes),
 });
 
 // A node's apps' runtime logs leave it as they are written, so they outlive it (a failover, a drain).

@@ -5,6 +5,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { DependencyCache } from "../../builder/src/jobs/dependency-cache.js";
+import type { BuildSpec } from "../../builder/src/protocol/static.js";
 import { type FakeWorker, startFakeWorker, svcLines } from "./build-support.js";
 import { type BuilderProcess, startBuilder } from "./builder-process.js";
 import { appsDir, copyApp, extractRelease, releaseSpec, releaseToEnd } from "./release-support.js";
@@ -32,8 +33,9 @@ afterAll(async () => {
 });
 
 /** A release build of `dir` for app `app` of tenant `tenant`, to its end. */
-async function build(tag: string, dir: string, app: string, tenant = "tenant-cache-a") {
-  const outcome = await releaseToEnd(builder, storage, releaseSpec(worker, storage, tag, dir, "node", { app, tenant }));
+async function build(tag: string, dir: string, app: string, tenant = "tenant-cache-a", overrides?: BuildSpec["overrides"]) {
+  const runtime = dir.endsWith("custom") ? "custom" : "node";
+  const outcome = await releaseToEnd(builder, storage, releaseSpec(worker, storage, tag, dir, runtime, { app, tenant, ...(overrides ? { overrides } : {}) }));
   expect(outcome.status, outcome.log).toMatchObject({ status: "succeeded" });
   return { ...outcome, lines: svcLines(outcome.log) };
 }
@@ -77,6 +79,23 @@ describe("a redeploy whose lockfile is unchanged", () => {
       expect(installed(again.lines), `${tag}:\n${again.log}`).toBe(true);
       expect(fromCache(again.lines), tag).toBe(false);
     }
+  }, 240_000);
+});
+
+describe("the account's package cache", () => {
+  it("keeps what npm downloaded for the account's other apps, and shows another account none of it", async () => {
+    // A new app of the same account, the same lockfile: no entry of its own yet, so it installs, from the account's ~/.npm.
+    const again = await build("express-new-app", join(appsDir, "node-express"), "app-express-two");
+    expect(installed(again.lines), again.log).toBe(true);
+    expect(existsSync(join(builder.dataDir, "package-cache", "tenant-cache-a", "npm", "_cacache"))).toBe(true);
+    console.log(`package cache: a new app of the account installed in ${again.ms} ms`);
+    // Builds see their own account's cache in HOME, and another account's builds see theirs alone.
+    const list = { buildCommand: "ls -A /home/svc/.npm | tr '\\n' ' '; echo '<- npm cache'" };
+    const own = await build("custom-own", join(appsDir, "custom"), "app-custom", "tenant-cache-a", list);
+    expect(own.log).toMatch(/_cacache.*<- npm cache/);
+    const other = await build("custom-other", join(appsDir, "custom"), "app-custom", "tenant-cache-c", list);
+    expect(other.log).toMatch(/ out\s+<- npm cache/);
+    expect(other.log).not.toMatch(/_cacache/);
   }, 240_000);
 });
 

@@ -33,6 +33,7 @@ import { buildFailureFromLog } from "./build-error.js";
 import { NPM_INSTALL_KEEPING_LOCKFILE, type NodeInstallStep, type PipSources, nodeInstallStep, registryEnv } from "./install.js";
 import { absentOptionalNote, absentOptionalPackages, installFailureFromLog } from "./install-error.js";
 import { type CacheKey, type CacheScope, type DependencyCache, installKey } from "./dependency-cache.js";
+import type { PackageCaches } from "./package-cache.js";
 import { type ReleaseBuildPlan, planReleaseBuild, publishRelease, releasePath } from "./release.js";
 import { failure, finish, interrupted } from "./run.js";
 
@@ -63,6 +64,8 @@ export interface BuildJobInput {
   signal: AbortSignal;
   /** The node's dependency cache and the app whose entries this build may use; null: install every time. */
   dependencies: { cache: DependencyCache; scope: CacheScope } | null;
+  /** The accounts' package-manager caches (~/.npm, ~/.cache), or null for a fresh HOME every build. */
+  packageCaches: PackageCaches | null;
 }
 
 /** Everything decided about a static site before anything of the user's runs. */
@@ -104,6 +107,8 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
   };
   let peakMemoryBytes = 0;
   let sourceArchive: string | null = null;
+  /** The account's package cache, taken once the build's room exists and given back when the build ends. */
+  let packageCache: string | null = null;
   /** Runs one step in the job's sandbox, under its limits, for what is left of its time. */
   const sandboxed = (
     command: string,
@@ -121,6 +126,7 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
       network: options.network,
       tools: options.tools,
       wheels: options.wheels ?? null,
+      packageCache: options.network === "registry" ? packageCache : null,
       timeoutMs: Math.max(1, deadline - Date.now()),
       memoryLimitBytes: spec.memoryMb * 1024 * 1024,
       disk: null,
@@ -129,6 +135,7 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
     });
   try {
     await createScratch(input, scratch, homeDir);
+    packageCache = (await input.packageCaches?.take(spec.tenant, input.user)) ?? null;
     const source = await downloadSource({ url: spec.sourceUrl, jobDir: input.jobDir, user: input.user, log, signal });
     if (!source.ok) return fail(source.error);
     // Unpacked in the sandbox: the archive can reach nothing but the scratch space.
@@ -344,6 +351,10 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
     const ran = plan.install !== null || plan.buildCommand !== null;
     return { ...finish(log, { exitCode: ran ? 0 : null, signal: null, reason: null, error: null, peakMemoryBytes }), result };
   } finally {
+    if (packageCache !== null) {
+      const emptied = await input.packageCaches!.give(spec.tenant).catch(() => null);
+      if (emptied !== null) log.note(emptied);
+    }
     await removeScratch(input.host, scratch);
     await rm(toolsDir, { recursive: true, force: true });
   }

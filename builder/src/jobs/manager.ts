@@ -13,6 +13,7 @@ import type { DiskStore } from "../disks/store.js";
 import { newId } from "../ids.js";
 import { NO_PIP_SOURCES, type PipSources, runBuild } from "./build.js";
 import { type DependencyCache, validScope } from "./dependency-cache.js";
+import type { PackageCaches } from "./package-cache.js";
 import { restoreJob } from "./restore.js";
 import { runJob } from "./run.js";
 import { snapshotJob } from "./snapshot.js";
@@ -128,6 +129,8 @@ export interface JobManagerOptions {
   pip?: PipSources;
   /** What builds install, kept per app for its next build (jobs/dependency-cache.ts); absent: nothing kept. */
   dependencyCache?: DependencyCache;
+  /** What package managers download, kept per account for its next builds (jobs/package-cache.ts); absent: nothing kept. */
+  packageCaches?: PackageCaches;
 }
 
 const isFinal = (status: JobStatus["status"]) => status === "succeeded" || status === "failed" || status === "cancelled";
@@ -211,7 +214,7 @@ export class JobManager {
 
   /** Accepts a static-site build (jobs/build.ts), queued and refused like a run; it uses no disk. */
   submitBuild(spec: BuildSpec): Promise<Admission> {
-    const { host, tenants, credentials, npmRegistry, buildScratchBytes, pip = NO_PIP_SOURCES, dependencyCache } = this.#options;
+    const { host, tenants, credentials, npmRegistry, buildScratchBytes, pip = NO_PIP_SOURCES, dependencyCache, packageCaches } = this.#options;
     const scope = { tenant: spec.tenant, app: spec.app ?? "" };
     const dependencies = dependencyCache?.enabled && validScope(scope) ? { cache: dependencyCache, scope } : null;
     return this.#admit({
@@ -232,6 +235,7 @@ export class JobManager {
           npmRegistry,
           pip,
           dependencies,
+          packageCaches: packageCaches ?? null,
         }),
     });
   }

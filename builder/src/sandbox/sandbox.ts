@@ -32,6 +32,7 @@
  * fails with the reason; it never runs unsandboxed.
  */
 import { type ChildProcess, spawn } from "node:child_process";
+import { join } from "node:path";
 import { closeSync, openSync, readFileSync, readSync, readdirSync, readlinkSync, statfsSync } from "node:fs";
 import { type FileHandle, open } from "node:fs/promises";
 import type { Readable, Writable } from "node:stream";
@@ -55,6 +56,8 @@ export const SANDBOX_HOME_DIR = "/home/svc";
 export const SANDBOX_TOOLS_DIR = "/run/svc/tools";
 /** Where a python build sees the builder's folder of wheels (BUILDER_PIP_FIND_LINKS), read-only. */
 export const SANDBOX_WHEELS_DIR = "/run/svc/wheels";
+/** The folders of an account's package-manager cache (its host folder's `npm` and `cache`), as a build sees them in HOME. */
+export const PACKAGE_CACHE_FOLDERS = { npm: ".npm", cache: ".cache" } as const;
 /** Where a run's source archive appears inside the sandbox (unpacked into /work before the command). */
 const SANDBOX_SOURCE_PATH = "/run/svc/source.tar.gz";
 /** Time a job's processes get between SIGTERM and SIGKILL. */
@@ -338,6 +341,8 @@ export interface SandboxOptions {
   tools: string | null;
   /** Host folder of python wheels, shown read-only at {@link SANDBOX_WHEELS_DIR} (it must be readable by every user). */
   wheels?: string | null;
+  /** Host folder of the account's package-manager caches (jobs/package-cache.ts): its folders are shown in HOME. Builds only. */
+  packageCache?: string | null;
   /** Wall-clock limit; null for none (an app's long-running process). */
   timeoutMs: number | null;
   memoryLimitBytes: number;
@@ -471,6 +476,9 @@ function bwrapOptions(options: SandboxOptions, env: Record<string, string>, with
   } else {
     args.push("--bind", host.visible(options.work.path), SANDBOX_WORK_DIR);
     args.push("--bind", host.visible(options.work.home), SANDBOX_HOME_DIR);
+    if (options.packageCache) {
+      for (const [folder, at] of Object.entries(PACKAGE_CACHE_FOLDERS)) args.push("--bind", host.visible(join(options.packageCache, folder)), `${SANDBOX_HOME_DIR}/${at}`);
+    }
   }
   if (options.disk) args.push("--bind", host.visible(options.disk.path), options.disk.mountPath);
   if (options.source) args.push("--ro-bind", host.visible(options.source), SANDBOX_SOURCE_PATH);
