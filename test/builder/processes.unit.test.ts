@@ -233,6 +233,8 @@ describe("the runtime log", () => {
     const second = new ProcessOutput(log, "prc_second", "dep_b");
     for (let i = 0; i < 300; i++) (i % 3 === 0 ? second : first).note(`line ${i} ${"x".repeat(i % 7 === 0 ? 400 : 10)}`);
     await log.settled();
+    // A clean millisecond on either side: on a fast machine the last of the 300 lines shared the millisecond `middle` was read in.
+    await new Promise((resolve) => setTimeout(resolve, 5));
     const middle = Date.now();
     await new Promise((resolve) => setTimeout(resolve, 5));
     for (let i = 300; i < 310; i++) first.note(`line ${i}`);

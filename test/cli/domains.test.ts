@@ -1,10 +1,9 @@
 import { randomBytes } from "node:crypto";
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
-import { request } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { expectExit } from "../e2e/sites.js";
+import { expectExit, type SiteResponse, siteRequest } from "../e2e/sites.js";
 import { createKey, STACK_START_TIMEOUT_MS, startStack, svc, tempHome } from "./svc.js";
 
 type Domain = {
@@ -21,7 +20,6 @@ type Domain = {
   createdAt: string;
 };
 
-type HostResponse = { status: number; headers: Record<string, string | string[] | undefined>; body: string };
 
 /** How long the edge may keep an app (or its absence) for a host: EDGE_APP_TTL_MS, with room. */
 const EDGE_SETTLE_MS = 10_000;
@@ -68,23 +66,11 @@ describe("svc domains against wrangler dev", () => {
 
   const json = <T>(stdout: string) => JSON.parse(stdout) as T;
 
-  /** A request to the stack's edge as a browser sends it for `hostname` (fetch cannot set Host, so node:http). */
-  const hostRequest = (hostname: string, path = "/"): Promise<HostResponse> => {
-    const api = new URL(stack.apiUrl);
-    return new Promise((resolve, reject) => {
-      const req = request({ host: "127.0.0.1", port: api.port, path, agent: false, headers: { Host: hostname } }, (res) => {
-        const chunks: Buffer[] = [];
-        res.on("data", (chunk: Buffer) => chunks.push(chunk));
-        res.on("end", () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks).toString("utf8") }));
-        res.on("error", reject);
-      });
-      req.on("error", reject);
-      req.end();
-    });
-  };
+  /** A request to the stack's edge as a browser sends it for `hostname`. */
+  const hostRequest = (hostname: string, path = "/"): Promise<SiteResponse> => siteRequest(stack, app, path, { host: hostname });
 
-  /** The edge's answer for `hostname` once `done` holds (it keeps a host's app for up to 2 s). */
-  const settled = async (hostname: string, done: (r: HostResponse) => boolean, path = "/"): Promise<HostResponse> => {
+  /** The edge's answer for `hostname` once `done` holds (it keeps a host's app for up to 1 s). */
+  const settled = async (hostname: string, done: (r: SiteResponse) => boolean, path = "/"): Promise<SiteResponse> => {
     const deadline = Date.now() + EDGE_SETTLE_MS;
     for (;;) {
       const r = await hostRequest(hostname, path);

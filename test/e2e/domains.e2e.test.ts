@@ -59,7 +59,9 @@ describe("a custom domain with a certificate from Cloudflare for SaaS", () => {
     });
     await new Promise<void>((resolve) => cloudflare.listen(0, "127.0.0.1", resolve));
     const port = (cloudflare.address() as AddressInfo).port;
+    // `npm start -- --nodes 3`'s stack: the app runs on whichever node placement picks, and the domain follows it.
     stack = await startOwnStack({
+      nodes: 3,
       workerVars: { CF_ZONE_ID: "zone-test", CF_API_TOKEN: "test-cf-token", CF_API_URL: `http://127.0.0.1:${port}/client/v4` },
     });
     home = await tempHome();

@@ -1,5 +1,8 @@
+import { createExecutionContext, waitOnExecutionContext } from "cloudflare:test";
 import { env, exports } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
+import { createApp } from "../../worker/app";
+import { countingD1 } from "../support/d1-count";
 import { call, type ErrorJson, expectAuthEnforced, json, newAccount } from "./helpers";
 import { newSite } from "./sites-helpers";
 
@@ -97,6 +100,33 @@ describe("custom domains: the edge", () => {
     expect(await (await at(hostname, "/some/client/route")).text()).toBe("spa home");
     const js = await at(`${hostname}:8443`, "/app.js");
     expect(js.headers.get("X-Custom")).toBe("on the domain too");
+  });
+
+  it("costs no D1 read per request beyond the app host's own: one indexed statement per host, cached per isolate", async () => {
+    const site = await newSite(false, { "/index.html": ["text/html", "home"] });
+    const hostname = unique();
+    expect((await add(site.key, site.name, { hostname })).status).toBe(201);
+    await activate(hostname);
+    /** Ten requests for `host` through the real app on a D1 binding that counts: the reads they made. */
+    const reads = async (host: string) => {
+      const { db, counts } = countingD1(env.DB);
+      const ctx = createExecutionContext();
+      for (let i = 0; i < 10; i++) {
+        const res = await createApp().fetch(new Request(`http://${host}/`), { ...env, DB: db }, ctx);
+        expect(await res.text()).toBe("home");
+      }
+      await waitOnExecutionContext(ctx);
+      return counts;
+    };
+    const own = await reads(`${site.name}.${env.APPS_DOMAIN}`);
+    const custom = await reads(hostname);
+    // One lookup each (a second only if the ten straddled the edge's 1 s cache), and the request log's batched writes alike.
+    expect(own.reads).toBeLessThanOrEqual(2);
+    expect(custom.reads).toBeLessThanOrEqual(2);
+    expect(custom.reads).toBeLessThanOrEqual(own.reads + 1);
+    const [lookup] = custom.statements;
+    const plan = await env.DB.prepare(`EXPLAIN QUERY PLAN ${lookup}`).bind(hostname, "active").all<{ detail: string }>();
+    expect(plan.results.map((row) => row.detail).join("; ")).toMatch(/SEARCH domains USING (COVERING )?INDEX domains_(hostname|verified_hostname)_idx/);
   });
 
   it("redirects apex to www (308, path and query kept) when asked", async () => {
