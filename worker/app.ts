@@ -19,7 +19,7 @@ import { cronRoutes } from "./routes/crons";
 import { deploymentRoutes } from "./routes/deployments";
 import { diskRoutes } from "./routes/disks";
 import { serveCustomHost, serveSite, siteName } from "./sites/serve";
-import { CHECK_HOST_HEADER, HTTP_CHECK_PATH, isControlPlaneHost } from "./services/domains";
+import { CHECK_HOST_HEADER, HTTP_CHECK_PATH } from "./services/domains";
 import { domainRoutes } from "./routes/domains";
 import { storageRoutes } from "./storage/gateway";
 import { envVarRoutes } from "./routes/env-vars";
@@ -77,7 +77,7 @@ export function createApp() {
     // Any host but the control plane's own is a custom domain or nothing: never the API or the dashboard.
     const checked = c.req.path.startsWith(`${HTTP_CHECK_PATH}/`) ? c.req.header(CHECK_HOST_HEADER) : undefined;
     const hostname = (checked ?? host).toLowerCase().replace(/:\d+$/, "");
-    if (!isControlPlaneHost(hostname, config)) return serveCustomHost(c.req.raw, c.env, waitUntil, hostname);
+    if (!config.CONTROL_PLANE_HOSTS.has(hostname)) return serveCustomHost(c.req.raw, c.env, waitUntil, hostname);
     c.set("config", config);
     c.set("db", openDb(c.env.DB));
     await next();

@@ -125,7 +125,13 @@ const configSchema = z.object({
     .string()
     .default("")
     .transform((hosts) => hosts.split(",").map((host) => host.trim().toLowerCase()).filter((host) => host !== "")),
-});
+})
+  // Made once per isolate (configOf): every request asks whether its host is the control plane's.
+  .transform((config) => ({
+    ...config,
+    /** Hosts the API and dashboard answer on: PUBLIC_URL's, API_HOSTS, and loopback; any other is an app's or nothing. */
+    CONTROL_PLANE_HOSTS: new Set(["localhost", "127.0.0.1", "[::1]", new URL(config.PUBLIC_URL).hostname, ...config.API_HOSTS]),
+  }));
 
 export type Config = z.infer<typeof configSchema>;
 

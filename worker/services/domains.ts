@@ -32,7 +32,7 @@ export const CHECK_HOST_HEADER = "X-Svc-Check-Host";
 /** A domain's checks against outside services (DNS, Cloudflare's API) are bounded. */
 const CHECK_TIMEOUT_MS = 5_000;
 /** Custom domains per app. */
-export const MAX_DOMAINS_PER_APP = 20;
+const MAX_DOMAINS_PER_APP = 20;
 
 /** What the API says about a domain. */
 export interface DomainView {
@@ -55,10 +55,8 @@ export interface DomainView {
  * (international names in their punycode form), at least two of them, no IP
  * address, and nothing the platform answers itself.
  */
-export function hostnameProblem(hostname: string, config: Config): string | null {
+function hostnameProblem(hostname: string, config: Config): string | null {
   if (hostname.length > 253) return "must be at most 253 characters";
-  if (hostname !== hostname.toLowerCase()) return "must be lowercase";
-  if (hostname.endsWith(".")) return "must not end with a dot";
   const labels = hostname.split(".");
   if (labels.length < 2) return "must be a full domain name, such as www.example.com";
   for (const label of labels) {
@@ -69,15 +67,10 @@ export function hostnameProblem(hostname: string, config: Config): string | null
   if (/^\d+$/.test(labels.at(-1)!)) return "must be a domain name, not an IP address";
   const appsDomain = config.APPS_DOMAIN.replace(/:\d+$/, "").toLowerCase();
   if (hostname === appsDomain || hostname.endsWith(`.${appsDomain}`)) return `is the platform's own (${appsDomain}): apps already answer there`;
-  if (isControlPlaneHost(hostname, config)) return "is the platform's own API host";
+  if (config.CONTROL_PLANE_HOSTS.has(hostname)) return "is the platform's own API host";
   return null;
 }
 
-/** Hosts the API and dashboard answer on: PUBLIC_URL's, API_HOSTS, and loopback. */
-export function isControlPlaneHost(hostname: string, config: Config): boolean {
-  if (hostname === "localhost" || hostname === "127.0.0.1" || hostname === "[::1]") return true;
-  return hostname === new URL(config.PUBLIC_URL).hostname || config.API_HOSTS.includes(hostname);
-}
 
 /** The www ↔ apex counterpart a redirect leads to. */
 export function redirectTarget(hostname: string, redirect: DomainRedirect): string | null {
@@ -132,7 +125,7 @@ export async function domainOf(db: Db, app: AppRow, hostname: string): Promise<D
   const row = await db
     .select()
     .from(domains)
-    .where(and(eq(domains.appId, app.id), eq(domains.hostname, hostname.toLowerCase())))
+    .where(and(eq(domains.appId, app.id), eq(domains.hostname, hostname)))
     .get();
   if (!row) throw new ApiError("DOMAIN_NOT_FOUND", `${hostname} is not a domain of app ${app.name}`);
   return row;

@@ -214,8 +214,10 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
         : null;
       if (cacheKey !== null && !cacheKey.ok) log.note(`dependencies: ${cacheKey.why}`);
       let restored = false;
-      const cachedKey = !cache || !cacheKey?.ok ? null : prunedOnly && cache.cache.has(cache.scope, prunedKey(cacheKey.key)) ? prunedKey(cacheKey.key) : cacheKey.key;
-      if (cache && cacheKey?.ok && cachedKey !== null && cache.cache.has(cache.scope, cachedKey)) {
+      // The pruned copy first where that is all the release needs, else the install's own.
+      const keys = cache && cacheKey?.ok ? [...(prunedOnly ? [prunedKey(cacheKey.key)] : []), cacheKey.key] : [];
+      const cachedKey = keys.find((key) => cache!.cache.has(cache!.scope, key));
+      if (cache && cacheKey?.ok && cachedKey !== undefined) {
         const started = Date.now();
         restored = await cache.cache.restore(cache.scope, cachedKey, root, signal);
         pruned = restored && cachedKey !== cacheKey.key;

@@ -35,13 +35,10 @@ import { join } from "node:path";
 import { promisify } from "node:util";
 import { openInside } from "../static/files.js";
 import type { ProjectFiles } from "../static/detect.js";
-import { TENANT_PATTERN } from "../protocol/shared.js";
+import { formatBytes } from "../units.js";
 import type { InstallStep } from "./install.js";
 
 const exec = promisify(execFile);
-
-/** Largest lockfile hashed into a key (a monorepo's package-lock.json can be tens of MiB). */
-const MAX_LOCKFILE_BYTES = 256 * 1024 * 1024;
 
 /** Files besides the lockfile that change what a node package manager installs. */
 const NODE_INSTALL_FILES = [".npmrc", ".yarnrc", ".yarnrc.yml", ".pnpmfile.cjs"];
@@ -83,8 +80,6 @@ interface Entry {
   bytes: number;
   usedAt: number;
 }
-
-const APP_PATTERN = /^[A-Za-z0-9_-]{1,64}$/;
 
 export class DependencyCache {
   readonly #dir: string;
@@ -174,7 +169,7 @@ export class DependencyCache {
       return `dependencies: not cached (${firstLine(error)})`;
     }
     if (bytes === null) return `dependencies: not cached (the install left no ${folder} folder)`;
-    if (bytes > this.#maxBytes) return `dependencies: not cached (${mib(bytes)} MiB, more than this node's cache of ${mib(this.#maxBytes)} MiB)`;
+    if (bytes > this.#maxBytes) return `dependencies: not cached (${formatBytes(bytes)}, more than this node's cache of ${formatBytes(this.#maxBytes)})`;
     const appDir = join(this.#dir, scope.tenant, scope.app);
     await mkdir(appDir, { recursive: true, mode: 0o711 });
     const staging = join(appDir, `${key}.saving-${randomUUID()}`);
@@ -192,7 +187,7 @@ export class DependencyCache {
     await this.#record(id, entry);
     const evicted = await this.#shrink(id);
     const dropped = evicted === 0 ? "" : `; ${evicted} least recently used entr${evicted === 1 ? "y" : "ies"} dropped`;
-    return `dependencies cached for the next build with this lockfile (${mib(bytes)} MiB${dropped})`;
+    return `dependencies cached for the next build with this lockfile (${formatBytes(bytes)}${dropped})`;
   }
 
   /** Evicts least recently used entries (never `keep`, nor one being copied out) until the bound holds. */
@@ -221,11 +216,6 @@ export class DependencyCache {
     await writeFile(`${file}.tmp`, JSON.stringify(entry));
     await rename(`${file}.tmp`, file);
   }
-}
-
-/** Whether a scope names real ids (both become path segments). */
-export function validScope(scope: CacheScope): boolean {
-  return TENANT_PATTERN.test(scope.tenant) && APP_PATTERN.test(scope.app);
 }
 
 /** Inputs of {@link installKey}. */
@@ -268,18 +258,19 @@ export async function installKey(input: InstallKeyInput): Promise<CacheKey> {
   return { ok: true, key: digest(parts), folder: "node_modules" };
 }
 
-/** `<tool> --version` as the sandbox runs it, once per tool and PATH. */
-const versions = new Map<string, Promise<string | null>>();
+/** How long a runtime's version is trusted: a runtime upgraded on the host reaches the keys within this. */
+const VERSION_TTL_MS = 60_000;
+/** `<tool> --version` as the sandbox runs it, asked at most once a minute per tool and PATH. */
+const versions = new Map<string, { version: Promise<string | null>; at: number }>();
 function runtimeVersion(tool: "node" | "python3", searchPath: string): Promise<string | null> {
   const id = `${tool}\n${searchPath}`;
-  let version = versions.get(id);
-  if (!version) {
-    version = exec(tool, ["--version"], { env: { PATH: searchPath }, timeout: 10_000 }).then(
-      ({ stdout, stderr }) => (stdout || stderr).trim(),
-      () => null,
-    );
-    versions.set(id, version);
-  }
+  const known = versions.get(id);
+  if (known && Date.now() - known.at < VERSION_TTL_MS) return known.version;
+  const version = exec(tool, ["--version"], { env: { PATH: searchPath }, timeout: 10_000 }).then(
+    ({ stdout, stderr }) => (stdout || stderr).trim(),
+    () => null,
+  );
+  versions.set(id, { version, at: Date.now() });
   return version;
 }
 
@@ -289,16 +280,13 @@ async function wheelsListing(dir: string): Promise<string[]> {
   return Promise.all(names.map(async (name) => `${name} ${(await lstat(join(dir, name)).catch(() => null))?.size ?? "?"}`));
 }
 
-/** SHA-256 of a project file, read without following it out of the project; null when it cannot be read. */
+/** SHA-256 of a project file, streamed, read without following it out of the project; null when it cannot be read. */
 async function fileDigest(root: string, path: string): Promise<string | null> {
   const handle = await openInside(root, path);
   if (!handle) return null;
-  try {
-    if ((await handle.stat()).size > MAX_LOCKFILE_BYTES) return null;
-    return createHash("sha256").update(await handle.readFile()).digest("hex");
-  } finally {
-    await handle.close();
-  }
+  const hash = createHash("sha256");
+  for await (const chunk of handle.createReadStream()) hash.update(chunk as Buffer);
+  return hash.digest("hex");
 }
 
 function digest(parts: unknown[]): string {
@@ -327,8 +315,4 @@ function firstLine(error: unknown): string {
   const stderr = typeof error === "object" && error !== null && "stderr" in error ? String(error.stderr).trim() : "";
   const text = stderr !== "" ? stderr : error instanceof Error ? error.message : String(error);
   return text.split("\n")[0] ?? text;
-}
-
-function mib(bytes: number): string {
-  return (bytes / 1024 / 1024).toFixed(1);
 }

@@ -12,7 +12,7 @@ import type { DiskLeases } from "../disks/leases.js";
 import type { DiskStore } from "../disks/store.js";
 import { newId } from "../ids.js";
 import { NO_PIP_SOURCES, type PipSources, runBuild } from "./build.js";
-import { type DependencyCache, validScope } from "./dependency-cache.js";
+import type { DependencyCache } from "./dependency-cache.js";
 import type { PackageCaches } from "./package-cache.js";
 import { restoreJob } from "./restore.js";
 import { runJob } from "./run.js";
@@ -215,8 +215,8 @@ export class JobManager {
   /** Accepts a static-site build (jobs/build.ts), queued and refused like a run; it uses no disk. */
   submitBuild(spec: BuildSpec): Promise<Admission> {
     const { host, tenants, credentials, npmRegistry, buildScratchBytes, pip = NO_PIP_SOURCES, dependencyCache, packageCaches } = this.#options;
-    const scope = { tenant: spec.tenant, app: spec.app ?? "" };
-    const dependencies = dependencyCache?.enabled && validScope(scope) ? { cache: dependencyCache, scope } : null;
+    // Both ids are path segments the protocol checked (BuildSpec's tenant and app).
+    const dependencies = dependencyCache?.enabled && spec.app !== undefined ? { cache: dependencyCache, scope: { tenant: spec.tenant, app: spec.app } } : null;
     return this.#admit({
       key: spec.key,
       labels: spec.labels,

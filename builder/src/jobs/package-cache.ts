@@ -14,9 +14,9 @@ import { execFile } from "node:child_process";
 import { chown, mkdir, readdir, rm } from "node:fs/promises";
 import { join } from "node:path";
 import { promisify } from "node:util";
-import { TENANT_PATTERN } from "../protocol/shared.js";
 import { PACKAGE_CACHE_FOLDERS } from "../sandbox/sandbox.js";
 import type { JobUser } from "../sandbox/tenants.js";
+import { formatBytes } from "../units.js";
 
 const exec = promisify(execFile);
 
@@ -31,9 +31,9 @@ export class PackageCaches {
     this.#maxBytes = maxBytesPerAccount;
   }
 
-  /** The account's folder, made for its user when missing; null when caches are off or the tenant is no path segment. */
+  /** The account's folder (the tenant id a path segment, as the protocol checks), made for its user when missing; null when caches are off. */
   async take(tenant: string, user: JobUser): Promise<string | null> {
-    if (this.#maxBytes === 0 || !TENANT_PATTERN.test(tenant)) return null;
+    if (this.#maxBytes === 0) return null;
     const dir = join(this.#dir, tenant);
     await mkdir(this.#dir, { recursive: true, mode: 0o711 });
     for (const folder of [dir, ...Object.keys(PACKAGE_CACHE_FOLDERS).map((name) => join(dir, name))]) {
@@ -59,6 +59,6 @@ export class PackageCaches {
     for (const folder of Object.keys(PACKAGE_CACHE_FOLDERS)) {
       for (const name of await readdir(join(dir, folder)).catch((): string[] => [])) await rm(join(dir, folder, name), { recursive: true, force: true });
     }
-    return `the account's package cache held ${(bytes / 1024 / 1024).toFixed(0)} MiB, more than this node keeps (${(this.#maxBytes / 1024 / 1024).toFixed(0)} MiB): emptied`;
+    return `the account's package cache held ${formatBytes(bytes)}, more than this node keeps (${formatBytes(this.#maxBytes)}): emptied`;
   }
 }

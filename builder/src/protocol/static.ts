@@ -5,7 +5,7 @@
 import { z } from "zod";
 import { JobSpec, fairShare, key } from "./jobs.js";
 import { ReleaseTarget } from "./processes.js";
-import { httpUrl, noNul, sha256Hex, tenant } from "./shared.js";
+import { httpUrl, noNul, sha256Hex, TENANT_PATTERN, tenant } from "./shared.js";
 
 // ---------------------------------------------------------------------------
 // Static-site builds
@@ -87,7 +87,7 @@ export const BuildSpec = z.object({
   /** The account the build belongs to (its user runs install and build). */
   tenant,
   /** The app the build belongs to: its dependencies are cached on the node for its next build (absent: nothing cached). */
-  app: z.string().regex(/^[A-Za-z0-9_-]{1,64}$/, "must be an app id").optional(),
+  app: z.string().regex(TENANT_PATTERN, "must be an app id").optional(),
   /** Presigned GET of the project's `.tar.gz`, extracted as the build's working directory. */
   sourceUrl: httpUrl,
   /** The app's variables: the install and build steps see them (install without NODE_ENV). */

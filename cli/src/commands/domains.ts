@@ -10,9 +10,6 @@ type Redirect = Domain["redirect"];
 
 const REDIRECTS = ["none", "to-www", "to-apex"] as const satisfies readonly Redirect[];
 
-/** Custom domains per app (the API's MAX_DOMAINS_PER_APP). */
-const MAX_DOMAINS = 20;
-
 const HOSTNAME_ARG = { name: "hostname", description: "the full domain name, e.g. www.example.com" } as const;
 
 /** API field → what the user typed, so VALIDATION_ERROR hints name it. */
@@ -28,14 +25,9 @@ function aboutDomain(what: string, app: string, hostname?: string): Call {
       APP_NOT_FOUND: `no app "${app}" in this account: \`svc apps list\` shows the names and ids`,
       DOMAIN_NOT_FOUND: `\`svc domains list --app ${app}\` shows the app's domains (add one: svc domains add ${other} --app ${app})`,
       DOMAIN_TAKEN: `another account has verified ${other} (it is free again only once that account removes it), or one of your apps has it already (\`svc domains list --app <app>\`)`,
-      PLAN_LIMIT_EXCEEDED: `an app has at most ${MAX_DOMAINS} custom domains: remove one first (svc domains remove <hostname> --app ${app})`,
+      PLAN_LIMIT_EXCEEDED: `remove a domain of the app first (svc domains remove <hostname> --app ${app})`,
     },
   };
-}
-
-/** `WWW.Example.com.` → `www.example.com`, as the API stores it. */
-function canonical(hostname: string): string {
-  return hostname.trim().toLowerCase().replace(/\.$/, "");
 }
 
 /**
@@ -47,7 +39,8 @@ function target(args: { app: string; hostname: string }, fail: (message: string)
   if (args.app.includes(".")) {
     throw fail(`"${args.app}" is a hostname, not an app: give the app with --app <app> (or first: <app> <hostname>)`);
   }
-  return { app: args.app, hostname: canonical(args.hostname) };
+  // The API takes `WWW.Example.com.` as www.example.com, in a path as in a body.
+  return args;
 }
 
 /** The records to create, as a table: what `add` and `info` print. */
@@ -117,8 +110,8 @@ const add = defineCommand({
   name: "add",
   summary: "Add a custom domain to an app; prints the DNS records that prove and route it",
   description: `The domain serves nothing until it is verified: create the TXT record printed (production), then
-\`svc domains verify\`. A hostname another account has verified is refused (DOMAIN_TAKEN). An app has at
-most ${MAX_DOMAINS} domains. --redirect to-www sends the apex to www (308), to-apex sends www to the apex; add
+\`svc domains verify\`. A hostname another account has verified is refused (DOMAIN_TAKEN); the API bounds
+the domains of an app (PLAN_LIMIT_EXCEEDED names it). --redirect to-www sends the apex to www (308), to-apex sends www to the apex; add
 both hostnames for it to serve. More: docs/domains.md.`,
   args: [APP_ARG, HOSTNAME_ARG],
   options: {
