@@ -352,6 +352,8 @@ export class AppRuntime extends DurableObject<Env> {
         await this.couldNotStart(app, deployment, reason, previous, `the new process could not be placed: ${why}`);
         return;
       }
+      // Its node may ship the app's first lines before the start's answer is back here: they are kept from now.
+      this.ctx.storage.kv.put("logNodes", [...new Set([...this.logNodes(), node.id])]);
       started = await startProcess(config, node, spec).catch((err: unknown) => ({
         ok: false as const,
         status: 0 as const,
@@ -379,7 +381,6 @@ export class AppRuntime extends DurableObject<Env> {
     };
     this.ctx.storage.kv.put("pending", pending);
     this.ctx.storage.kv.put("logNode", node.id);
-    this.ctx.storage.kv.put("logNodes", [...new Set([...this.logNodes(), node.id])]);
     if (reason === "deploy") {
       await this.db
         .update(deployments)
