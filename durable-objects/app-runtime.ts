@@ -2,7 +2,7 @@ import { DurableObject } from "cloudflare:workers";
 import { and, eq } from "drizzle-orm";
 import { DEFAULT_START_TIMEOUT_SECONDS, type ProcessSpec, type ProcessStatus } from "../builder/src/protocol/processes";
 import { openDb } from "../worker/db/client";
-import { type AppRow, apps, type DeploymentRow, deployments, disks } from "../worker/db/schema";
+import { type AppRow, apps, type DeploymentRow, deployments, type DiskRow, disks, SCALE_EVENTS_KEPT } from "../worker/db/schema";
 import { configOf, type Env } from "../worker/env";
 import { getProcess, type NodeRef, startProcess, stopProcess } from "../worker/lib/builder-client";
 import { ApiError } from "../worker/lib/errors";
@@ -11,70 +11,91 @@ import { GIB } from "../worker/services/disks";
 import { envOf } from "../worker/services/env-vars";
 import { forgetFleet, lostNode, nodeRef } from "../worker/services/fleet";
 import { placeProcess } from "../worker/services/placement";
+import { scaleApp } from "../worker/services/apps";
 import { noteProgress } from "../worker/services/deployments";
+import { REPORT_EVERY_MS } from "../worker/sites/load-meter";
 import { EDGE_APP_TTL_MS } from "../worker/sites/serve";
 import { presign } from "../worker/storage/presign";
 import { type HistoryWindow, ShippedLog } from "./shipped-log";
 
-/** One process the object started: where it runs (the node's id), and what for. */
-type Instance = { processId: string; node: string; deploymentId: string };
+/** One process the object started: where it runs (the node's id), what release, since when (ms). */
+type Instance = { processId: string; node: string; deploymentId: string; startedAt: number; state?: string; evict?: boolean };
 
-/** A process starting to replace the live one (or to be the first): promoted once ready. */
-type Pending = Instance & {
-  /** `deploy`: a new release (fails the deployment if it never gets ready); `start`: the app (re)started. */
+/** A process starting to serve the app (a new release's, a replacement, one more): promoted once ready. */
+type Pending = Omit<Instance, "startedAt" | "state" | "evict"> & {
+  /** `deploy`: a new release (fails the deployment if it never gets ready); `start`: the app's release (re)started. */
   reason: "deploy" | "start";
   /** Past this the release is given up (its health check's own timeout plus the release download). */
   deadline: number;
   /** When it became ready, while it must stay up `minReadySeconds` before it counts as deployed. */
   readySince?: number;
-  /** The release that ran before, stopped first (an app with a disk, a worker without overlap): started again if this one fails. */
-  previous?: string;
   /** The app's configuration version it was started with: changes up to it run once it serves. */
   configVersion: number;
   /** Its release's `minReadySeconds` (absent in a pending process recorded before it was kept here: none). */
   minReadySeconds?: number;
 };
 
-/** A deploy whose new process serves now, counted deployed once no edge can still hold the old one. */
+/**
+ * What the app's processes should be: every one running `deploymentId`,
+ * started at or after `after` (a restart or a configuration change replaces
+ * the older ones). `deploy` names the deployment rolling out (`ready` once
+ * every instance runs it), `previous` the release it rolls back to when a new
+ * instance fails.
+ */
+type Target = { deploymentId: string; after: number; deploy?: string; previous?: string; previousInstances?: number };
+
+/** A deploy whose new processes serve now, counted deployed once no edge can still hold an old one. */
 type Settling = { deploymentId: string; at: number };
 
 /** A new release that exits this many times before it was ever ready fails its deploy (the old one keeps serving). */
 const EXITS_BEFORE_READY = 3;
-/** Seconds a replaced process keeps serving: longer than the edge trusts its copy of the app (2 s). */
+/** Seconds a replaced process keeps serving: longer than the edge trusts its copy of the app (1 s). */
 const DRAIN_SECONDS = 5;
 /** Polling a starting process (its callbacks usually come first). */
 const PENDING_POLL_MS = 1_000;
-/** Checking that the live process still exists on its node (a node restarted without it is repaired). */
+/** Checking that the live processes still exist on their nodes (a node restarted without one is repaired). */
 const LIVE_CHECK_MS = 60_000;
-/** A start that could not be placed or delivered is tried again this much later. */
+/** A start that could not be placed, delivered or made ready is tried again this much later, doubling to {@link START_RETRY_MAX_MS}. */
 const START_RETRY_MS = 3_000;
+const START_RETRY_MAX_MS = 30_000;
 /** Fetching a release and extracting it comes on top of the health check's time. */
 const START_GRACE_MS = 120_000;
-/** After the switch, until every edge isolate has dropped its copy of the app's old process. */
+/** After the switch, until every edge isolate has dropped its copy of the app's old processes. */
 const SETTLE_MS = EDGE_APP_TTL_MS + 250;
+/** An isolate's report of an app's load counts this long (an isolate whose requests stopped reports nothing more). */
+const LOAD_FRESH_MS = 3 * REPORT_EVERY_MS;
+/** How often scaling on load looks again while it may have something to do. */
+const AUTOSCALE_TICK_MS = 2_000;
+
+/** Scaling on load's memory: since when the app has needed more (or fewer) instances than it runs. */
+type ScaleWatch = { upSince?: number; downSince?: number };
 
 /**
  * One object per app that runs (runtimes node, python, custom): the app's
- * desired state and the processes that realise it (DESIGN §9). Deploy, start,
- * stop, restart, restore, a configuration change and a lost process all go
- * through it; it drives the node (placement.ts says which) and records in D1
- * which process serves the app (`apps.live_process_id`, `live_node`, and its
- * state), which the edge forwards to, and what a deployment went through
- * (`deployments.progress`), which `svc deploy` narrates.
+ * desired state (a release, a number of instances) and the processes that
+ * realise it (DESIGN §9). Deploy, scale, start, stop, restart, restore, a
+ * configuration change, a drain and a lost process all go through it; it
+ * drives the nodes (placement.ts says which, spreading an app's instances
+ * over nodes) and records in D1 which processes serve the app
+ * (`apps.live_instances`, the first also in `live_process_id`/`live_node`,
+ * and its state), which the edge balances over, and what a deployment went
+ * through (`deployments.progress`), which `svc deploy` narrates.
  *
- * A new release of a web app without a disk starts beside the old one and
- * takes the traffic only once its health check passed (and it stayed up
- * `minReadySeconds`); the old one then drains and stops. An app with a disk,
- * and a worker unless its release says `overlap`, is stopped before its new
- * process starts (one writer per disk, one consumer per queue); when the new
- * one fails, the previous release starts again. A deployment is `ready` only
- * once no edge can still route to the process it replaced: `svc deploy` says
- * "Deployed" when every request goes to the new release. A release that never
- * gets ready fails its deployment with a one-line reason and the process's
- * last lines, and the old one keeps serving.
+ * One process starts at a time (surge 1). A web app without a disk rolls:
+ * each new process starts beside the old ones and takes traffic once its
+ * health check passed (and it stayed up `minReadySeconds`); then one old
+ * process drains and stops, and the next new one starts, so no instance is
+ * ever missing (`2/3 instances on the new release`). A new process that
+ * fails its check fails the deploy, and the instances already on the new
+ * release are replaced by the previous release's the same way. An app with a
+ * disk (one instance), and a worker of one instance unless its release says
+ * `overlap`, stop their process before its replacement starts (one writer
+ * per disk, one consumer per queue). A deployment is `ready` only once no
+ * edge can still route to a process it replaced.
  *
  * Every step is repeatable: callbacks and alarms arrive more than once, and a
- * step that failed half-way is taken again by the next alarm.
+ * step that failed half-way is taken again by the next alarm ({@link converge}
+ * compares what runs with the target and takes the next step).
  */
 export class AppRuntime extends DurableObject<Env> {
   #shipped: ShippedLog | null = null;
@@ -108,8 +129,12 @@ export class AppRuntime extends DurableObject<Env> {
     return configOf(this.env);
   }
 
-  private get live(): Instance | null {
-    return this.ctx.storage.kv.get<Instance>("live") ?? null;
+  /** The processes serving the app, oldest first (an object from before instances kept one, as `live`). */
+  private get instances(): Instance[] {
+    const kept = this.ctx.storage.kv.get<Instance[]>("instances");
+    if (kept) return kept;
+    const live = this.ctx.storage.kv.get<Omit<Instance, "startedAt">>("live");
+    return live ? [{ ...live, startedAt: 0 }] : [];
   }
 
   private get pending(): Pending | null {
@@ -120,10 +145,19 @@ export class AppRuntime extends DurableObject<Env> {
     return this.ctx.storage.kv.get<Settling>("settling") ?? null;
   }
 
+  private get target(): Target | null {
+    return this.ctx.storage.kv.get<Target>("target") ?? null;
+  }
+
+  private get appId(): string | null {
+    return this.ctx.storage.kv.get<string>("appId") ?? null;
+  }
+
   /**
-   * Makes a deployment's release the app's: started beside the live process
-   * and switched to once ready. A stopped app only records it (it runs when
-   * the app starts). A release still starting is replaced by this newer one.
+   * Makes a deployment's release the app's: rolled out over its instances,
+   * each new process taking traffic once ready. A stopped app only records it
+   * (it runs when the app starts). A release still rolling out is replaced by
+   * this newer one.
    */
   release(appId: string, deploymentId: string): Promise<void> {
     return this.inTurn(() => this.releaseNow(appId, deploymentId));
@@ -134,8 +168,11 @@ export class AppRuntime extends DurableObject<Env> {
     const app = await this.app(appId);
     const deployment = await this.db.select().from(deployments).where(eq(deployments.id, deploymentId)).get();
     if (!app || !deployment?.releaseKey) return;
+    const before = this.target;
     await this.abandonPending(`replaced by deployment ${deploymentId}`);
+    if (before?.deploy && before.deploy !== deploymentId) await this.cancelDeployment(before.deploy, `replaced by deployment ${deploymentId}`);
     if (app.status === "stopped") {
+      this.ctx.storage.kv.put("target", { deploymentId, after: Date.now() } satisfies Target);
       await this.db.batch([
         this.db.update(deployments).set({ status: "ready", finishedAt: Date.now(), configVersion: app.configVersion }).where(eq(deployments.id, deploymentId)),
         this.db.update(apps).set({ activeDeploymentId: deploymentId, updatedAt: Date.now() }).where(eq(apps.id, appId)),
@@ -144,10 +181,39 @@ export class AppRuntime extends DurableObject<Env> {
       await appChanged(this.env, this.db, appId);
       return;
     }
-    await this.launch(app, deployment, "deploy");
+    const scaled = deployment.instances !== null && deployment.instances !== app.instances && (await this.takeInstances(app, deploymentId, deployment.instances));
+    // What to roll back to: the release the app ran before this deploy (a deploy replaced half-way: what ran before it), with its count.
+    const previous = before?.deploy ? before.previous : (before?.deploymentId ?? app.activeDeploymentId ?? undefined);
+    const previousInstances = before?.deploy ? before.previousInstances : scaled ? app.instances : undefined;
+    this.ctx.storage.kv.put("target", {
+      deploymentId,
+      after: Date.now(),
+      deploy: deploymentId,
+      ...(previous && previous !== deploymentId ? { previous } : {}),
+      ...(previousInstances !== undefined ? { previousInstances } : {}),
+    } satisfies Target);
+    this.ctx.storage.kv.delete("retry");
+    await this.converge();
   }
 
-  /** The app was started (restart, a restore finished): runs its active release, beside the live process if any. */
+  /**
+   * svc.json's `instances` becomes the app's as its release rolls out (back
+   * to what it was if the deploy fails), when the plan and the app allow it;
+   * else the deployment says why not. Whether the count changed.
+   */
+  private async takeInstances(app: AppRow, deploymentId: string, instances: number): Promise<boolean> {
+    try {
+      await scaleApp(this.db, app, instances);
+      await noteProgress(this.db, deploymentId, `svc.json asks for ${instances} instance${instances === 1 ? "" : "s"}: the app runs ${instances} (it ran ${app.instances})`);
+      return true;
+    } catch (err) {
+      if (!(err instanceof ApiError)) throw err;
+      await noteProgress(this.db, deploymentId, `svc.json asks for ${instances} instances, but ${err.message}: the app keeps ${app.instances}`);
+      return false;
+    }
+  }
+
+  /** The app was started (restart, a restore finished): its active release runs again, each instance replaced in turn. */
   start(appId: string): Promise<void> {
     return this.inTurn(() => this.startNow(appId));
   }
@@ -156,10 +222,101 @@ export class AppRuntime extends DurableObject<Env> {
     this.ctx.storage.kv.put("appId", appId);
     const app = await this.app(appId);
     if (!app || app.status === "stopped" || !app.activeDeploymentId) return;
-    const deployment = await this.db.select().from(deployments).where(eq(deployments.id, app.activeDeploymentId)).get();
-    if (!deployment?.releaseKey) return;
+    const before = this.target;
     await this.abandonPending("the app was restarted");
-    await this.launch(app, deployment, "start");
+    if (before?.deploy) await this.cancelDeployment(before.deploy, "the app was restarted");
+    this.ctx.storage.kv.put("target", { deploymentId: app.activeDeploymentId, after: Date.now() } satisfies Target);
+    this.ctx.storage.kv.delete("retry");
+    await this.converge();
+  }
+
+  /** The app's number of instances or its scaling on load changed (`PATCH /v1/apps/{app}`): one more started, or the extra ones drained. */
+  scale(appId: string): Promise<void> {
+    return this.inTurn(async () => {
+      this.ctx.storage.kv.put("appId", appId);
+      this.ctx.storage.kv.delete("retry");
+      this.ctx.storage.kv.delete("scaleWatch");
+      await this.converge();
+      await this.autoscale();
+    });
+  }
+
+  /**
+   * An edge isolate's average of the app's requests in flight since its last
+   * report (worker/sites/load-meter.ts); scaling on load looks at the sum of
+   * the fresh reports.
+   */
+  reportLoad(isolate: string, concurrency: number): Promise<void> {
+    const now = Date.now();
+    const loads = Object.fromEntries(Object.entries(this.loads).filter(([, load]) => now - load.at < LOAD_FRESH_MS));
+    loads[isolate] = { concurrency: Number.isFinite(concurrency) ? Math.max(0, concurrency) : 0, at: now };
+    this.ctx.storage.kv.put("loads", loads);
+    return this.inTurn(() => this.autoscale());
+  }
+
+  private get loads(): Record<string, { concurrency: number; at: number }> {
+    return this.ctx.storage.kv.get<Record<string, { concurrency: number; at: number }>>("loads") ?? {};
+  }
+
+  /**
+   * Scaling on load, when the app has it: the instances the load needs (its
+   * requests in flight over the target per instance, within the bounds).
+   * Needed for AUTOSCALE_UP_SECONDS, they are added at once; fewer needed for
+   * AUTOSCALE_DOWN_SECONDS, one is drained, and the watch starts again. Every
+   * decision is kept on the app with its reason.
+   */
+  private async autoscale(): Promise<void> {
+    const appId = this.appId;
+    const app = appId ? await this.app(appId) : null;
+    if (!app?.autoscaling || app.status === "stopped" || !app.activeDeploymentId) {
+      this.ctx.storage.kv.delete("scaleWatch");
+      return;
+    }
+    const { minInstances, maxInstances, targetConcurrency } = app.autoscaling;
+    const now = Date.now();
+    const load = Object.values(this.loads)
+      .filter((report) => now - report.at < LOAD_FRESH_MS)
+      .reduce((sum, report) => sum + report.concurrency, 0);
+    const needed = Math.min(maxInstances, Math.max(minInstances, Math.ceil(load / targetConcurrency - 0.001)));
+    const watch = this.ctx.storage.kv.get<ScaleWatch>("scaleWatch") ?? {};
+    const config = this.config;
+    const measured = `${load.toFixed(1)} requests in flight (${(load / app.instances).toFixed(1)} per instance, target ${targetConcurrency})`;
+    let next: ScaleWatch = {};
+    if (needed > app.instances) {
+      next = { upSince: watch.upSince ?? now };
+      if (now - next.upSince! >= config.AUTOSCALE_UP_SECONDS * 1000) {
+        next = {};
+        await this.decide(app, needed, `${measured} for ${config.AUTOSCALE_UP_SECONDS} s: ${needed} needed`);
+      }
+    } else if (needed < app.instances) {
+      next = { downSince: watch.downSince ?? now };
+      if (now - next.downSince! >= config.AUTOSCALE_DOWN_SECONDS * 1000) {
+        next = {};
+        await this.decide(app, app.instances - 1, `${measured} for ${config.AUTOSCALE_DOWN_SECONDS} s: ${needed} would do; draining one`);
+      }
+    }
+    // Watched while it may change: load seen lately, a move under way, or more than the minimum running.
+    if (next.upSince !== undefined || next.downSince !== undefined || app.instances > minInstances || load > 0) this.ctx.storage.kv.put("scaleWatch", next);
+    else this.ctx.storage.kv.delete("scaleWatch");
+    await this.schedule();
+  }
+
+  /** A scaling decision: the app's count changes (within the plan's memory) and the processes follow; kept with its reason either way. */
+  private async decide(app: AppRow, to: number, reason: string): Promise<void> {
+    let why = reason;
+    let count = to;
+    try {
+      await scaleApp(this.db, app, to);
+    } catch (err) {
+      if (!(err instanceof ApiError)) throw err;
+      count = app.instances;
+      why = `${reason}, but ${err.message}`;
+      if (app.scaleEvents?.at(-1)?.reason === why) return;
+    }
+    const events = [...(app.scaleEvents ?? []), { at: Date.now(), from: app.instances, to: count, reason: why }].slice(-SCALE_EVENTS_KEPT);
+    await this.db.update(apps).set({ scaleEvents: events }).where(eq(apps.id, app.id));
+    console.log(JSON.stringify({ event: "app.autoscaled", appId: app.id, from: app.instances, to: count, reason: why }));
+    if (count !== app.instances) await this.converge();
   }
 
   /** The app was stopped (or deleted): its processes stop, and the edge answers 503. */
@@ -169,13 +326,15 @@ export class AppRuntime extends DurableObject<Env> {
 
   private async stopNow(appId: string): Promise<void> {
     this.ctx.storage.kv.put("appId", appId);
-    this.ctx.storage.kv.delete("retryStartAt");
+    this.ctx.storage.kv.delete("retry");
+    const target = this.target;
     await this.abandonPending("the app was stopped");
+    if (target?.deploy) await this.cancelDeployment(target.deploy, "the app was stopped");
+    if (target) this.ctx.storage.kv.put("target", { deploymentId: target.deploymentId, after: target.after } satisfies Target);
     await this.settle(true);
-    const live = this.live;
-    this.ctx.storage.kv.delete("live");
-    await this.db.update(apps).set({ liveProcessId: null, liveNode: null, processState: null }).where(eq(apps.id, appId));
-    if (live) await this.retire(live, 0);
+    const running = this.instances;
+    await this.record([]);
+    for (const instance of running) await this.retire(instance, 0);
   }
 
   /** The fleet declared `nodeId` lost: what ran there starts again elsewhere (an app whose disk is there waits for its disk). */
@@ -188,21 +347,37 @@ export class AppRuntime extends DurableObject<Env> {
     forgetFleet();
     const pending = this.pending;
     if (pending?.node === nodeId) await this.failPending(pending, why, []);
-    if (this.live?.node === nodeId) await this.replaceLost(why);
+    const gone = this.instances.filter((instance) => instance.node === nodeId);
+    if (gone.length > 0) await this.replaceLost(gone, why);
+  }
+
+  /** The node is draining: the app's processes there are replaced on other nodes (each new one ready before the old drains). */
+  moveOff(appId: string, nodeId: string): Promise<void> {
+    return this.inTurn(async () => {
+      this.ctx.storage.kv.put("appId", appId);
+      const instances = this.instances;
+      if (!instances.some((instance) => instance.node === nodeId)) return;
+      this.ctx.storage.kv.put(
+        "instances",
+        instances.map((instance) => (instance.node === nodeId ? { ...instance, evict: true } : instance)),
+      );
+      await this.converge();
+    });
   }
 
   /**
    * The node holding the runtime log of `processId` (else of the app): a
-   * process starting (a first deploy has no live one yet), the live one, or
+   * process starting (a first deploy has no live one yet), a live one, or
    * the last node a process of the app was started on (a failed first deploy's
    * output is there); null when none ever ran.
    */
   async logNode(processId?: string): Promise<string | null> {
     const pending = this.pending;
-    const live = this.live;
+    const instances = this.instances;
     if (processId !== undefined && pending?.processId === processId) return pending.node;
-    if (processId !== undefined && live?.processId === processId) return live.node;
-    return live?.node ?? pending?.node ?? this.ctx.storage.kv.get<string>("logNode") ?? null;
+    const named = processId === undefined ? undefined : instances.find((instance) => instance.processId === processId);
+    if (named) return named.node;
+    return instances[0]?.node ?? pending?.node ?? this.ctx.storage.kv.get<string>("logNode") ?? null;
   }
 
   /**
@@ -242,11 +417,15 @@ export class AppRuntime extends DurableObject<Env> {
       await this.advance(pending, status);
       return;
     }
-    const live = this.live;
-    if (live?.processId !== status.id || (from !== undefined && from !== live.node)) return;
-    const appId = this.ctx.storage.kv.get<string>("appId");
-    if (appId) await this.db.update(apps).set({ processState: status.state }).where(and(eq(apps.id, appId), eq(apps.liveProcessId, status.id)));
-    if (status.state === "failed" || status.state === "stopped") await this.replaceLost(`process ${status.id} ${status.state}`);
+    const instances = this.instances;
+    const instance = instances.find((i) => i.processId === status.id && (from === undefined || from === i.node));
+    if (!instance) return;
+    if (status.state === "failed" || status.state === "stopped") {
+      await this.replaceLost([instance], `process ${status.id} ${status.state}`);
+      return;
+    }
+    if (instance.state === status.state) return;
+    await this.record(instances.map((i) => (i === instance ? { ...i, state: status.state } : i)));
   }
 
   override alarm(): Promise<void> {
@@ -256,12 +435,7 @@ export class AppRuntime extends DurableObject<Env> {
   private async tick(): Promise<void> {
     await this.retryStops();
     await this.settle(false);
-    const retryAt = this.ctx.storage.kv.get<number>("retryStartAt");
-    const appId = this.ctx.storage.kv.get<string>("appId");
-    if (retryAt !== undefined && retryAt <= Date.now() && appId && !this.pending && !this.live) {
-      this.ctx.storage.kv.delete("retryStartAt");
-      await this.startNow(appId);
-    }
+    if (this.ctx.storage.kv.get<ScaleWatch>("scaleWatch")) await this.autoscale();
     const pending = this.pending;
     if (pending) {
       const node = await nodeRef(this.env, pending.node).catch(() => null);
@@ -269,15 +443,26 @@ export class AppRuntime extends DurableObject<Env> {
       if (found?.ok) await this.advance(pending, found.value);
       else if (found && found.status === 404) await this.failPending(pending, "the node lost the new process before it was ready", []);
       else if (Date.now() > pending.deadline) await this.failPending(pending, "the node running the new process could not be reached", []);
-    } else if (this.live) {
-      const live = this.live;
-      const node = await nodeRef(this.env, live.node).catch(() => null);
-      const found = node ? await getProcess(this.config, node, live.processId).catch(() => null) : null;
-      const lost = found?.ok ? null : await lostNode(this.env, live.node);
-      if (!node || lost) await this.replaceLost(`node ${lost?.name ?? live.node} ${lost ? "was lost" : "left the fleet"}`);
-      else if (found && !found.ok && found.status === 404) await this.replaceLost(`the node has no process ${live.processId} (it restarted without it)`);
+    } else {
+      const checkAt = this.ctx.storage.kv.get<number>("checkAt") ?? 0;
+      if (Date.now() >= checkAt) {
+        this.ctx.storage.kv.put("checkAt", Date.now() + LIVE_CHECK_MS);
+        await this.checkInstances();
+      }
+      await this.converge();
     }
     await this.schedule();
+  }
+
+  /** Asks each live process's node for it: one whose node was lost, left the fleet or restarted without it is replaced. */
+  private async checkInstances(): Promise<void> {
+    for (const instance of this.instances) {
+      const node = await nodeRef(this.env, instance.node).catch(() => null);
+      const found = node ? await getProcess(this.config, node, instance.processId).catch(() => null) : null;
+      const lost = found?.ok ? null : await lostNode(this.env, instance.node);
+      if (!node || lost) await this.replaceLost([instance], `node ${lost?.name ?? instance.node} ${lost ? "was lost" : "left the fleet"}`);
+      else if (found && !found.ok && found.status === 404) await this.replaceLost([instance], `the node has no process ${instance.processId} (it restarted without it)`);
+    }
   }
 
   // -------------------------------------------------------------------------
@@ -287,31 +472,68 @@ export class AppRuntime extends DurableObject<Env> {
   }
 
   /**
-   * Starts a process of the deployment's release, with the app's current
-   * configuration (env vars, disk, memory, start settings). An app with a disk
-   * and a worker without overlap first stop their live process.
+   * One step from what runs towards the target, when nothing is starting: a
+   * process of the target's release started when fewer than the app's
+   * instances run it; else the processes it replaced (or beyond the count)
+   * drained; a deploy whose every instance runs its release then settles.
    */
-  private async launch(app: AppRow, deployment: DeploymentRow, reason: Pending["reason"]): Promise<void> {
-    const config = this.config;
+  private async converge(): Promise<void> {
+    const appId = this.appId;
+    const target = this.target;
+    if (!appId || !target || this.pending) return;
+    const app = await this.app(appId);
+    if (!app || app.status === "stopped") return;
     const disk = await this.db.select().from(disks).where(eq(disks.appId, app.id)).get();
+    const wanted = disk ? 1 : app.instances;
+    const instances = this.instances;
+    const current = instances.filter((i) => isCurrent(i, target));
+    const retry = this.ctx.storage.kv.get<{ at: number; delay: number }>("retry");
+    if (current.length < wanted) {
+      if (retry && retry.at > Date.now()) return;
+      const deployment = await this.db.select().from(deployments).where(eq(deployments.id, target.deploymentId)).get();
+      if (!deployment?.releaseKey) return;
+      await this.launch(app, deployment, target.deploy === target.deploymentId ? "deploy" : "start", disk ?? null, wanted);
+      return;
+    }
+    // Enough run the target's release: what they replaced, and any beyond the count (the newest first), drain and stop.
+    const surplus = [...instances.filter((i) => !isCurrent(i, target)), ...current.slice(wanted).reverse()];
+    if (surplus.length > 0) {
+      const leaving = new Set(surplus.map((i) => i.processId));
+      await this.record(instances.filter((i) => !leaving.has(i.processId)));
+      for (const instance of surplus) await this.retire(instance, DRAIN_SECONDS);
+      if (target.deploy) await noteProgress(this.db, target.deploy, `the previous release drains for ${DRAIN_SECONDS} s, then stops`);
+    }
+    if (target.deploy) {
+      this.ctx.storage.kv.put("target", { deploymentId: target.deploymentId, after: target.after } satisfies Target);
+      this.ctx.storage.kv.put("settling", { deploymentId: target.deploy, at: Date.now() + SETTLE_MS } satisfies Settling);
+    }
+    await this.schedule();
+  }
+
+  /**
+   * Starts a process of the deployment's release, with the app's current
+   * configuration (env vars, disk, memory, start settings), on a node its
+   * other instances are not on where there is one. An app with a disk and a
+   * worker of one instance without overlap first stop a process they replace.
+   */
+  private async launch(app: AppRow, deployment: DeploymentRow, reason: Pending["reason"], disk: DiskRow | null, wanted: number): Promise<void> {
+    const config = this.config;
+    const target = this.target!;
     // A disk being restored (a failover's, a drain's, a user's) is on its new node before its data is: a process
     // started there now would write to an empty disk, and the node then refuses the restore (the chaos run found
     // it). The restore's end starts the app.
     if (disk?.status === "restoring") {
-      await this.couldNotStart(app, deployment, reason, undefined, `disk ${disk.name} is being restored; the app starts on its node once it is`);
+      await this.couldNotStart(app, deployment, reason, `disk ${disk.name} is being restored; the app starts on its node once it is`);
       return;
     }
     // Stops not yet delivered (a process its node was lost with) go first: one process writes a disk at a time.
     if (disk) await this.retryStops();
-    const live = this.live;
     const web = deployment.processType !== "worker";
-    const stopFirst = disk !== undefined || (!web && deployment.overlap !== true);
-    let previous: string | undefined;
-    if (stopFirst && live) {
-      previous = live.deploymentId;
-      this.ctx.storage.kv.delete("live");
-      await this.db.update(apps).set({ liveProcessId: null, liveNode: null, processState: null }).where(eq(apps.id, app.id));
-      await this.retire(live, 0);
+    const stopFirst = disk !== null || (!web && deployment.overlap !== true && wanted === 1);
+    const replaced = this.instances.find((i) => !isCurrent(i, target));
+    if (stopFirst && replaced) {
+      await this.record(this.instances.filter((i) => i.processId !== replaced.processId));
+      await this.retire(replaced, 0);
       if (reason === "deploy") {
         await noteProgress(this.db, deployment.id, disk ? "stopped the running release first: one process writes a disk at a time" : "stopped the running worker first (set \"overlap\": true in svc.json to run both during a deploy)");
       }
@@ -339,17 +561,20 @@ export class AppRuntime extends DurableObject<Env> {
       labels: { appId: app.id, deploymentId: deployment.id },
     };
     // A node whose host cannot hold the process (507: memory or room for its working tree) is passed
-    // over for the next one that might; an app with a disk has only its disk's node.
+    // over for the next one that might; an app with a disk has only its disk's node. The app's other
+    // instances' nodes come last (spread first, then least loaded).
     const refusedBy = new Set<string>();
     const refusals: string[] = [];
+    const spread = new Map<string, number>();
+    for (const instance of this.instances) if (!instance.evict) spread.set(instance.node, (spread.get(instance.node) ?? 0) + 1);
     let started: Awaited<ReturnType<typeof startProcess>> | { ok: false; status: 0; code: string; message: string };
     let node: NodeRef;
     for (;;) {
       try {
-        node = await placeProcess(this.env, { disk: disk ?? null }, { memoryMb: app.memoryMb, exclude: refusedBy });
+        node = await placeProcess(this.env, { disk }, { memoryMb: app.memoryMb, exclude: refusedBy, spread });
       } catch (err) {
         const why = [...refusals, err instanceof Error ? err.message : String(err)].join("; ");
-        await this.couldNotStart(app, deployment, reason, previous, `the new process could not be placed: ${why}`);
+        await this.couldNotStart(app, deployment, reason, `the new process could not be placed: ${why}`);
         return;
       }
       // Its node may ship the app's first lines before the start's answer is back here: they are kept from now.
@@ -366,7 +591,7 @@ export class AppRuntime extends DurableObject<Env> {
       refusals.push(`node ${node.id}: ${started.message}`);
     }
     if (!started.ok) {
-      await this.couldNotStart(app, deployment, reason, previous, `the node refused the new process: ${started.message}`);
+      await this.couldNotStart(app, deployment, reason, `the node refused the new process: ${started.message}`);
       return;
     }
     const pending: Pending = {
@@ -375,7 +600,6 @@ export class AppRuntime extends DurableObject<Env> {
       deploymentId: deployment.id,
       reason,
       deadline: Date.now() + startTimeout(deployment) * 1000 + START_GRACE_MS,
-      ...(previous ? { previous } : {}),
       configVersion: app.configVersion,
       minReadySeconds: deployment.minReadySeconds ?? 0,
     };
@@ -386,21 +610,24 @@ export class AppRuntime extends DurableObject<Env> {
         .update(deployments)
         .set({ processId: pending.processId, configVersion: app.configVersion })
         .where(eq(deployments.id, deployment.id));
-      await noteProgress(this.db, deployment.id, `starting process ${pending.processId} of the release on node ${node.id}`);
+      const of = wanted > 1 ? ` (instance ${this.instances.filter((i) => isCurrent(i, target)).length + 1} of ${wanted})` : "";
+      await noteProgress(this.db, deployment.id, `starting process ${pending.processId} of the release on node ${node.id}${of}`);
     }
     // Nothing serves the app (first start, or its disk's process was stopped): this process serves it from now,
     // the node holding requests until it is ready.
-    if (!this.live && reason === "start") await this.promote(pending, started.value);
+    if (this.instances.length === 0 && reason === "start") await this.promote(pending, started.value);
     else await this.advance(pending, started.value);
     await this.schedule();
   }
 
-  /** A launch that could not even start a process: a deploy fails with why; an app that should run tries again soon. */
-  private async couldNotStart(app: AppRow, deployment: DeploymentRow, reason: Pending["reason"], previous: string | undefined, why: string): Promise<void> {
-    if (reason === "deploy") await this.failDeployment(deployment.id, why, []);
-    else console.error(JSON.stringify({ event: "app.unplaced", appId: app.id, why }));
-    if (previous && reason === "deploy") await this.restorePrevious(app.id, previous);
-    else if (!this.live) await this.retryStartSoon();
+  /** A launch that could not even start a process: a deploy fails with why (and rolls back); an app that should run tries again later. */
+  private async couldNotStart(app: AppRow, deployment: DeploymentRow, reason: Pending["reason"], why: string): Promise<void> {
+    if (reason === "deploy") {
+      await this.failDeployment(deployment.id, why, []);
+      await this.rollBack();
+    } else console.error(JSON.stringify({ event: "app.unplaced", appId: app.id, why }));
+    this.retryLater();
+    await this.schedule();
   }
 
   /**
@@ -440,44 +667,73 @@ export class AppRuntime extends DurableObject<Env> {
   }
 
   /**
-   * The pending process serves the app from now on; the one it replaces
-   * drains and stops. A deploy counts as done once no edge can still hold
-   * the old process ({@link SETTLE_MS}), which {@link settle} marks.
+   * The pending process serves the app from now on, beside the others; one
+   * it replaces (another release's, an older start's, one beyond the count)
+   * drains and stops, and the next step follows ({@link converge}).
    */
   private async promote(pending: Pending, status: ProcessStatus): Promise<void> {
-    const appId = this.ctx.storage.kv.get<string>("appId")!;
-    const previous = this.live;
-    const now = Date.now();
+    const appId = this.appId!;
+    const target = this.target;
     const app = await this.app(appId);
     // The changes this process was started with are running now.
     const pendingChanges = (app?.pendingChanges ?? []).filter((change) => change.version > pending.configVersion);
-    await this.db
-      .update(apps)
-      .set({
-        liveProcessId: pending.processId,
-        liveNode: pending.node,
-        processState: status.state,
-        activeDeploymentId: pending.deploymentId,
-        pendingChanges: pendingChanges.length > 0 ? pendingChanges : null,
-        updatedAt: now,
-      })
-      .where(eq(apps.id, appId));
-    this.ctx.storage.kv.put("live", { processId: pending.processId, node: pending.node, deploymentId: pending.deploymentId });
     this.ctx.storage.kv.delete("pending");
+    this.ctx.storage.kv.delete("retry");
+    const joined: Instance = { processId: pending.processId, node: pending.node, deploymentId: pending.deploymentId, startedAt: Date.now(), state: status.state };
+    const instances = [...this.instances, joined];
+    const wanted = app ? app.instances : 1;
+    // The one it replaces: a process not of the target (evicted ones first), else the oldest beyond the count.
+    const stale = target ? instances.filter((i) => !isCurrent(i, target)).sort((a, b) => Number(b.evict ?? false) - Number(a.evict ?? false)) : [];
+    const replaced = instances.length > wanted ? (stale[0] ?? null) : null;
+    const serving = replaced ? instances.filter((i) => i !== replaced) : instances;
+    await this.record(serving, {
+      activeDeploymentId: pending.deploymentId,
+      pendingChanges: pendingChanges.length > 0 ? pendingChanges : null,
+      updatedAt: Date.now(),
+    });
     if (pending.reason === "deploy") {
-      await noteProgress(this.db, pending.deploymentId, status.ready ? `healthy after ${readyTime(status)}; switching traffic to it` : "switching traffic to it");
-      this.ctx.storage.kv.put("settling", { deploymentId: pending.deploymentId, at: now + SETTLE_MS } satisfies Settling);
+      const onNew = target ? serving.filter((i) => isCurrent(i, target)).length : 1;
+      const ready = status.ready ? `healthy after ${readyTime(status)}; ` : "";
+      await noteProgress(this.db, pending.deploymentId, wanted > 1 ? `${ready}${onNew}/${wanted} instances on the new release` : `${ready}switching traffic to it`);
     }
-    if (previous && previous.processId !== pending.processId) {
-      if (pending.reason === "deploy") await noteProgress(this.db, pending.deploymentId, `the previous release drains for ${DRAIN_SECONDS} s, then stops`);
-      await this.retire(previous, DRAIN_SECONDS);
+    if (replaced) {
+      if (pending.reason === "deploy") {
+        const which = wanted > 1 ? `process ${replaced.processId} of the previous release` : "the previous release";
+        await noteProgress(this.db, pending.deploymentId, `${which} drains for ${DRAIN_SECONDS} s, then stops`);
+      }
+      await this.retire(replaced, DRAIN_SECONDS);
     }
     // The app's cron runs work in the active release.
     await appChanged(this.env, this.db, appId);
+    await this.converge();
     await this.schedule();
   }
 
-  /** A deploy that switched: `ready` once the edges' copies of the old process have expired (or at once, `now`). */
+  /**
+   * Writes which processes serve the app (the edge reads them) and the app's
+   * process state: `running` while any runs, else the first one's; with
+   * `also`, more of the app's columns in the same statement.
+   */
+  private async record(instances: Instance[], also: Partial<AppRow> = {}): Promise<void> {
+    const appId = this.appId;
+    this.ctx.storage.kv.put("instances", instances);
+    this.ctx.storage.kv.delete("live");
+    if (!appId) return;
+    const first = instances[0];
+    const state = instances.some((i) => i.state === "running") ? "running" : (first?.state ?? null);
+    await this.db
+      .update(apps)
+      .set({
+        liveInstances: instances.length > 0 ? instances.map((i) => ({ processId: i.processId, node: i.node })) : null,
+        liveProcessId: first?.processId ?? null,
+        liveNode: first?.node ?? null,
+        processState: state,
+        ...also,
+      })
+      .where(eq(apps.id, appId));
+  }
+
+  /** A deploy that switched: `ready` once the edges' copies of the old processes have expired (or at once, `now`). */
   private async settle(now: boolean): Promise<void> {
     const settling = this.settling;
     if (!settling || (!now && Date.now() < settling.at)) return;
@@ -490,22 +746,44 @@ export class AppRuntime extends DurableObject<Env> {
     if (done.length > 0) await noteProgress(this.db, settling.deploymentId, "serving: every request goes to the new release");
   }
 
-  /** A release that cannot get ready: its deployment fails with why, its process stops, the live one keeps serving (or the previous one runs again). */
+  /** A process that cannot get ready: its deployment fails with why (rolled back), its process stops, the others keep serving. */
   private async failPending(pending: Pending, why: string, lastLines: string[]): Promise<void> {
     this.ctx.storage.kv.delete("pending");
     await this.retire(pending, 0);
-    if (pending.reason === "deploy") await this.failDeployment(pending.deploymentId, why, lastLines);
-    const appId = this.ctx.storage.kv.get<string>("appId");
-    if (appId && pending.previous && pending.reason === "deploy") await this.restorePrevious(appId, pending.previous);
+    if (pending.reason === "deploy") {
+      await this.failDeployment(pending.deploymentId, why, lastLines);
+      await this.rollBack();
+    } else {
+      console.warn(JSON.stringify({ event: "app.start_failed", appId: this.appId, why }));
+      this.retryLater();
+    }
+    await this.converge();
+    await this.schedule();
   }
 
-  /** A release stopped to make room for one that failed runs again. */
-  private async restorePrevious(appId: string, previous: string): Promise<void> {
-    const app = await this.app(appId);
-    const deployment = await this.db.select().from(deployments).where(eq(deployments.id, previous)).get();
-    if (!app || app.status === "stopped" || !deployment?.releaseKey || this.live) return;
-    console.warn(JSON.stringify({ event: "app.previous_restarted", appId, deploymentId: previous }));
-    await this.launch(app, deployment, "start");
+  /** A failed deploy: the target is the release before it again, which replaces any instance already on the new one. */
+  private async rollBack(): Promise<void> {
+    const target = this.target;
+    if (!target?.deploy) return;
+    if (!target.previous) {
+      // A first deploy has nothing to go back to: what it started stops.
+      this.ctx.storage.kv.delete("target");
+      const running = this.instances;
+      await this.record([]);
+      for (const instance of running) await this.retire(instance, 0);
+      return;
+    }
+    const appId = this.appId;
+    this.ctx.storage.kv.put("target", { deploymentId: target.previous, after: 0 } satisfies Target);
+    const instances = target.previousInstances !== undefined ? { instances: target.previousInstances } : {};
+    if (appId) await this.db.update(apps).set({ activeDeploymentId: target.previous, ...instances }).where(eq(apps.id, appId));
+    if (this.instances.some((i) => i.deploymentId !== target.previous)) console.warn(JSON.stringify({ event: "app.rolling_back", appId, deploymentId: target.previous }));
+  }
+
+  /** A start that failed (no node, a refusal, never ready) is tried again later, each time twice as late. */
+  private retryLater(): void {
+    const delay = Math.min(START_RETRY_MAX_MS, (this.ctx.storage.kv.get<{ at: number; delay: number }>("retry")?.delay ?? START_RETRY_MS / 2) * 2);
+    this.ctx.storage.kv.put("retry", { at: Date.now() + delay, delay });
   }
 
   private async failDeployment(deploymentId: string, error: string, lastLines: string[]): Promise<void> {
@@ -516,77 +794,69 @@ export class AppRuntime extends DurableObject<Env> {
       .where(and(eq(deployments.id, deploymentId), eq(deployments.status, "deploying")));
   }
 
-  /** A release still starting is dropped (its deployment says why) before another takes its place. */
+  private async cancelDeployment(deploymentId: string, why: string): Promise<void> {
+    await this.db
+      .update(deployments)
+      .set({ status: "cancelled", error: why, finishedAt: Date.now() })
+      .where(and(eq(deployments.id, deploymentId), eq(deployments.status, "deploying")));
+  }
+
+  /** A process still starting is dropped (its deployment says why) before another takes its place. */
   private async abandonPending(why: string): Promise<void> {
     const pending = this.pending;
     if (!pending) return;
     this.ctx.storage.kv.delete("pending");
     await this.retire(pending, 0);
-    if (pending.reason === "deploy") {
-      await this.db
-        .update(deployments)
-        .set({ status: "cancelled", error: why, finishedAt: Date.now() })
-        .where(and(eq(deployments.id, pending.deploymentId), eq(deployments.status, "deploying")));
-    }
+    if (pending.reason === "deploy") await this.cancelDeployment(pending.deploymentId, why);
   }
 
-  /** The live process is gone (its node restarted without it, or it failed for good): start the release again. */
-  private async replaceLost(why: string): Promise<void> {
-    const appId = this.ctx.storage.kv.get<string>("appId");
-    if (!appId || this.pending) return;
-    console.warn(JSON.stringify({ event: "app.process_lost", appId, why }));
-    const live = this.live;
-    this.ctx.storage.kv.delete("live");
-    if (live) {
-      // No longer the app's live process anywhere: a lost node that returns is told to stop it (fleet.ts), and so is
-      // one that merely answered late, before a process of the app starts on its disk again (the chaos run found the
-      // old one running beside the new for ten minutes, both writing the disk).
-      await this.db
-        .update(apps)
-        .set({ liveProcessId: null, liveNode: null, processState: null })
-        .where(and(eq(apps.id, appId), eq(apps.liveProcessId, live.processId)));
-      await this.retire(live, 0);
-    }
-    await this.startNow(appId);
+  /** Live processes are gone (their node was lost or restarted without them, or they failed for good): others take their place. */
+  private async replaceLost(gone: Instance[], why: string): Promise<void> {
+    const appId = this.appId;
+    if (!appId) return;
+    console.warn(JSON.stringify({ event: "app.process_lost", appId, processes: gone.map((i) => i.processId), why }));
+    const leaving = new Set(gone.map((i) => i.processId));
+    // No longer the app's processes anywhere: a lost node that returns is told to stop them (fleet.ts), and so is
+    // one that merely answered late, before a process of the app starts on its disk again (the chaos run found the
+    // old one running beside the new for ten minutes, both writing the disk).
+    await this.record(this.instances.filter((i) => !leaving.has(i.processId)));
+    for (const instance of gone) await this.retire(instance, 0);
+    this.ctx.storage.kv.delete("retry");
+    await this.converge();
   }
 
   /** Asks the node to stop a process; a stop that could not be delivered is retried by the alarm. */
-  private async retire(instance: Instance, drainSeconds: number): Promise<void> {
+  private async retire(instance: Pick<Instance, "processId" | "node">, drainSeconds: number): Promise<void> {
     const node = await nodeRef(this.env, instance.node).catch(() => null);
     // A node that left the fleet cannot be told. A lost one is told when it returns (its heartbeat's answer names
     // what no app runs there any more: fleet.ts), or by this stop, tried again until it is delivered.
     if (!node) return;
     const stopped = (await lostNode(this.env, instance.node)) ? null : await stopProcess(this.config, node, instance.processId, drainSeconds).catch(() => null);
     if (stopped?.ok) return;
-    const stops = this.ctx.storage.kv.get<Instance[]>("stops") ?? [];
-    this.ctx.storage.kv.put("stops", [...stops.filter((s) => s.processId !== instance.processId), instance]);
+    const stops = this.ctx.storage.kv.get<Pick<Instance, "processId" | "node">[]>("stops") ?? [];
+    this.ctx.storage.kv.put("stops", [...stops.filter((s) => s.processId !== instance.processId), { processId: instance.processId, node: instance.node }]);
     await this.schedule();
   }
 
   private async retryStops(): Promise<void> {
-    const stops = this.ctx.storage.kv.get<Instance[]>("stops") ?? [];
+    const stops = this.ctx.storage.kv.get<Pick<Instance, "processId" | "node">[]>("stops") ?? [];
     if (stops.length === 0) return;
     this.ctx.storage.kv.delete("stops");
     for (const instance of stops) await this.retire(instance, 0);
   }
 
-  /** A start that found no node to run on (or none answering) is tried again. */
-  private async retryStartSoon(): Promise<void> {
-    this.ctx.storage.kv.put("retryStartAt", Date.now() + START_RETRY_MS);
-    await this.schedule();
-  }
-
-  /** The next alarm: the earliest of what is due (`at`, a settle, a pending poll, a retry, the live check). */
+  /** The next alarm: the earliest of what is due (`at`, a settle, a pending poll, a stop to deliver, a retry, the live check). */
   private async schedule(at?: number): Promise<void> {
     const now = Date.now();
     const due: number[] = [];
     if (at !== undefined) due.push(at);
     const settling = this.settling;
     if (settling) due.push(settling.at);
-    const retryAt = this.ctx.storage.kv.get<number>("retryStartAt");
-    if (this.pending || (this.ctx.storage.kv.get<Instance[]>("stops") ?? []).length > 0) due.push(now + PENDING_POLL_MS);
-    else if (retryAt !== undefined && !this.live) due.push(Math.max(retryAt, now));
-    else if (this.live) due.push(now + LIVE_CHECK_MS);
+    const retry = this.ctx.storage.kv.get<{ at: number }>("retry");
+    if (this.pending || (this.ctx.storage.kv.get<unknown[]>("stops") ?? []).length > 0) due.push(now + PENDING_POLL_MS);
+    else if (retry && this.target) due.push(Math.max(retry.at, now));
+    if (this.instances.length > 0) due.push(Math.max(now, this.ctx.storage.kv.get<number>("checkAt") ?? now + LIVE_CHECK_MS));
+    if (this.ctx.storage.kv.get<ScaleWatch>("scaleWatch")) due.push(now + AUTOSCALE_TICK_MS);
     if (due.length === 0) {
       await this.ctx.storage.deleteAlarm();
       return;
@@ -596,6 +866,11 @@ export class AppRuntime extends DurableObject<Env> {
     if (current !== null && current > now && current <= next) return;
     await this.ctx.storage.setAlarm(next);
   }
+}
+
+/** Whether a live process is what the target asks for: its release, started since the target's restart, on a node not drained. */
+function isCurrent(instance: Instance, target: Target): boolean {
+  return instance.deploymentId === target.deploymentId && instance.startedAt >= target.after && instance.evict !== true;
 }
 
 /** `2.1 s` from a status's start to its readiness. */

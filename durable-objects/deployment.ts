@@ -326,6 +326,7 @@ export class Deployment extends SingleBuilderJob {
         startTimeoutSeconds: result.startTimeoutSeconds,
         minReadySeconds: result.minReadySeconds,
         overlap: result.overlap,
+        instances: result.instances,
       })
       .where(and(eq(deployments.id, row.id), eq(deployments.status, "building")));
     await appRuntimeStub(this.env, row.appId).release(row.appId, row.id);

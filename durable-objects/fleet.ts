@@ -7,7 +7,7 @@ import { type Config, configOf, type Env } from "../worker/env";
 import type { ErrorCode } from "../worker/lib/errors";
 import { type NodeRef, probe } from "../worker/lib/builder-client";
 import { newId } from "../worker/lib/ids";
-import { appRuntimeStub, runsProcess } from "../worker/services/app-runtime";
+import { appRuntimeStub, runsProcess, servedFrom } from "../worker/services/app-runtime";
 import { setAppStatus } from "../worker/services/apps";
 import { startBackup } from "../worker/services/backups";
 import { appChanged } from "../worker/services/cron-targets";
@@ -337,8 +337,8 @@ export class Fleet extends DurableObject<Env> {
   private async strayProcesses(nodeId: string, report: NodeHeartbeat): Promise<string[]> {
     const running = report.processes ?? [];
     if (running.length === 0) return [];
-    const live = await this.db.select({ processId: apps.liveProcessId }).from(apps).where(eq(apps.liveNode, nodeId));
-    const kept = new Set(live.map((row) => row.processId));
+    const live = await this.db.select({ instances: apps.liveInstances }).from(apps).where(servedFrom(nodeId));
+    const kept = new Set(live.flatMap((row) => (row.instances ?? []).filter((i) => i.node === nodeId).map((i) => i.processId)));
     const stray = running.filter((process) => !kept.has(process.id)).map((process) => process.id);
     if (stray.length > 0) console.log(JSON.stringify({ event: "node.stray_processes", node: nodeId, stop: stray }));
     return stray;
@@ -427,7 +427,7 @@ export class Fleet extends DurableObject<Env> {
     const node = (await this.nodes).get(nodeId);
     if (!node) return refuse("NODE_NOT_FOUND", `no node ${nodeId}`);
     const [disk] = await this.db.select({ id: disks.id }).from(disks).where(eq(disks.nodeId, nodeId)).limit(1);
-    const [app] = await this.db.select({ id: apps.id }).from(apps).where(eq(apps.liveNode, nodeId)).limit(1);
+    const [app] = await this.db.select({ id: apps.id }).from(apps).where(servedFrom(nodeId)).limit(1);
     if (disk || app || (node.state !== "lost" && node.runningJobs > 0)) {
       const holds = [disk && `disk ${disk.id}`, app && `app ${app.id}`, node.state !== "lost" && node.runningJobs > 0 && `${node.runningJobs} jobs`];
       return refuse("NODE_NOT_EMPTY", `node ${node.name} is not empty (it holds ${holds.filter(Boolean).join(", ")}); drain it first`);
@@ -556,9 +556,9 @@ export class Fleet extends DurableObject<Env> {
       .select({ id: apps.id })
       .from(apps)
       .leftJoin(disks, eq(disks.appId, apps.id))
-      .where(and(eq(apps.liveNode, node.id), ne(apps.status, "stopped"), isNull(disks.id)));
-    // A start places a new process on a ready node; it takes the traffic once healthy and the one here drains.
-    for (const app of served) await this.env.APP_RUNTIME.get(this.env.APP_RUNTIME.idFromName(app.id)).start(app.id);
+      .where(and(servedFrom(node.id), ne(apps.status, "stopped"), isNull(disks.id)));
+    // Each process here is replaced on a ready node; the new one takes the traffic once healthy and the one here drains.
+    for (const app of served) await appRuntimeStub(this.env, app.id).moveOff(app.id, node.id);
   }
 
   private moves(): Move[] {
@@ -651,10 +651,9 @@ export class Fleet extends DurableObject<Env> {
       .select({ id: apps.id, diskNode: disks.nodeId })
       .from(apps)
       .leftJoin(disks, eq(disks.appId, apps.id))
-      .where(and(eq(apps.liveNode, node.id), ne(apps.status, "stopped")));
+      .where(and(servedFrom(node.id), ne(apps.status, "stopped")));
     for (const app of served) {
-      const runtime = this.env.APP_RUNTIME.get(this.env.APP_RUNTIME.idFromName(app.id));
-      await runtime.nodeLost(node.id, `node ${node.name} was lost (${why})`).catch((err: unknown) => {
+      await appRuntimeStub(this.env, app.id).nodeLost(node.id, `node ${node.name} was lost (${why})`).catch((err: unknown) => {
         console.error(`fleet: moving app ${app.id} off lost node ${node.id} failed`, err);
       });
     }

@@ -684,8 +684,8 @@ export interface paths {
         options?: never;
         head?: never;
         /**
-         * Change an app's memory or start settings
-         * @description The change reaches the app as a configuration change does: an app that runs starts its release again with it (recorded as a deployment `config: memory 512 MB`), unless `apply=false`. Start settings win over svc.json for this and later releases.
+         * Change an app's memory, start settings or instances
+         * @description The change reaches the app as a configuration change does: an app that runs starts its release again with it (recorded as a deployment `config: memory 512 MB`), unless `apply=false`. Start settings win over svc.json for this and later releases. `instances` alone starts or drains processes at once (no new deployment, whatever `apply` says).
          */
         patch: {
             parameters: {
@@ -754,7 +754,7 @@ export interface paths {
                         "application/json": components["schemas"]["Error"];
                     };
                 };
-                /** @description A static site has no start command or health check (APP_IS_STATIC) */
+                /** @description A static site has no start command, health check or instances (APP_IS_STATIC); an app with a disk runs one instance (APP_HAS_DISK) */
                 409: {
                     headers: {
                         [name: string]: unknown;
@@ -5845,6 +5845,12 @@ export interface components {
         };
         App: {
             activeDeploymentId: string | null;
+            /** @description Scaling on load, when on; null: the count changes only when asked */
+            autoscaling: {
+                maxInstances: number;
+                minInstances: number;
+                targetConcurrency: number;
+            } | null;
             createdAt: string;
             disks: {
                 id: string;
@@ -5856,12 +5862,45 @@ export interface components {
             healthCheckPath: string | null;
             /** @example app_0aB1cD2eF3gH4iJ5kL6mN7oP */
             id: string;
+            /** @description Apps that run: how many processes serve it (`instances` in PATCH); an app with a disk runs one */
+            instanceCount: number;
+            /** @description Apps that run, in GET /v1/apps/{app}: every process serving the app, as its node reports it */
+            instances?: {
+                /** @description The release it runs (null when its node cannot be asked) */
+                deploymentId: string | null;
+                /** @example prc_0aB1cD2eF3gH4iJ5kL6mN7oP */
+                id: string;
+                lastExit: {
+                    at: string;
+                    exitCode: number | null;
+                    /** @example memory limit 256 MiB exceeded (OOMKilled) */
+                    message: string;
+                    /** @enum {string} */
+                    reason: "exit_code" | "OOMKilled" | "health_check" | "start_timeout" | "port" | "error";
+                    signal: string | null;
+                } | null;
+                /** @description The runtime log's last lines when the last instance ended badly */
+                lastLines: string[];
+                /** @description The node's id */
+                node: string;
+                nodeName: string;
+                /** @description Passed its health check and takes traffic */
+                ready: boolean;
+                readyAt: string | null;
+                restarts: number;
+                startedAt: string | null;
+                /**
+                 * @description The supervisor's state on the node; unknown when it cannot be asked
+                 * @enum {string}
+                 */
+                state: "starting" | "running" | "backoff" | "crash_loop" | "stopping" | "stopped" | "failed" | "unknown";
+            }[];
             memoryMb: number;
             /** @example my-site */
             name: string;
             /** @description Changes made with apply=false, not running yet: `POST /v1/apps/{app}/apply` rolls them out */
             pendingChanges: string[];
-            /** @description Apps that run, in GET /v1/apps/{app}: the process serving the app (null while none runs) */
+            /** @description Apps that run, in GET /v1/apps/{app}: the first process serving the app (null while none runs); `instances` lists them all */
             process?: {
                 lastExit: {
                     at: string;
@@ -5888,6 +5927,13 @@ export interface components {
             restartedAt: string | null;
             /** @enum {string} */
             runtime: "static" | "node" | "python" | "custom" | "ruby" | "go" | "rust" | "php" | "elixir" | "docker";
+            /** @description What scaling on load decided, newest first (the last 20), each with its reason */
+            scaleEvents: {
+                at: string;
+                from: number;
+                reason: string;
+                to: number;
+            }[];
             /** @description The app's start command, over svc.json's (null: svc.json's) */
             startCommand: string | null;
             /**
@@ -6447,8 +6493,21 @@ export interface components {
          *     }
          */
         UpdateApp: {
+            /** @description Apps that run: scaling on load between minInstances and maxInstances (the plan's instances at most), aiming at targetConcurrency requests in flight per instance; null turns it off (the count stays). While on, `instances` must be within the bounds. */
+            autoscaling?: {
+                maxInstances: number;
+                /** @default 1 */
+                minInstances: number;
+                /**
+                 * @description Requests in flight per instance to aim at, measured at the edge
+                 * @default 10
+                 */
+                targetConcurrency: number;
+            } | null;
             /** @description Web apps: a path answering 2xx once ready, over svc.json's; null: svc.json's again */
             healthCheckPath?: string | null;
+            /** @description Apps that run: how many processes serve it, spread over nodes (the plan bounds it, and each reserves the app's memory). Scaling starts or drains processes without restarting the others; an app with a disk runs one (APP_HAS_DISK). */
+            instances?: number;
             /** @description Memory limit of the app, its cron runs and its builds */
             memoryMb?: number;
             /** @description Runs with /bin/sh -c in the app's folder, over svc.json's startCommand; null: svc.json's again */

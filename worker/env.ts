@@ -39,6 +39,10 @@ export interface Env {
   NODE_LOST_AFTER_SECONDS: string;
   /** How long a lost node's disks wait for it to return before they are restored from backup elsewhere. */
   DISK_FAILOVER_GRACE_SECONDS: string;
+  /** Scaling on load: how long an app must need more instances before one is added (default 15). */
+  AUTOSCALE_UP_SECONDS?: string;
+  /** Scaling on load: how long an app must need fewer instances before one is drained (default 60). */
+  AUTOSCALE_DOWN_SECONDS?: string;
   /** How long a heartbeat's answer lets a node hold its disks: a node that cannot renew it stops their writers (docs/fleet.md, "Leases"). */
   NODE_LEASE_SECONDS: string;
   /** The most a node is believed to have, whatever it reports, unless its join token (or the operator) says otherwise. */
@@ -95,6 +99,8 @@ const configSchema = z.object({
   NODE_HEARTBEAT_SECONDS: positiveInt,
   NODE_LOST_AFTER_SECONDS: positiveInt,
   DISK_FAILOVER_GRACE_SECONDS: z.coerce.number().int().nonnegative(),
+  AUTOSCALE_UP_SECONDS: positiveInt.default(15),
+  AUTOSCALE_DOWN_SECONDS: positiveInt.default(60),
   NODE_LEASE_SECONDS: positiveInt,
   NODE_MAX_CORES: positiveInt,
   NODE_MAX_MEMORY_MB: positiveInt,

@@ -208,7 +208,7 @@ describe("configuration", () => {
     expect(status).toMatchObject({ status: "failed", reason: "error" });
     expect(status.error).toMatch(/^svc\.json: /);
     expect(status.error).toContain(
-      'unknown field "outputdir" (allowed: name, runtime, type, buildCommand, startCommand, outputDir, spa, port, healthCheckPath, startTimeoutSeconds, minReadySeconds, overlap, keepDevDependencies)',
+      'unknown field "outputdir" (allowed: name, runtime, type, buildCommand, startCommand, outputDir, spa, port, healthCheckPath, startTimeoutSeconds, minReadySeconds, overlap, instances, keepDevDependencies)',
     );
     expect(status.error).toContain('field "runtime" must be one of "static", "node", "python", "custom" (got "ruby")');
     expect(status.error).toContain('field "outputDir" must be a folder inside the project');

@@ -187,7 +187,7 @@ describe("svc.json fields by runtime", () => {
         'field "healthCheckPath" must be a path starting with / (no spaces or control characters), e.g. /healthz',
     );
     expect(error({ runtime: "node", start: "x" })).toBe(
-      'svc.json: unknown field "start" (allowed: name, runtime, type, buildCommand, startCommand, outputDir, spa, port, healthCheckPath, startTimeoutSeconds, minReadySeconds, overlap, keepDevDependencies)',
+      'svc.json: unknown field "start" (allowed: name, runtime, type, buildCommand, startCommand, outputDir, spa, port, healthCheckPath, startTimeoutSeconds, minReadySeconds, overlap, instances, keepDevDependencies)',
     );
   });
 });

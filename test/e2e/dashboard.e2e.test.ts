@@ -339,7 +339,7 @@ describe("the dashboard in headless Chromium", () => {
     await expect(form.getByRole("alert").textContent()).resolves.toMatch(/^VALIDATION_ERROR .*hostname/);
     await form.getByLabel("Hostname").fill(hostname);
     await form.getByRole("button", { name: "Add" }).click();
-    const card = page.getByRole("group", { name: `Domain ${hostname}` });
+    const card = page.getByRole("region", { name: `Domain ${hostname}` });
     await card.getByText(`_svc-verify.${hostname}`).waitFor();
     await shot("06b-app-domains");
     await card.getByRole("button", { name: "Verify" }).click();

@@ -83,6 +83,15 @@ export type SupportedRuntime = (typeof SUPPORTED_RUNTIMES)[number];
 export const APP_STATUSES = ["running", "stopped"] as const;
 export type AppStatus = (typeof APP_STATUSES)[number];
 
+/** One process serving an app: its id and the node (fleet id) running it. */
+export type LiveInstance = { processId: string; node: string };
+/** An app's scaling on load: between `minInstances` and `maxInstances`, aiming at `targetConcurrency` requests in flight per instance. */
+export type Autoscaling = { minInstances: number; maxInstances: number; targetConcurrency: number };
+/** One decision of scaling on load. */
+export type ScaleEvent = { at: number; from: number; to: number; reason: string };
+/** Scaling decisions kept per app. */
+export const SCALE_EVENTS_KEPT = 20;
+
 export const apps = sqliteTable(
   "apps",
   {
@@ -105,6 +114,18 @@ export const apps = sqliteTable(
     liveNode: text("live_node"),
     /** The live process's state as its node last reported it (the app's status is derived from it). */
     processState: text("process_state"),
+    /**
+     * Every process serving the app now, `[{processId, node}]` (the first is
+     * also `live_process_id`/`live_node`), written by its AppRuntime object;
+     * the edge balances the app's requests over them.
+     */
+    liveInstances: text("live_instances", { mode: "json" }).$type<LiveInstance[]>(),
+    /** Apps that run: how many processes serve it (an app with a disk runs one), as `PATCH /v1/apps/{app}` or svc.json set it. */
+    instances: integer("instances").notNull().default(1),
+    /** Scaling on load, when on: the bounds of `instances` and the concurrent requests one instance should take (measured at the edge). */
+    autoscaling: text("autoscaling", { mode: "json" }).$type<Autoscaling>(),
+    /** What scaling on load decided, newest last (the last {@link SCALE_EVENTS_KEPT}): when, from how many to how many, and why. */
+    scaleEvents: text("scale_events", { mode: "json" }).$type<ScaleEvent[]>(),
     /**
      * Settings of the app that win over svc.json for its releases (set with
      * `PATCH /v1/apps/{app}`); null: what the build found.
@@ -530,6 +551,8 @@ export const deployments = sqliteTable(
     minReadySeconds: integer("min_ready_seconds"),
     /** A worker: its new process may run beside the old one during a deploy (default: the old one stops first). */
     overlap: integer("overlap", { mode: "boolean" }),
+    /** svc.json's `instances`, set on the app when the release rolls out; null: the app keeps its count. */
+    instances: integer("instances"),
     /** Why it exists besides a build of new source: `config: GREETING set`, `rollback to dep_…`; null for a build. */
     cause: text("cause"),
     /** The app's configuration version the release runs with (apps.config_version when it was launched). */

@@ -31,6 +31,7 @@ export type ErrorCode =
   | "DISK_ATTACHED"
   | "DISK_BUSY"
   | "APP_HAS_DISK"
+  | "APP_HAS_INSTANCES"
   | "PLAN_LIMIT_EXCEEDED"
   | "BACKUP_NOT_READY"
   | "DEPLOYMENT_NOT_READY"
@@ -85,6 +86,7 @@ export function statusOf(code: ErrorCode): ErrorStatus {
     case "DISK_ATTACHED":
     case "DISK_BUSY":
     case "APP_HAS_DISK":
+    case "APP_HAS_INSTANCES":
     case "NODE_NOT_EMPTY":
     case "NODE_LOST":
     case "BACKUP_NOT_READY":

@@ -31,6 +31,8 @@ export type PlanLimits = {
    * what it may reserve of the fleet's memory, whatever the hosts have free.
    */
   totalAppMemoryMb: number;
+  /** Most processes one app may run (`instances`); each reserves the app's memory limit in the total above. */
+  instances: number;
   /** Cron jobs the account may have. */
   cronJobs: number;
   /**
@@ -61,6 +63,7 @@ export const PLAN_LIMITS: Record<Plan, PlanLimits> = {
     appMemoryMb: 2048,
     apps: 10,
     totalAppMemoryMb: 4096,
+    instances: 3,
     cronJobs: 20,
     concurrentJobs: 2,
     manualRunQueueLimit: 8,
@@ -75,6 +78,7 @@ export const PLAN_LIMITS: Record<Plan, PlanLimits> = {
     appMemoryMb: 8192,
     apps: 50,
     totalAppMemoryMb: 16_384,
+    instances: 10,
     cronJobs: 200,
     concurrentJobs: 4,
     manualRunQueueLimit: 16,
@@ -89,6 +93,7 @@ export const PLAN_LIMITS: Record<Plan, PlanLimits> = {
     appMemoryMb: 16_384,
     apps: 200,
     totalAppMemoryMb: 65_536,
+    instances: 20,
     cronJobs: 5000,
     concurrentJobs: 6,
     manualRunQueueLimit: 24,

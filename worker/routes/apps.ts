@@ -2,7 +2,7 @@ import { createRoute, z } from "@hono/zod-openapi";
 import { ProcessExitReason, ProcessState } from "../../builder/src/protocol/processes";
 import { requireScope } from "../auth/middleware";
 import { eq } from "drizzle-orm";
-import { disks, RUNTIMES, SUPPORTED_RUNTIMES } from "../db/schema";
+import { type AppRow, disks, RUNTIMES, SUPPORTED_RUNTIMES } from "../db/schema";
 import { appLogStream } from "../lib/builder-client";
 import { ApiError } from "../lib/errors";
 import { authErrors, errorResponse, jsonBody, newRouter, planLimited, UNCOMPRESSED_STREAM } from "../lib/router";
@@ -13,8 +13,36 @@ import { fleet, nodeRef } from "../services/fleet";
 import { movedLine } from "../../durable-objects/shipped-log";
 import { deleteAppCrons } from "../services/crons";
 import { removeAppDomains } from "../services/domains";
-import { APP_STATES, appView, appViews, createApp, deleteApp, listApps, resolveApp, setAppStatus, updateAppSettings } from "../services/apps";
+import { APP_STATES, appView, appViews, createApp, deleteApp, listApps, resolveApp, scaleApp, setAppStatus, setAutoscaling, updateAppSettings } from "../services/apps";
 import { applyPending, configChanged } from "../services/rollout";
+
+/** What a change of an app's instances or scaling on load does, in words. */
+function scaleMessage(app: AppRow): string {
+  const count = `${app.instances} instance${app.instances === 1 ? "" : "s"}`;
+  if (!app.autoscaling) return `scaling ${app.name} to ${count}`;
+  const { minInstances, maxInstances, targetConcurrency } = app.autoscaling;
+  return `${app.name} scales on load between ${minInstances} and ${maxInstances} instances, at ${targetConcurrency} requests in flight each; it runs ${count} now`;
+}
+
+/** A process serving an app, as its node reports it. */
+const ProcessViewSchema = z
+  .object({
+    state: z.enum([...ProcessState.options, "unknown"]).openapi({ description: "The supervisor's state on the node; unknown when it cannot be asked" }),
+    ready: z.boolean().openapi({ description: "Passed its health check and takes traffic" }),
+    restarts: z.number().int(),
+    lastExit: z
+      .object({
+        at: z.string(),
+        reason: ProcessExitReason,
+        exitCode: z.number().int().nullable(),
+        signal: z.string().nullable(),
+        message: z.string().openapi({ example: "memory limit 256 MiB exceeded (OOMKilled)" }),
+      })
+      .nullable(),
+    lastLines: z.array(z.string()).openapi({ description: "The runtime log's last lines when the last instance ended badly" }),
+    startedAt: z.string().nullable(),
+    readyAt: z.string().nullable(),
+  });
 
 export const AppSchema = z
   .object({
@@ -36,27 +64,29 @@ export const AppSchema = z
     createdAt: z.string(),
     updatedAt: z.string(),
     restartedAt: z.string().nullable(),
-    process: z
-      .object({
-        state: z.enum([...ProcessState.options, "unknown"]).openapi({ description: "The supervisor's state on the node; unknown when it cannot be asked" }),
-        ready: z.boolean().openapi({ description: "Passed its health check and takes traffic" }),
-        restarts: z.number().int(),
-        lastExit: z
-          .object({
-            at: z.string(),
-            reason: ProcessExitReason,
-            exitCode: z.number().int().nullable(),
-            signal: z.string().nullable(),
-            message: z.string().openapi({ example: "memory limit 256 MiB exceeded (OOMKilled)" }),
-          })
-          .nullable(),
-        lastLines: z.array(z.string()).openapi({ description: "The runtime log's last lines when the last instance ended badly" }),
-        startedAt: z.string().nullable(),
-        readyAt: z.string().nullable(),
-      })
+    process: ProcessViewSchema
       .nullable()
       .optional()
-      .openapi({ description: "Apps that run, in GET /v1/apps/{app}: the process serving the app (null while none runs)" }),
+      .openapi({ description: "Apps that run, in GET /v1/apps/{app}: the first process serving the app (null while none runs); `instances` lists them all" }),
+    instanceCount: z.number().int().openapi({ description: "Apps that run: how many processes serve it (`instances` in PATCH); an app with a disk runs one" }),
+    autoscaling: z
+      .object({ minInstances: z.number().int(), maxInstances: z.number().int(), targetConcurrency: z.number().int() })
+      .nullable()
+      .openapi({ description: "Scaling on load, when on; null: the count changes only when asked" }),
+    scaleEvents: z
+      .array(z.object({ at: z.string(), from: z.number().int(), to: z.number().int(), reason: z.string() }))
+      .openapi({ description: "What scaling on load decided, newest first (the last 20), each with its reason" }),
+    instances: z
+      .array(
+        ProcessViewSchema.extend({
+          id: z.string().openapi({ example: "prc_0aB1cD2eF3gH4iJ5kL6mN7oP" }),
+          node: z.string().openapi({ description: "The node's id" }),
+          nodeName: z.string(),
+          deploymentId: z.string().nullable().openapi({ description: "The release it runs (null when its node cannot be asked)" }),
+        }),
+      )
+      .optional()
+      .openapi({ description: "Apps that run, in GET /v1/apps/{app}: every process serving the app, as its node reports it" }),
   })
   .openapi("App");
 
@@ -159,17 +189,39 @@ const UpdateAppBody = z
       .nullable()
       .optional()
       .openapi({ description: "Web apps: a path answering 2xx once ready, over svc.json's; null: svc.json's again" }),
+    instances: z
+      .number()
+      .int()
+      .min(1)
+      .max(100)
+      .optional()
+      .openapi({
+        description:
+          "Apps that run: how many processes serve it, spread over nodes (the plan bounds it, and each reserves the app's memory). Scaling starts or drains processes without restarting the others; an app with a disk runs one (APP_HAS_DISK).",
+      }),
+    autoscaling: z
+      .strictObject({
+        minInstances: z.number().int().min(1).max(100).default(1),
+        maxInstances: z.number().int().min(1).max(100),
+        targetConcurrency: z.number().int().min(1).max(10_000).default(10).openapi({ description: "Requests in flight per instance to aim at, measured at the edge" }),
+      })
+      .nullable()
+      .optional()
+      .openapi({
+        description:
+          "Apps that run: scaling on load between minInstances and maxInstances (the plan's instances at most), aiming at targetConcurrency requests in flight per instance; null turns it off (the count stays). While on, `instances` must be within the bounds.",
+      }),
   })
-  .refine((body) => Object.keys(body).length > 0, "give at least one of memoryMb, startCommand, healthCheckPath")
+  .refine((body) => Object.keys(body).length > 0, "give at least one of memoryMb, startCommand, healthCheckPath, instances, autoscaling")
   .openapi("UpdateApp", { example: { memoryMb: 512, healthCheckPath: "/healthz" } });
 
 appRoutes.openapi(
   createRoute({
     method: "patch",
     path: "/{app}",
-    summary: "Change an app's memory or start settings",
+    summary: "Change an app's memory, start settings or instances",
     description:
-      "The change reaches the app as a configuration change does: an app that runs starts its release again with it (recorded as a deployment `config: memory 512 MB`), unless `apply=false`. Start settings win over svc.json for this and later releases.",
+      "The change reaches the app as a configuration change does: an app that runs starts its release again with it (recorded as a deployment `config: memory 512 MB`), unless `apply=false`. Start settings win over svc.json for this and later releases. `instances` alone starts or drains processes at once (no new deployment, whatever `apply` says).",
     tags: ["Apps"],
     security,
     request: { params: AppParam, query: ApplyQuery, body: jsonBody(UpdateAppBody) },
@@ -178,17 +230,28 @@ appRoutes.openapi(
       ...authErrors,
       ...planLimited,
       ...notFound,
-      409: errorResponse("A static site has no start command or health check (APP_IS_STATIC)"),
+      409: errorResponse("A static site has no start command, health check or instances (APP_IS_STATIC); an app with a disk runs one instance (APP_HAS_DISK)"),
     },
   }),
   async (c) => {
     const db = c.get("db");
-    const current = await resolveApp(db, c.get("principal").accountId, c.req.valid("param").app);
-    const { app, cause } = await updateAppSettings(db, current, c.req.valid("json"));
+    let current = await resolveApp(db, c.get("principal").accountId, c.req.valid("param").app);
+    const { instances, autoscaling, ...settings } = c.req.valid("json");
+    const bounds = autoscaling === undefined ? current.autoscaling : autoscaling;
+    if (instances !== undefined && bounds && (instances < bounds.minInstances || instances > bounds.maxInstances)) {
+      throw new ApiError("VALIDATION_ERROR", `${current.name} scales on load between ${bounds.minInstances} and ${bounds.maxInstances} instances: ask for a count within them, or turn it off ("autoscaling": null)`);
+    }
+    const scaled = (instances !== undefined && instances !== current.instances) || autoscaling !== undefined;
+    if (autoscaling !== undefined) current = await setAutoscaling(db, current, autoscaling);
+    if (instances !== undefined && (instances !== current.instances || !runsProcess(current.runtime))) current = await scaleApp(db, current, instances);
+    if (scaled && current.status !== "stopped") await appRuntimeStub(c.env, current.id).scale(current.id);
+    const { app, cause } = await updateAppSettings(db, current, settings);
     const rollout =
-      cause === null
-        ? { applied: true, deploymentId: null, message: `nothing changed: ${app.name} already has these settings` }
-        : await configChanged(c.env, db, app, cause, c.req.valid("query").apply !== "false");
+      cause !== null
+        ? await configChanged(c.env, db, app, cause, c.req.valid("query").apply !== "false")
+        : scaled
+          ? { applied: true, deploymentId: null, message: scaleMessage(app) }
+          : { applied: true, deploymentId: null, message: `nothing changed: ${app.name} already has these settings` };
     return c.json({ data: await appView(db, c.env, await resolveApp(db, app.accountId, app.id)), rollout }, 200);
   },
 );

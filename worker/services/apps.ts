@@ -1,12 +1,12 @@
 import { and, asc, desc, eq, inArray, sql } from "drizzle-orm";
 import { type Db, isUniqueViolation } from "../db/client";
-import { type AppRow, apps, type DeploymentRow, type DiskRow, disks, type Runtime } from "../db/schema";
+import { type AppRow, apps, type Autoscaling, type DeploymentRow, type DiskRow, disks, type Runtime } from "../db/schema";
 import { type Config, configOf, type Env } from "../env";
 import { ApiError } from "../lib/errors";
 import { isId, newId } from "../lib/ids";
 import { planLimitError, planOf } from "../lib/plans";
 import { iso, isoOrNull } from "../lib/time";
-import { type ProcessView, processView, runsProcess } from "./app-runtime";
+import { type InstanceView, instanceViews, type ProcessView, runsProcess } from "./app-runtime";
 
 /** What an app's status says (derived from its processes and deployments, never stored as a wish). */
 export const APP_STATES = ["not_deployed", "deploying", "running", "crash_loop", "failed", "stopped"] as const;
@@ -32,8 +32,16 @@ export type AppView = {
   createdAt: string;
   updatedAt: string;
   restartedAt: string | null;
-  /** Apps that run, in the single-app view: the live process as its node reports it (null when none runs). */
+  /** Apps that run: how many processes serve it (`PATCH /v1/apps/{app}` `instances`); an app with a disk runs one. */
+  instanceCount: number;
+  /** Apps that run: scaling on load, when on (null: the count changes only when asked). */
+  autoscaling: Autoscaling | null;
+  /** What scaling on load decided, newest first. */
+  scaleEvents: { at: string; from: number; to: number; reason: string }[];
+  /** Apps that run, in the single-app view: the first process serving it as its node reports it (null when none runs). */
   process?: ProcessView | null;
+  /** Apps that run, in the single-app view: every process serving it, as each node reports it. */
+  instances?: InstanceView[];
 };
 
 export function appUrl(config: Config, name: string): string {
@@ -78,6 +86,9 @@ function viewOf(config: Config, row: AppRow, attached: DiskRow[], facts: AppFact
     createdAt: iso(row.createdAt),
     updatedAt: iso(row.updatedAt),
     restartedAt: row.restartedAt === row.createdAt ? null : isoOrNull(row.restartedAt),
+    instanceCount: row.instances,
+    autoscaling: row.autoscaling,
+    scaleEvents: (row.scaleEvents ?? []).map((event) => ({ ...event, at: iso(event.at) })).reverse(),
   };
 }
 
@@ -132,10 +143,13 @@ async function appFacts(db: Db, rows: AppRow[]): Promise<Map<string, AppFacts>> 
   return facts;
 }
 
-/** One app, with (for apps that run) its live process as its node reports it. */
+/** One app, with (for apps that run) its processes as their nodes report them. */
 export async function appView(db: Db, env: Env, row: AppRow): Promise<AppView> {
-  const [view, process] = await Promise.all([appViews(db, configOf(env), [row]), processView(env, row)]);
-  return { ...view[0]!, ...(runsProcess(row.runtime) ? { process } : {}) };
+  const [view, instances] = await Promise.all([appViews(db, configOf(env), [row]), instanceViews(env, row)]);
+  if (!runsProcess(row.runtime)) return view[0]!;
+  const first = instances[0];
+  const process = first ? { state: first.state, ready: first.ready, restarts: first.restarts, lastExit: first.lastExit, lastLines: first.lastLines, startedAt: first.startedAt, readyAt: first.readyAt } : null;
+  return { ...view[0]!, process, instances };
 }
 
 export async function createApp(
@@ -158,6 +172,10 @@ export async function createApp(
     activeDeploymentId: null,
     liveProcessId: null,
     liveNode: null,
+    liveInstances: null,
+    instances: 1,
+    autoscaling: null,
+    scaleEvents: null,
     processState: null,
     startCommand: null,
     healthCheckPath: null,
@@ -169,7 +187,7 @@ export async function createApp(
   };
   // The plan's limits are checked by the statement that inserts, so concurrent creations cannot both squeeze in.
   const owned = sql`(select count(*) from apps where account_id = ${accountId})`;
-  const reserved = sql`(select coalesce(sum(memory_mb), 0) from apps where account_id = ${accountId} and runtime != 'static')`;
+  const reserved = sql`(select coalesce(sum(memory_mb * instances), 0) from apps where account_id = ${accountId} and runtime != 'static')`;
   const reserves = runsProcess(row.runtime) ? row.memoryMb : 0;
   let inserted: D1Result;
   try {
@@ -224,13 +242,13 @@ export async function updateAppSettings(db: Db, app: AppRow, settings: AppSettin
       throw planLimitError(plan, `an app may have at most ${limits.appMemoryMb} MB of memory (asked for ${memoryMb} MB)`, "ask for less");
     }
     if (guarded) {
-      const others = sql`(select coalesce(sum(memory_mb), 0) from apps where account_id = ${app.accountId} and runtime != 'static' and id != ${app.id})`;
-      const written = await db.run(sql`update apps set memory_mb = ${memoryMb} where id = ${app.id} and ${others} + ${memoryMb} <= ${limits.totalAppMemoryMb}`);
+      const others = reservedByOthers(app);
+      const written = await db.run(sql`update apps set memory_mb = ${memoryMb} where id = ${app.id} and ${others} + ${memoryMb} * instances <= ${limits.totalAppMemoryMb}`);
       if (written.meta.changes !== 1) {
         const used = await db.get<{ mb: number }>(sql`select ${others} as mb`);
         throw planLimitError(
           plan,
-          `an account's apps may reserve ${limits.totalAppMemoryMb} MB of memory in all; its other apps reserve ${used.mb} MB and this one asks for ${memoryMb} MB`,
+          `an account's apps may reserve ${limits.totalAppMemoryMb} MB of memory in all; its other apps reserve ${used.mb} MB and this one asks for ${memoryMb} MB${app.instances > 1 ? ` × ${app.instances} instances` : ""}`,
           "give it less memory or delete an app",
         );
       }
@@ -247,6 +265,63 @@ export async function updateAppSettings(db: Db, app: AppRow, settings: AppSettin
     .where(eq(apps.id, app.id))
     .returning();
   return { app: row ?? app, cause: parts.join(", ") };
+}
+
+/** Memory the account's other apps that run reserve: each app's limit times its instances. */
+function reservedByOthers(app: Pick<AppRow, "id" | "accountId">) {
+  return sql`(select coalesce(sum(memory_mb * instances), 0) from apps where account_id = ${app.accountId} and runtime != 'static' and id != ${app.id})`;
+}
+
+/**
+ * Sets how many processes serve an app that runs, within the plan (its
+ * instances per app, and its memory in all: each instance reserves the app's
+ * limit). An app with a disk runs one: the statement checks it, so a disk
+ * attached meanwhile cannot end up with two writers.
+ */
+export async function scaleApp(db: Db, app: AppRow, instances: number): Promise<AppRow> {
+  if (!runsProcess(app.runtime)) throw new ApiError("APP_IS_STATIC", `${app.name} is a static site: the edge serves it, it has no processes to scale`);
+  const { plan, limits } = await planOf(db, app.accountId);
+  if (instances > limits.instances) throw planLimitError(plan, `an app may run at most ${limits.instances} instances (asked for ${instances})`, "ask for fewer");
+  const others = reservedByOthers(app);
+  const written = await db.run(sql`
+    update apps set instances = ${instances}, updated_at = ${Date.now()}
+    where id = ${app.id} and (${instances} = 1 or not exists (select 1 from disks where app_id = ${app.id}))
+      and ${others} + memory_mb * ${instances} <= ${limits.totalAppMemoryMb}`);
+  if (written.meta.changes !== 1) {
+    const disk = await db.select({ name: disks.name }).from(disks).where(eq(disks.appId, app.id)).get();
+    if (disk) throw new ApiError("APP_HAS_DISK", `${app.name} has disk ${disk.name}: an app with a disk runs one instance (one writer per disk); detach it to run more`);
+    const used = await db.get<{ mb: number }>(sql`select ${others} as mb`);
+    throw planLimitError(
+      plan,
+      `an account's apps may reserve ${limits.totalAppMemoryMb} MB of memory in all; its other apps reserve ${used.mb} MB and ${instances} instances of ${app.memoryMb} MB ask for ${instances * app.memoryMb} MB`,
+      "run fewer instances, give the app less memory or delete an app",
+    );
+  }
+  return (await db.select().from(apps).where(eq(apps.id, app.id)).get()) ?? app;
+}
+
+/**
+ * Turns scaling on load on (between `minInstances` and `maxInstances`, the
+ * plan's limit at most, aiming at `targetConcurrency` requests in flight per
+ * instance) or off (null: the count stays where it is). Turned on, the count
+ * moves into the bounds at once.
+ */
+export async function setAutoscaling(db: Db, app: AppRow, settings: Autoscaling | null): Promise<AppRow> {
+  if (!runsProcess(app.runtime)) throw new ApiError("APP_IS_STATIC", `${app.name} is a static site: the edge serves it, it has no processes to scale`);
+  if (settings === null) {
+    const [row] = await db.update(apps).set({ autoscaling: null, updatedAt: Date.now() }).where(eq(apps.id, app.id)).returning();
+    return row ?? app;
+  }
+  const { minInstances, maxInstances } = settings;
+  if (minInstances > maxInstances) throw new ApiError("VALIDATION_ERROR", `minInstances (${minInstances}) is above maxInstances (${maxInstances})`);
+  const { plan, limits } = await planOf(db, app.accountId);
+  if (maxInstances > limits.instances) throw planLimitError(plan, `an app may run at most ${limits.instances} instances (maxInstances ${maxInstances})`, "ask for fewer");
+  const disk = maxInstances > 1 ? await db.select({ name: disks.name }).from(disks).where(eq(disks.appId, app.id)).get() : undefined;
+  if (disk) throw new ApiError("APP_HAS_DISK", `${app.name} has disk ${disk.name}: an app with a disk runs one instance (one writer per disk); detach it to scale on load`);
+  const count = Math.min(maxInstances, Math.max(minInstances, app.instances));
+  const scaled = count === app.instances ? app : await scaleApp(db, app, count);
+  const [row] = await db.update(apps).set({ autoscaling: settings, updatedAt: Date.now() }).where(eq(apps.id, app.id)).returning();
+  return row ?? scaled;
 }
 
 export async function listApps(db: Db, accountId: string): Promise<AppRow[]> {

@@ -168,6 +168,7 @@ export async function createDeployment(
     startTimeoutSeconds: null,
     minReadySeconds: null,
     overlap: null,
+    instances: null,
     cause: null,
     configVersion: null,
     processId: null,

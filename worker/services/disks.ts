@@ -253,8 +253,13 @@ export async function attachDisk(db: Db, accountId: string, ref: string, app: Ap
   // update checks it itself, so two disks attached at once cannot both land on the app.
   const attached = await db.run(sql`
     update disks set app_id = ${app.id}, updated_at = ${Date.now()}
-    where id = ${disk.id} and not exists (select 1 from disks other where other.app_id = ${app.id} and other.id != ${disk.id})`);
+    where id = ${disk.id} and not exists (select 1 from disks other where other.app_id = ${app.id} and other.id != ${disk.id})
+      and (select instances from apps where id = ${app.id}) = 1`);
   if (attached.meta.changes !== 1) {
+    const instances = (await db.select({ instances: apps.instances }).from(apps).where(eq(apps.id, app.id)).get())?.instances ?? 1;
+    if (instances > 1) {
+      throw new ApiError("APP_HAS_INSTANCES", `app ${app.name} runs ${instances} instances; an app with a disk runs one (one writer per disk): \`svc apps scale ${app.name} 1\` first`);
+    }
     const other = await db.select({ name: disks.name, mountPath: disks.mountPath }).from(disks).where(eq(disks.appId, app.id)).get();
     throw new ApiError(
       "APP_HAS_DISK",

@@ -20,7 +20,8 @@ import { newestReadyBackup } from "./relocation";
  * - Everything touching a disk (its app's runs, backups, restores, the app's
  *   process) goes to the disk's node.
  * - Stateless work (builds, runs and processes of apps without a disk) goes
- *   to the least loaded ready node: jobs and processes per core at its last
+ *   to the least loaded ready node (an app's instances first to a node
+ *   running the fewest of them, so they spread): jobs and processes per core at its last
  *   heartbeat, plus what this isolate placed since. It reads the Fleet
  *   object's view, cached 2 s per isolate (at most one D1 read per isolate
  *   per 2 s, shared by every run placed meanwhile), so a scheduled run costs
@@ -67,6 +68,8 @@ export type StatelessNeed = {
   memoryMb?: number;
   /** Nodes already tried (they refused it): never chosen again for this work. */
   exclude?: ReadonlySet<string>;
+  /** An app's instances per node: the node with the fewest of them wins before load counts (instances spread). */
+  spread?: ReadonlyMap<string, number>;
 };
 
 /**
@@ -83,8 +86,10 @@ export async function placeStateless(env: Env, need: StatelessNeed = {}): Promis
   const roomy = memory === undefined ? ready : ready.filter((node) => node.id === LONE_BUILDER_ID || node.memoryFreeMb >= memory);
   const candidates = roomy.length > 0 ? roomy : ready;
   const load = (node: FleetNode) => (node.runningJobs + node.processes + (view.picks.get(node.id) ?? 0)) / Math.max(1, node.cores);
+  const sharing = (node: FleetNode) => need.spread?.get(node.id) ?? 0;
+  const better = (a: FleetNode, b: FleetNode) => sharing(a) - sharing(b) || load(a) - load(b) || Math.random() - 0.5;
   let best = candidates[0]!;
-  for (const node of candidates) if (load(node) < load(best) || (load(node) === load(best) && Math.random() < 0.5)) best = node;
+  for (const node of candidates) if (better(node, best) < 0) best = node;
   notePlaced(view, best.id);
   return refOf(best);
 }

@@ -43,51 +43,100 @@ async function forwarded(request: Request, config: Config, target: ProcessTarget
   });
 }
 
+/** Requests this isolate has sent to each process and not yet had an answer's head for (least outstanding first). */
+const outstanding = new Map<string, number>();
+/** Processes whose node could not be reached or no longer had them, until when they are tried last (per isolate). */
+const failing = new Map<string, number>();
+/** How long a process that failed a request is tried after the others. */
+const FAILING_MS = 5_000;
+/** Entries kept at most (a flood of failures cannot grow the map without bound). */
+const MAX_FAILING = 1_000;
+
 /**
- * Forwards one request of an app that runs to the node that runs it, and the
- * answer back as it comes (streamed responses, server-sent events and
- * WebSocket upgrades pass through). A node that no longer has the process
- * (it was replaced and drained) makes the edge ask for the app's process once
- * more, through `lookUpAgain`, and try that one, when the request has no body
- * that was already sent; with none to try, the answer is `starting()` (503
- * with Retry-After), never the node's 404.
+ * The app's processes in the order to try them: those whose node is lost
+ * left out, then the fewest requests outstanding from this isolate first
+ * (ties in random order), a process that just failed last.
+ */
+export function balance(targets: ProcessTarget[], now = Date.now()): ProcessTarget[] {
+  const usable = targets.filter((target) => target.node.sick?.state !== "lost");
+  const late = (target: ProcessTarget) => ((failing.get(target.processId) ?? 0) > now ? 1 : 0);
+  return usable
+    .map((target) => ({ target, key: late(target) * 1e9 + (outstanding.get(target.processId) ?? 0) + Math.random() / 2 }))
+    .sort((a, b) => a.key - b.key)
+    .map((entry) => entry.target);
+}
+
+/**
+ * Forwards one request of an app that runs to one of the processes serving
+ * it (in {@link balance}'s order), and the answer back as it comes (streamed
+ * responses, server-sent events and WebSocket upgrades pass through). A
+ * request without a body whose process's node could not be reached, no
+ * longer has the process (it was replaced and drained) or had no room for it
+ * is tried on the next process; with none left, the edge asks for the app's
+ * processes once more (`lookUpAgain`) and tries a new one. With none to try,
+ * the answer is `starting()` (503 with Retry-After), never the node's 404.
  */
 export async function proxyToProcess(
   request: Request,
   config: Config,
-  target: ProcessTarget,
+  targets: ProcessTarget[],
   starting: () => Response,
-  lookUpAgain: () => Promise<ProcessTarget | null>,
+  lookUpAgain: () => Promise<ProcessTarget[]>,
 ): Promise<Response> {
   const length = Number(request.headers.get("Content-Length") ?? 0);
   if (length > MAX_PROXY_BODY_BYTES) return plain(413, `request bodies are limited to ${MAX_PROXY_BODY_BYTES} bytes`);
+  const order = balance(targets);
   // A lost node is not waited for: its app is started elsewhere meanwhile. One merely unreachable (it missed a
   // call's deadline) is still tried: a node busy under an app's log spam can miss one, and its apps must not fail for it.
-  if (target.node.sick?.state === "lost") return plain(503, "The app's node is lost; the app is being started elsewhere; try again in a moment", { "Retry-After": "5" });
-  let response = await send(request, config, target);
-  if (response.headers.get(HEADER_PROXY_ERROR) === "PROCESS_NOT_FOUND") {
-    // The process was replaced (a deploy, a restart): the new one if there is one, else "starting", never the node's 404.
-    const again = request.method === "GET" || request.method === "HEAD" ? await lookUpAgain() : null;
-    if (again && again.processId !== target.processId) response = await send(request, config, again);
-    if (response.headers.get(HEADER_PROXY_ERROR) === "PROCESS_NOT_FOUND") {
-      await response.body?.cancel();
-      return starting();
-    }
+  if (order.length === 0) return plain(503, "The app's node is lost; the app is being started elsewhere; try again in a moment", { "Retry-After": "5" });
+  const again = request.method === "GET" || request.method === "HEAD";
+  const tried = new Set<string>();
+  let response: Response | null = null;
+  for (let next: ProcessTarget | undefined = order[0]; next; ) {
+    tried.add(next.processId);
+    await response?.body?.cancel();
+    response = await send(request, config, next);
+    if (!again || !retryable(response)) break;
+    if (failing.size >= MAX_FAILING) failing.clear();
+    failing.set(next.processId, Date.now() + FAILING_MS);
+    next = order.find((target) => !tried.has(target.processId));
+    // The processes this edge knew were all tried: the app's current ones (a deploy or a restart replaced them).
+    if (!next && tried.size === order.length) next = balance(await lookUpAgain()).find((target) => !tried.has(target.processId));
   }
-  if (response.webSocket) return response;
-  const out = new Response(response.body, response);
+  if (response!.headers.get(HEADER_PROXY_ERROR) === "PROCESS_NOT_FOUND") {
+    await response!.body?.cancel();
+    return starting();
+  }
+  if (response!.webSocket) return response!;
+  const out = new Response(response!.body, response!);
   out.headers.delete(HEADER_PROXY_ERROR);
+  out.headers.delete(HEADER_UNREACHABLE);
   // A body of unknown length is a stream (chunks, events): the edge's compressor would hold it back.
-  if (!out.headers.has("Content-Length") && !out.headers.has("Content-Encoding") && response.body) out.headers.set("Content-Encoding", "identity");
+  if (!out.headers.has("Content-Length") && !out.headers.has("Content-Encoding") && response!.body) out.headers.set("Content-Encoding", "identity");
   return out;
 }
 
+/** An answer the app never saw: its node could not be reached, no longer had the process, or had no room for the request. */
+function retryable(response: Response): boolean {
+  if (response.headers.get(HEADER_UNREACHABLE) !== null) return true;
+  const code = response.headers.get(HEADER_PROXY_ERROR);
+  return code === "PROCESS_NOT_FOUND" || code === "UNAVAILABLE";
+}
+
+/** Marks the edge's own answer for a node it could not reach (never sent on to the client). */
+const HEADER_UNREACHABLE = "X-Svc-Edge-Unreachable";
+
 async function send(request: Request, config: Config, target: ProcessTarget): Promise<Response> {
+  outstanding.set(target.processId, (outstanding.get(target.processId) ?? 0) + 1);
   try {
     return await fetch(await forwarded(request, config, target));
   } catch (err) {
     console.error(JSON.stringify({ event: "proxy.unreachable", node: target.node.id, error: err instanceof Error ? err.message : String(err) }));
-    return plain(502, "The app's node could not be reached; try again in a moment");
+    return plain(502, "The app's node could not be reached; try again in a moment", { [HEADER_UNREACHABLE]: "1" });
+  } finally {
+    const left = (outstanding.get(target.processId) ?? 1) - 1;
+    if (left > 0) outstanding.set(target.processId, left);
+    else outstanding.delete(target.processId);
   }
 }
 

@@ -4,12 +4,13 @@ import { type AppRow, apps, type DomainRedirect, deployments, domains } from "..
 import { HTTP_CHECK_PATH, pendingToken, redirectTarget } from "../services/domains";
 import { nodeRef } from "../services/fleet";
 import { configOf, type Env } from "../env";
-import { runsProcess } from "../services/app-runtime";
+import { appRuntimeStub, liveInstancesOf, runsProcess } from "../services/app-runtime";
 import { BlobCache } from "./blob-cache";
 import { compressible, gzip, MIN_GZIP_BYTES, prefersGzip } from "./encoding";
 import { HEADERS_LIMITS, type HeaderRule, headersFor } from "./headers";
 import { cacheControl, type Decision, decidePath, type ManifestEntry, matchesEtag, normalisePath } from "./resolve";
 import { takeSlot } from "./fair-share";
+import { enter, isolateName } from "./load-meter";
 import { type ProcessTarget, proxyToProcess } from "./proxy";
 import { logRequest } from "./request-log";
 
@@ -35,7 +36,7 @@ export const blobPrefix = (accountId: string) => `blobs/${accountId}/`;
 const LEGACY_BLOB_PREFIX = "blobs/";
 export const blobKey = (prefix: string, sha256: string) => `${prefix}${sha256}`;
 
-type SiteApp = Pick<AppRow, "id" | "accountId" | "runtime" | "status" | "activeDeploymentId" | "liveProcessId" | "liveNode"> & {
+type SiteApp = Pick<AppRow, "id" | "accountId" | "runtime" | "status" | "activeDeploymentId" | "liveProcessId" | "liveNode" | "liveInstances" | "autoscaling"> & {
   /** The active release's kind: a worker takes no HTTP traffic. */
   processType: "web" | "worker" | null;
 };
@@ -96,6 +97,8 @@ async function siteApp(env: Env, host: SiteHost, now: number, fresh = false): Pr
     activeDeploymentId: apps.activeDeploymentId,
     liveProcessId: apps.liveProcessId,
     liveNode: apps.liveNode,
+    liveInstances: apps.liveInstances,
+    autoscaling: apps.autoscaling,
     processType: deployments.processType,
   };
   const db = openDb(env.DB);
@@ -293,27 +296,38 @@ async function serveFrom(
  * manifest (cached per isolate) → blob in R2. Every answer is logged for
  * `svc logs <app>` after the response, never before it.
  */
-/** An app that runs: its requests go to the process serving it (proxy.ts). */
-async function serveProcess(request: Request, env: Env, host: SiteHost, app: SiteApp): Promise<Response> {
+/**
+ * An app that runs: its requests go to the processes serving it (proxy.ts);
+ * an app scaling on load has them metered (load-meter.ts), and the meter's
+ * report leaves after the answer.
+ */
+async function serveProcess(request: Request, env: Env, host: SiteHost, app: SiteApp, waitUntil: (promise: Promise<unknown>) => void): Promise<Response> {
   const slot = takeSlot(app.id, app.accountId, request.signal);
   if (slot instanceof Response) return slot;
+  const metered = app.autoscaling ? enter(app.id) : null;
   try {
-    const target = await liveTarget(env, app);
-    if (!target) return app.activeDeploymentId ? starting() : page(404, "Nothing deployed yet");
-    return await proxyToProcess(request, configOf(env), target, starting, async () => {
+    const targets = await liveTargets(env, app);
+    if (targets.length === 0) return app.activeDeploymentId ? starting() : page(404, "Nothing deployed yet");
+    return await proxyToProcess(request, configOf(env), targets, starting, async () => {
       const fresh = await siteApp(env, host, Date.now(), true);
-      return fresh && fresh.status === "running" ? liveTarget(env, fresh) : null;
+      return fresh && fresh.status === "running" ? liveTargets(env, fresh) : [];
     });
   } finally {
     slot();
+    const load = metered?.() ?? null;
+    if (load !== null) waitUntil(appRuntimeStub(env, app.id).reportLoad(isolateName(), load).catch(() => undefined));
   }
 }
 
-/** The live process and where its node is reached (the fleet's view, cached per isolate); null while none serves. */
-async function liveTarget(env: Env, app: SiteApp): Promise<ProcessTarget | null> {
-  if (!app.liveProcessId || !app.liveNode) return null;
-  const node = await nodeRef(env, app.liveNode).catch(() => null);
-  return node ? { processId: app.liveProcessId, node } : null;
+/** The processes serving the app and where their nodes are reached (the fleet's view, cached per isolate); empty while none serves. */
+async function liveTargets(env: Env, app: SiteApp): Promise<ProcessTarget[]> {
+  const found = await Promise.all(
+    liveInstancesOf(app).map(async ({ processId, node: nodeId }) => {
+      const node = await nodeRef(env, nodeId).catch(() => null);
+      return node ? { processId, node } : null;
+    }),
+  );
+  return found.filter((target) => target !== null);
 }
 
 /**
@@ -364,7 +378,7 @@ export async function serveSite(
   if (!app) response = page(404, "No such site");
   else if (app.status === "stopped") response = page(503, "This app is stopped");
   else if (app.processType === "worker") return page(404, "This app is a worker: it takes no HTTP traffic");
-  else if (runsProcess(app.runtime)) response = await serveProcess(request, env, host, app);
+  else if (runsProcess(app.runtime)) response = await serveProcess(request, env, host, app, waitUntil);
   else if (request.method !== "GET" && request.method !== "HEAD") response = page(405, "Method not allowed", { Allow: "GET, HEAD" });
   else {
     const manifest = app.activeDeploymentId ? await manifestOf(env, app.activeDeploymentId) : null;

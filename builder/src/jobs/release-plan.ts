@@ -48,6 +48,8 @@ export interface ReleasePlan {
   minReadySeconds: number;
   /** A worker's new release runs beside the old one during a deploy (svc.json `overlap`); false: the old one stops first. */
   overlap: boolean;
+  /** How many processes should serve the app (svc.json `instances`); null: as many as the app has. */
+  instances: number | null;
   /** Node apps: devDependencies stay in the release (svc.json `keepDevDependencies`); false: pruned after the build. */
   keepDevDependencies: boolean;
   /** One line saying each choice and where it came from. */
@@ -214,6 +216,7 @@ export async function planRelease(
   }
   if (minReadySeconds > 0) parts.push(`deployed once up ${minReadySeconds} s`);
   if (type === "worker") parts.push(overlap ? "a redeploy runs the new release beside the old one" : "a redeploy stops the old release first");
+  if (config?.instances !== undefined) parts.push(`${config.instances} instance${config.instances === 1 ? "" : "s"} (svc.json)`);
   const summary = `${runtime} app (${type}): ${parts.join(", ")}`;
   return {
     ok: true,
@@ -229,6 +232,7 @@ export async function planRelease(
       startTimeoutSeconds,
       minReadySeconds,
       overlap,
+      instances: config?.instances ?? null,
       keepDevDependencies,
       summary,
       nothingToInstall,

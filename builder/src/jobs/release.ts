@@ -168,6 +168,7 @@ export async function publishRelease(input: PublishReleaseInput): Promise<{ ok: 
       startTimeoutSeconds: release.startTimeoutSeconds,
       minReadySeconds: release.minReadySeconds,
       overlap: release.overlap,
+      instances: release.instances,
       files: tree.files,
       sizeBytes: archive.sizeBytes,
       sha256: archive.sha256,

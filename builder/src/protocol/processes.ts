@@ -100,6 +100,8 @@ export const ReleaseResult = z.object({
   minReadySeconds: z.int().min(0).max(600).default(0),
   /** A worker: its new release may run beside the old one during a deploy. */
   overlap: z.boolean().default(false),
+  /** svc.json's `instances`: how many processes should serve the app; null: as many as it has. */
+  instances: z.int().min(1).max(100).nullable().default(null),
   /** Regular files in the release (what its build log and the deployment say). */
   files: z.int().nonnegative().default(0),
   /** Bytes of the whole `.tar.gz` (the sum of the parts). */

@@ -24,6 +24,7 @@ const FIELDS = [
   "startTimeoutSeconds",
   "minReadySeconds",
   "overlap",
+  "instances",
   "keepDevDependencies",
 ] as const;
 
@@ -40,7 +41,7 @@ export const MAX_START_TIMEOUT_SECONDS = 600;
 
 /** Fields only a static site has, and fields only a server app has (and, of those, only a web process). */
 const STATIC_ONLY = ["outputDir", "spa"] as const;
-const SERVER_ONLY = ["type", "startCommand", "healthCheckPath", "startTimeoutSeconds", "minReadySeconds", "overlap"] as const;
+const SERVER_ONLY = ["type", "startCommand", "healthCheckPath", "startTimeoutSeconds", "minReadySeconds", "overlap", "instances"] as const;
 const WEB_ONLY = ["port", "healthCheckPath", "startTimeoutSeconds"] as const;
 
 /** The fields svc.json may hold; `runtime` is the only required one. */
@@ -86,6 +87,8 @@ export const SvcJson = z
     minReadySeconds: z.int({ error: "must be an integer" }).min(0, "must be 0–600").max(600, "must be 0–600").optional(),
     /** Workers: run the new release beside the old one during a deploy (default: the old one stops first). */
     overlap: z.boolean({ error: "must be true or false" }).optional(),
+    /** Apps that run: how many processes serve the app, set on each deploy (default: as the app has it; `svc apps scale`). */
+    instances: z.int({ error: "must be an integer" }).min(1, "must be 1–100").max(100, "must be 1–100").optional(),
     /** Node apps: keep devDependencies in the release (default: pruned after the build). */
     keepDevDependencies: z.boolean({ error: "must be true or false" }).optional(),
   })

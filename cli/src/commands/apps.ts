@@ -35,7 +35,13 @@ function describe(app: App): string {
     ...optional("health check", app.healthCheckPath && `GET ${app.healthCheckPath}`),
     ["deployment", app.activeDeploymentId ?? "none yet"],
     ...optional("not applied", app.pendingChanges.length > 0 ? `${app.pendingChanges.join(", ")} (svc apps apply ${app.name})` : null),
-    ...(app.process === undefined ? [] : ([["process", processLine(app.process)]] as [string, string][])),
+    ...(app.instances === undefined || app.instances.length < 2
+      ? app.process === undefined
+        ? []
+        : ([["process", processLine(app.process)]] as [string, string][])
+      : []),
+    ...(app.runtime === "static" ? [] : ([["instances", instancesText(app)]] as [string, string][])),
+    ...(app.autoscaling ? ([["autoscaling", autoscalingText(app)]] as [string, string][]) : []),
     ["disks", disks],
     ["created", when(app.createdAt)],
     ["updated", when(app.updatedAt)],
@@ -65,6 +71,26 @@ function processLine(process: App["process"]): string {
   const exit = process.lastExit ? `\nlast exit ${when(process.lastExit.at)}: ${process.lastExit.message}` : "";
   const lines = process.lastLines.length > 0 ? `\n${process.lastLines.join("\n")}` : "";
   return head + exit + lines;
+}
+
+/** How many processes should serve the app, and each one that does: node, state, release, start, restarts, last exit. */
+function instancesText(app: App): string {
+  const wanted = `${app.instanceCount} wanted`;
+  if (app.instances === undefined || app.instances.length < 2) return wanted;
+  const rows = app.instances.map((i) => {
+    const restarts = i.restarts > 0 ? `, ${i.restarts} restart${i.restarts === 1 ? "" : "s"}` : "";
+    const exit = i.lastExit ? `, last exit ${when(i.lastExit.at)}: ${i.lastExit.message}` : "";
+    return `${i.id} on ${i.nodeName}: ${i.state}${i.ready ? ", ready" : ""}, release ${i.deploymentId ?? "-"}, started ${i.startedAt ? ago(i.startedAt) : "-"}${restarts}${exit}`;
+  });
+  return [`${wanted}, ${app.instances.length} running`, ...rows].join("\n");
+}
+
+/** Scaling on load's bounds and its last decisions (newest first), each with its reason. */
+function autoscalingText(app: App): string {
+  const { minInstances, maxInstances, targetConcurrency } = app.autoscaling!;
+  const head = `${minInstances}–${maxInstances} instances, ${targetConcurrency} requests in flight each`;
+  const events = app.scaleEvents.slice(0, 5).map((e) => `${when(e.at)}: ${e.from} → ${e.to}: ${e.reason}`);
+  return [head, ...events].join("\n");
 }
 
 const create = defineCommand({
@@ -110,6 +136,7 @@ const list = defineCommand({
             ["RUNTIME", (a) => a.runtime],
             ["STATUS", (a) => a.status],
             ["MEMORY", (a) => `${a.memoryMb} MB`],
+            ["INSTANCES", (a) => (a.runtime === "static" ? "-" : String(a.instanceCount))],
             ["URL", (a) => a.url ?? "- (worker)"],
             ["CREATED", (a) => ago(a.createdAt)],
           ]);
@@ -213,6 +240,76 @@ like svc deploy. --start-command and --health-check-path win over svc.json for t
   },
 });
 
+const COUNT_ARG = { name: "count", description: "how many processes serve the app (1 to the plan's limit)" } as const;
+/** How long `svc apps scale` waits for the instances to be ready. */
+const SCALE_WAIT_MS = 5 * 60_000;
+
+const scale = defineCommand({
+  name: "scale",
+  summary: "Run an app as this many processes, spread over nodes, or scale it on load",
+  description: `With a count: starts processes one at a time (each health-checked before it takes traffic) or drains
+the extra ones, without restarting the others, then waits until that many run and are ready (--no-follow
+returns at once). With --max (and --min, --target): the app scales on load between the bounds, aiming at
+--target requests in flight per instance as the edge measures them; --no-autoscaling turns it off. The edge
+balances requests over the instances. An app with a disk runs one instance (one writer per disk).`,
+  args: [APP_ARG],
+  optionalArg: COUNT_ARG,
+  options: {
+    min: { type: "string", value: "n", description: "scaling on load: fewest instances (default 1)" },
+    max: { type: "string", value: "n", description: "scaling on load: most instances (turns it on)" },
+    target: { type: "string", value: "n", description: "scaling on load: requests in flight per instance to aim at (default 10)" },
+    "no-autoscaling": { type: "boolean", description: "turn scaling on load off (the count stays)" },
+    "no-follow": ROLLOUT_OPTIONS["no-follow"],
+  },
+  examples: ["svc apps scale web 3", "svc apps scale web --min 1 --max 3 --target 8", "svc apps scale web 1 --no-autoscaling"],
+  async run({ args, opts, out, api, fail }) {
+    const count = args.count === undefined ? undefined : positiveInteger(args.count, "<count>", fail);
+    const bounds = opts.max !== undefined || opts.min !== undefined || opts.target !== undefined;
+    if (bounds && opts.max === undefined) throw fail("scaling on load needs --max (and may take --min and --target)");
+    if (bounds && opts["no-autoscaling"]) throw fail("--no-autoscaling turns scaling on load off: give it without --min, --max and --target");
+    if (count === undefined && !bounds && !opts["no-autoscaling"]) throw fail("say how many instances (svc apps scale <app> 3), or the bounds of scaling on load (--max)");
+    const autoscaling = bounds
+      ? {
+          maxInstances: positiveInteger(opts.max!, "--max", fail),
+          ...(opts.min === undefined ? {} : { minInstances: positiveInteger(opts.min, "--min", fail) }),
+          ...(opts.target === undefined ? {} : { targetConcurrency: positiveInteger(opts.target, "--target", fail) }),
+        }
+      : opts["no-autoscaling"]
+        ? null
+        : undefined;
+    const client = await api();
+    const changed = await client.json<Changed>(
+      "PATCH",
+      path`/v1/apps/${args.app}`,
+      { ...(count === undefined ? {} : { instances: count }), ...(autoscaling === undefined ? {} : { autoscaling }) },
+      {
+        ...aboutApp(`scale app ${args.app}`, args.app),
+        flags: { instances: "<count>", "autoscaling.minInstances": "--min", "autoscaling.maxInstances": "--max", "autoscaling.targetConcurrency": "--target" },
+        hints: { APP_HAS_DISK: "detach the app's disk to run more than one instance (`svc disk detach <disk>`)" },
+      },
+    );
+    out.step(changed.rollout.message);
+    let app = changed.data;
+    const wanted = app.instanceCount;
+    const ready = (a: App) => (a.instances ?? []).filter((i) => i.ready && i.state === "running").length;
+    if (!opts["no-follow"]) {
+      const deadline = Date.now() + SCALE_WAIT_MS;
+      let said = -1;
+      while (!(app.instances?.length === wanted && ready(app) === wanted)) {
+        if (Date.now() > deadline) throw fail(`${app.name} has ${ready(app)} of ${wanted} instances ready after ${SCALE_WAIT_MS / 60_000} minutes: \`svc apps info ${app.name}\` shows each`);
+        if (ready(app) !== said) {
+          said = ready(app);
+          out.step(`${said}/${wanted} instances ready`);
+        }
+        await new Promise((resolve) => setTimeout(resolve, 500));
+        app = await client.data<App>("GET", path`/v1/apps/${args.app}`, undefined, aboutApp(`show app ${args.app}`, args.app));
+      }
+    }
+    const nodes = [...new Set((app.instances ?? []).map((i) => i.nodeName))].join(", ");
+    out.result(app, `${app.name} runs ${wanted} instance${wanted === 1 ? "" : "s"}${nodes && !opts["no-follow"] ? ` on ${nodes}` : ""}`);
+  },
+});
+
 const apply = defineCommand({
   name: "apply",
   summary: "Roll out an app's pending configuration changes (those made with --no-apply) together",
@@ -228,4 +325,4 @@ const apply = defineCommand({
 });
 
 /** `svc apps …`: the application lifecycle. */
-export const apps: Group = { name: "apps", summary: "Manage apps", commands: [create, list, info, update, apply, stop, restart, remove, buildLogs] };
+export const apps: Group = { name: "apps", summary: "Manage apps", commands: [create, list, info, update, scale, apply, stop, restart, remove, buildLogs] };

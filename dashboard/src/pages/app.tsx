@@ -59,11 +59,19 @@ function Overview({ app, onChange }: { app: App; onChange: (app: App) => void })
             </dd>
           </>
         )}
-        {app.process !== undefined && (
+        {app.process !== undefined && (app.instances?.length ?? 0) < 2 && (
           <>
             <dt>Process</dt>
             <dd>
               <ProcessFacts process={app.process} />
+            </dd>
+          </>
+        )}
+        {app.runtime !== "static" && (
+          <>
+            <dt>Instances</dt>
+            <dd>
+              <Scale app={app} onChange={onChange} />
             </dd>
           </>
         )}
@@ -108,6 +116,84 @@ function Overview({ app, onChange }: { app: App; onChange: (app: App) => void })
           }}
         />
       </div>
+    </>
+  );
+}
+
+/** How many processes serve the app (changed in place), and each one that does: node, state, release, start, restarts, last exit. */
+function Scale({ app, onChange }: { app: App; onChange: (app: App) => void }) {
+  const [count, setCount] = useState(String(app.instanceCount));
+  const { busy, error, run } = useAction();
+  const instances = app.instances ?? [];
+  const submit = (event: Event) => {
+    event.preventDefault();
+    void run(async () => {
+      const body = { instances: Number(count) };
+      onChange((await ok(api.PATCH("/v1/apps/{app}", { params: { path: { app: app.name } }, body }))).data);
+    });
+  };
+  return (
+    <>
+      <form class="inline-form" onSubmit={submit} aria-label="Scale the app">
+        <label>
+          Wanted{" "}
+          <input name="instances" type="number" min={1} max={100} value={count} onInput={(e) => setCount(e.currentTarget.value)} required />
+        </label>{" "}
+        <button type="submit" disabled={busy || Number(count) === app.instanceCount || app.autoscaling !== null}>
+          {busy ? "Scaling…" : "Scale"}
+        </button>
+        {app.disks.length > 0 && <span class="hint"> An app with a disk runs one instance.</span>}
+      </form>
+      <ErrorNote error={error} />
+      {app.autoscaling && (
+        <p class="hint">
+          Scales on load between {app.autoscaling.minInstances} and {app.autoscaling.maxInstances} instances, at {app.autoscaling.targetConcurrency}{" "}
+          requests in flight each (<code>svc apps scale {app.name} --max …</code>; <code>--no-autoscaling</code> turns it off).
+        </p>
+      )}
+      {app.scaleEvents.length > 0 && (
+        <ul class="scale-events" aria-label="Scaling decisions">
+          {app.scaleEvents.slice(0, 5).map((event) => (
+            <li key={event.at}>
+              <Time iso={event.at} />: {event.from} → {event.to}: {event.reason}
+            </li>
+          ))}
+        </ul>
+      )}
+      {instances.length > 0 && (
+        <Table class="instances">
+          <thead>
+            <tr>
+              <th>Process</th>
+              <th>Node</th>
+              <th>State</th>
+              <th>Release</th>
+              <th>Started</th>
+              <th>Restarts</th>
+              <th>Last exit</th>
+            </tr>
+          </thead>
+          <tbody>
+            {instances.map((i) => (
+              <tr key={i.id}>
+                <td>
+                  <code class="name">{i.id}</code>
+                </td>
+                <td>{i.nodeName}</td>
+                <td>
+                  <Badge status={i.state} /> {i.ready ? "ready" : ""}
+                </td>
+                <td>{i.deploymentId ? <code class="name">{i.deploymentId}</code> : "-"}</td>
+                <td>
+                  <Time iso={i.startedAt} empty="-" />
+                </td>
+                <td>{i.restarts}</td>
+                <td>{i.lastExit ? i.lastExit.message : "-"}</td>
+              </tr>
+            ))}
+          </tbody>
+        </Table>
+      )}
     </>
   );
 }

@@ -69,7 +69,7 @@ export function Domains({ app }: { app: App }) {
         <Empty>No custom domains.</Empty>
       ) : (
         domains.data.map((domain) => (
-          <div class="card" role="group" key={domain.id} aria-label={`Domain ${domain.hostname}`}>
+          <section class="card" key={domain.id} aria-label={`Domain ${domain.hostname}`}>
             <h2>
               <span class="name">{domain.hostname}</span> <Badge status={domain.status} />
             </h2>
@@ -106,7 +106,7 @@ export function Domains({ app }: { app: App }) {
                 }}
               />
             </div>
-          </div>
+          </section>
         ))
       )}
       <form onSubmit={submit} class="card" aria-label="Add a domain">
