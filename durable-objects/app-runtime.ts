@@ -389,9 +389,9 @@ export class AppRuntime extends DurableObject<Env> {
     if (this.logNodes().includes(node)) this.shipped.keep(node, text);
   }
 
-  /** What nodes other than `exceptNode` shipped of the log (every node's when null), cut to `window`. */
-  async logHistory(exceptNode: string | null, window: HistoryWindow, names: Record<string, string>): Promise<{ text: string; last: { node: string; time: string } | null }> {
-    return this.shipped.history(exceptNode, window, names);
+  /** What nodes other than those in `except` shipped of the log, cut to `window`. */
+  async logHistory(except: string[], window: HistoryWindow, names: Record<string, string>): Promise<{ text: string; last: { node: string; time: string } | null }> {
+    return this.shipped.history(except, window, names);
   }
 
   /** The app was deleted: its shipped log goes with it. */

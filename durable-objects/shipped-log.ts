@@ -37,17 +37,21 @@ export class ShippedLog {
   }
 
   /**
-   * The lines nodes other than `exceptNode` shipped (every node's when null),
-   * oldest first, cut to `window`, with a `svc` line where the writing node
-   * changes (`names` names nodes); and which node wrote the last of them, when.
+   * The lines nodes other than those in `except` shipped, oldest first, cut
+   * to `window`, with a `svc` line where the writing node changes (`names`
+   * names nodes); and which node wrote the last of them, when.
    */
-  history(exceptNode: string | null, window: HistoryWindow, names: Record<string, string>): { text: string; last: { node: string; time: string } | null } {
+  history(except: string[], window: HistoryWindow, names: Record<string, string>): { text: string; last: { node: string; time: string } | null } {
     const kept: { node: string; lines: string[] }[] = [];
     let bytes = 0;
     let count = 0;
     const enough = () => ("lines" in window ? count >= window.lines : "tail" in window ? bytes >= window.tail : false);
     const from = "since" in window ? window.since - SINCE_SLACK_MS : 0;
-    const cursor = this.#sql.exec<ChunkRow>("SELECT seq, node, at, text FROM shipped_log WHERE node != ? AND at >= ? ORDER BY seq DESC", exceptNode ?? "", from);
+    const cursor = this.#sql.exec<ChunkRow>(
+      `SELECT seq, node, at, text FROM shipped_log WHERE node NOT IN (${except.map(() => "?").join(", ") || "''"}) AND at >= ? ORDER BY seq DESC`,
+      ...except,
+      from,
+    );
     for (const row of cursor) {
       if (enough()) break;
       let lines = row.text.split("\n").filter((line) => line !== "");

@@ -77,6 +77,21 @@ function networkMessage(err: unknown): string {
   return err instanceof Error ? err.message : String(err);
 }
 
+/** Tries of one call whose connection failed (the API restarting, a kept-alive connection closed under it): 0.5, 1, 2 s apart. */
+const NETWORK_ATTEMPTS = 4;
+
+/**
+ * Whether a call whose connection failed may go again: a read or an
+ * idempotent change whenever the connection dropped without an answer, any
+ * call when the connection was never made (nothing reached the API).
+ */
+function sentAgainSafely(method: string, err: unknown): boolean {
+  if (err instanceof Error && err.name === "TimeoutError") return false;
+  const code = err instanceof Error && err.cause instanceof Error ? (err.cause as NodeJS.ErrnoException).code : undefined;
+  if (code === "ECONNREFUSED") return true;
+  return ["GET", "HEAD", "PUT", "DELETE"].includes(method);
+}
+
 /**
  * The HTTP client of the platform API. Every call names what it does, so a
  * failure can be reported as "could not <what>" with the API's code and a hint;
@@ -93,18 +108,24 @@ export class ApiClient {
       "User-Agent": `svc-cli/${VERSION}`,
     };
     if (body !== undefined) headers["Content-Type"] = "application/json";
-    let res: Response;
-    let text: string;
-    try {
-      res = await fetch(`${this.target.apiUrl}${route}`, {
-        method,
-        headers,
-        body: body === undefined ? undefined : JSON.stringify(body),
-        signal: AbortSignal.timeout(TIMEOUT_MS),
-      });
-      text = await res.text();
-    } catch (err) {
-      throw new RequestFailed(call.what, { kind: "network", message: networkMessage(err) }, call, this.target);
+    let res: Response | null = null;
+    let text = "";
+    for (let attempt = 1; res === null; attempt++) {
+      try {
+        res = await fetch(`${this.target.apiUrl}${route}`, {
+          method,
+          headers,
+          body: body === undefined ? undefined : JSON.stringify(body),
+          signal: AbortSignal.timeout(TIMEOUT_MS),
+        });
+        text = await res.text();
+      } catch (err) {
+        res = null;
+        if (attempt >= NETWORK_ATTEMPTS || !sentAgainSafely(method, err)) {
+          throw new RequestFailed(call.what, { kind: "network", message: networkMessage(err) }, call, this.target);
+        }
+        await new Promise((resolve) => setTimeout(resolve, 500 * 2 ** (attempt - 1)));
+      }
     }
     let parsed: unknown;
     try {

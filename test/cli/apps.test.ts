@@ -42,7 +42,7 @@ describe("svc apps, env and disk against wrangler dev", () => {
       const human = await svc(["apps", "list"], deploy);
       expect(human.code).toBe(0);
       const [header, ...rows] = human.stdout.trimEnd().split("\n");
-      expect(header).toMatch(/^NAME\s+ID\s+RUNTIME\s+STATUS\s+MEMORY\s+URL\s+CREATED$/);
+      expect(header).toMatch(/^NAME\s+ID\s+RUNTIME\s+STATUS\s+MEMORY\s+INSTANCES\s+URL\s+CREATED$/);
       expect(rows.find((row) => row.startsWith(`${app} `))).toMatch(new RegExp(`${appId}\\s+static\\s+not_deployed\\s+256 MB`));
 
       const list = await svc(["apps", "list", "--json"], deploy);

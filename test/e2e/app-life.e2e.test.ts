@@ -4,9 +4,10 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { chromium } from "playwright-core";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { type LocalStack, ROOT } from "../../scripts/local-stack.js";
 import { createKey, STACK_START_TIMEOUT_MS, startStack, svc, tempHome } from "../cli/svc.js";
+import { fleetApi } from "./fleet-api.js";
 import { expectExit, type SiteResponse, siteRequest } from "./sites.js";
 
 const APPS = join(ROOT, "test", "fixtures", "apps");
@@ -34,7 +35,7 @@ type Release = { mark: string; warmupMs?: number; host?: string; port?: number; 
  * what the CLI, the API and the dashboard say.
  */
 describe("an app's life: every change reaches it, every status is true, every failure says why", () => {
-  let stack: LocalStack;
+  let stack: LocalStack & { stateDir: string };
   let home: Awaited<ReturnType<typeof tempHome>>;
   let env: Record<string, string>;
   const dirs: string[] = [];
@@ -48,6 +49,8 @@ describe("an app's life: every change reaches it, every status is true, every fa
     const key = await createKey(stack, "e2e-life", ["deploy"]);
     env = { ...home.env, SVC_API_URL: stack.apiUrl, SVC_API_KEY: key.key };
   }, STACK_START_TIMEOUT_MS);
+  // The stack is shared with other files: what its Worker said (a restart under load, an error) explains a failure here.
+  beforeEach(({ onTestFailed }) => onTestFailed(() => fleetApi(stack).showLog()));
   afterAll(async () => {
     await home?.remove();
     await Promise.all(dirs.map((dir) => rm(dir, { recursive: true, force: true })));

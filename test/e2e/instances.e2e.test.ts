@@ -98,6 +98,14 @@ describe("an app's instances across three nodes", () => {
     const shown = expectExit(await cli(["apps", "info", app]), 0, "apps info");
     expect(shown.stdout).toMatch(/instances\s+3 wanted, 3 running/);
     for (const instance of now.instances) expect(shown.stdout).toContain(`${instance.id} on ${instance.nodeName}: running, ready`);
+    // The runtime log has every instance's lines, merged by time, and no node "move" among them.
+    const res = await fetch(`${stack.apiUrl}/v1/apps/${app}/runtime-logs?lines=300`, { headers: { Authorization: `Bearer ${stack.adminKey}` } });
+    const log = await res.text();
+    const writers = new Set([...log.matchAll(/^\S+ (?:out|err|svc) \S+\/(prc_\w+) /gm)].map((m) => m[1]));
+    for (const instance of now.instances) expect(writers, log).toContain(instance.id);
+    expect(log).not.toMatch(/the app moved from node/);
+    const times = log.split("\n").filter(Boolean).map((line) => line.slice(0, 24));
+    expect(times).toEqual([...times].sort());
     const json = JSON.parse(expectExit(await cli(["apps", "info", app, "--json"]), 0, "apps info --json").stdout) as AppInfo;
     expect(json.instances.map((i) => i.id).sort()).toEqual(now.instances.map((i) => i.id).sort());
     // An app with several instances takes no disk (one writer per disk), and one with a disk does not scale.

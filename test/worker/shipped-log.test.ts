@@ -23,7 +23,7 @@ describe("the shipped runtime log", () => {
       log.keep("node_a", `${line(3, "three")}\n`);
       log.keep("node_b", `${line(4, "four")}\n${line(5, "five")}\n`);
       const names = { node_a: "local-1", node_b: "local-2" };
-      const all = log.history(null, { tail: 65_536 }, names);
+      const all = log.history([], { tail: 65_536 }, names);
       expect(all.text.split("\n")).toEqual([
         line(1, "one"),
         line(2, "two", "prc_b"),
@@ -35,12 +35,12 @@ describe("the shipped runtime log", () => {
       ]);
       expect(all.last).toEqual({ node: "node_b", time: line(5, "").slice(0, 24) });
       // The node the log lives on now gives its own lines: its shipments are left out.
-      expect(log.history("node_b", { tail: 65_536 }, names)).toEqual({ text: `${line(1, "one")}\n${line(2, "two", "prc_b")}\n${line(3, "three")}\n`, last: { node: "node_a", time: line(3, "").slice(0, 24) } });
-      expect(log.history(null, { lines: 2 }, names).text).toBe(`${line(4, "four")}\n${line(5, "five")}\n`);
-      expect(log.history(null, { lines: 0 }, names)).toEqual({ text: "", last: null });
-      expect(log.history(null, { tail: line(5, "five").length + 1 }, names).text).toBe(`${line(5, "five")}\n`);
-      expect(log.history(null, { since: Date.UTC(2026, 10, 28, 12, 0, 0, 3) }, names).text.split("\n").filter((l) => l.includes(" out "))).toEqual([line(3, "three"), line(4, "four"), line(5, "five")]);
-      expect(log.history(null, { tail: 65_536, process: "prc_b" }, names).text).toBe(`${line(2, "two", "prc_b")}\n`);
+      expect(log.history(["node_b"], { tail: 65_536 }, names)).toEqual({ text: `${line(1, "one")}\n${line(2, "two", "prc_b")}\n${line(3, "three")}\n`, last: { node: "node_a", time: line(3, "").slice(0, 24) } });
+      expect(log.history([], { lines: 2 }, names).text).toBe(`${line(4, "four")}\n${line(5, "five")}\n`);
+      expect(log.history([], { lines: 0 }, names)).toEqual({ text: "", last: null });
+      expect(log.history([], { tail: line(5, "five").length + 1 }, names).text).toBe(`${line(5, "five")}\n`);
+      expect(log.history([], { since: Date.UTC(2026, 10, 28, 12, 0, 0, 3) }, names).text.split("\n").filter((l) => l.includes(" out "))).toEqual([line(3, "three"), line(4, "four"), line(5, "five")]);
+      expect(log.history([], { tail: 65_536, process: "prc_b" }, names).text).toBe(`${line(2, "two", "prc_b")}\n`);
 
       // Past the bound the oldest shipments go, whole: what is kept stays under it.
       const big = `${line(9, "x".repeat(60_000))}\n`.repeat(16);
@@ -48,9 +48,9 @@ describe("the shipped runtime log", () => {
       const kept = state.storage.sql.exec<{ bytes: number }>("SELECT sum(bytes) AS bytes FROM shipped_log").one().bytes;
       expect(kept).toBeLessThanOrEqual(LOG_LIMIT_BYTES);
       expect(kept).toBeGreaterThan(LOG_LIMIT_BYTES - big.length);
-      expect(log.history(null, { tail: LOG_LIMIT_BYTES }, names).text).not.toContain(" one");
+      expect(log.history([], { tail: LOG_LIMIT_BYTES }, names).text).not.toContain(" one");
       log.drop();
-      expect(log.history(null, { tail: 65_536 }, names)).toEqual({ text: "", last: null });
+      expect(log.history([], { tail: 65_536 }, names)).toEqual({ text: "", last: null });
     });
   });
 
@@ -78,7 +78,7 @@ describe("the shipped runtime log", () => {
     // Deleting the app deletes what was shipped.
     expect((await call(`/v1/apps/${app.name}`, { method: "DELETE", key })).status).toBe(200);
     await runInDurableObject(appRuntimeStub(env, app.id), (_instance, state) => {
-      expect(new ShippedLog(state.storage).history(null, { tail: 65_536 }, {}).text).toBe("");
+      expect(new ShippedLog(state.storage).history([], { tail: 65_536 }, {}).text).toBe("");
     });
   });
 });

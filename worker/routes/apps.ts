@@ -3,11 +3,12 @@ import { ProcessExitReason, ProcessState } from "../../builder/src/protocol/proc
 import { requireScope } from "../auth/middleware";
 import { eq } from "drizzle-orm";
 import { type AppRow, disks, RUNTIMES, SUPPORTED_RUNTIMES } from "../db/schema";
+import { configOf, type Env } from "../env";
 import { appLogStream } from "../lib/builder-client";
 import { ApiError } from "../lib/errors";
 import { authErrors, errorResponse, jsonBody, newRouter, planLimited, UNCOMPRESSED_STREAM } from "../lib/router";
 import { ApplyQuery, DnsLabel, Deleted, dataOf, Ref, withRollout } from "../lib/schemas";
-import { appRuntimeStub, runsProcess } from "../services/app-runtime";
+import { appRuntimeStub, liveInstancesOf, runsProcess } from "../services/app-runtime";
 import { appChanged } from "../services/cron-targets";
 import { fleet, nodeRef } from "../services/fleet";
 import { movedLine } from "../../durable-objects/shipped-log";
@@ -347,28 +348,32 @@ appRoutes.openapi(
     }
     const { follow, tail, lines, since, process } = c.req.valid("query");
     const runtime = appRuntimeStub(c.env, app.id);
+    const window = since !== undefined ? { since } : lines !== undefined ? { lines } : { tail };
+    const names = Object.fromEntries((await fleet(c.env)).nodes.map((n) => [n.id, n.name]));
+    const instances = liveInstancesOf(app);
+    if (instances.length > 1 && !process) {
+      const nodeIds = [...new Set(instances.map((i) => i.node))];
+      return instancesLog(c.env, app.id, nodeIds, window, follow === "true", names, (promise) => c.executionCtx.waitUntil(promise));
+    }
     // The log lives on the node that runs (or last ran, or is starting) the process; else on the node holding the app's disk.
     const nodeId =
       (await runtime.logNode(process)) ?? (await c.get("db").select({ nodeId: disks.nodeId }).from(disks).where(eq(disks.appId, app.id)).get())?.nodeId ?? null;
     const node = nodeId ? await nodeRef(c.env, nodeId).catch(() => null) : null;
-    const window = since !== undefined ? { since } : lines !== undefined ? { lines } : { tail };
     const scope = { ...window, ...(process ? { process } : {}) };
     // What other nodes wrote (a failover or a drain moved the app) comes from what they shipped, then the
     // lines of the node the log lives on now. A node not answering: what it shipped, and a line saying so.
-    const names = Object.fromEntries((await fleet(c.env)).nodes.map((n) => [n.id, n.name]));
     const live = node ? await appLogStream(c.get("config"), node, app.id, scope, follow === "true").catch(unlessUnreachable) : null;
     // The node's own log has its lines; what it shipped is left out of the history.
-    const history = await runtime.logHistory(live instanceof Response && live.ok ? node!.id : null, scope, names);
-    const plain = { "Content-Type": "text/plain; charset=utf-8", "Cache-Control": "no-store" };
+    const history = await runtime.logHistory(live instanceof Response && live.ok ? [node!.id] : [], scope, names);
     if (live instanceof ApiError) {
       if (history.text === "") throw live;
       const silent = `${new Date().toISOString()} svc -/fleet node ${names[node!.id] ?? node!.id} is not answering (${live.message}); lines it wrote after those above are on it\n`;
-      return c.body(history.text + silent, 200, plain);
+      return c.body(history.text + silent, 200, PLAIN_TEXT);
     }
     if (live && !live.ok && live.status !== 404) throw new ApiError("BUILDER_UNAVAILABLE", `the app's node could not return the log (HTTP ${live.status})`);
     // No node has the log (nothing ever ran, or its node left the fleet), or it has none yet: what was shipped, if anything.
-    if (!live?.ok || !live.body) return c.body(history.text, 200, plain);
-    if (!history.last) return c.body(live.body, 200, { ...plain, ...UNCOMPRESSED_STREAM });
+    if (!live?.ok || !live.body) return c.body(history.text, 200, PLAIN_TEXT);
+    if (!history.last) return c.body(live.body, 200, { ...PLAIN_TEXT, ...UNCOMPRESSED_STREAM });
     // Before the live node's lines; stamped with the last shipped line's time: the move came after it.
     const head = `${history.text}${movedLine(history.last.time, names[history.last.node] ?? history.last.node, names[node!.id] ?? node!.id)}\n`;
     const joined = new TransformStream<Uint8Array, Uint8Array>();
@@ -380,9 +385,95 @@ appRoutes.openapi(
         await live.body!.pipeTo(joined.writable);
       })().catch(() => undefined),
     );
-    return c.body(joined.readable, 200, { ...plain, ...UNCOMPRESSED_STREAM });
+    return c.body(joined.readable, 200, { ...PLAIN_TEXT, ...UNCOMPRESSED_STREAM });
   },
 );
+
+const PLAIN_TEXT = { "Content-Type": "text/plain; charset=utf-8", "Cache-Control": "no-store" };
+
+/**
+ * The runtime log of an app running several instances: the lines of each
+ * instance's node and what nodes that no longer run it shipped, merged by
+ * time (each line names its release and process), cut to the window; a node
+ * not answering gives what it shipped and a line saying so. Following, the
+ * nodes' new lines come as each node writes them, line by line.
+ */
+async function instancesLog(
+  env: Env,
+  appId: string,
+  nodeIds: string[],
+  window: { since: number } | { lines: number } | { tail: number },
+  follow: boolean,
+  names: Record<string, string>,
+  waitUntil: (promise: Promise<unknown>) => void,
+): Promise<Response> {
+  const config = configOf(env);
+  const answers = await Promise.all(
+    nodeIds.map(async (id) => {
+      const node = await nodeRef(env, id).catch(() => null);
+      return { id, live: node ? await appLogStream(config, node, appId, window, follow).catch(unlessUnreachable) : null };
+    }),
+  );
+  const reached = answers.flatMap(({ id, live }) => (live instanceof Response && live.ok && live.body ? [{ id, body: live.body }] : []));
+  for (const { live } of answers) if (live instanceof Response && !(live.ok && live.body)) await live.body?.cancel();
+  const history = await appRuntimeStub(env, appId).logHistory(
+    reached.map((r) => r.id),
+    window,
+    names,
+  );
+  const now = new Date().toISOString();
+  const silent = answers
+    .filter(({ live }) => live instanceof ApiError)
+    .map(({ id, live }) => `${now} svc -/fleet node ${names[id] ?? id} is not answering (${(live as ApiError).message}); lines it wrote after those above are on it\n`)
+    .join("");
+  if (!follow) {
+    const texts = await Promise.all(reached.map((r) => new Response(r.body).text()));
+    const merged = [history.text, ...texts]
+      .flatMap((text) => text.split("\n").filter((line) => line !== ""))
+      .map((line, order) => ({ line, order }))
+      .sort((a, b) => (a.line.slice(0, 24) < b.line.slice(0, 24) ? -1 : a.line.slice(0, 24) > b.line.slice(0, 24) ? 1 : a.order - b.order))
+      .map((entry) => entry.line);
+    let kept = merged;
+    if ("lines" in window) kept = merged.slice(Math.max(0, merged.length - window.lines));
+    if ("tail" in window) {
+      let bytes = 0;
+      let first = merged.length;
+      while (first > 0 && bytes + merged[first - 1]!.length + 1 <= window.tail) bytes += merged[--first]!.length + 1;
+      kept = merged.slice(first);
+    }
+    return new Response(kept.map((line) => `${line}\n`).join("") + silent, { headers: PLAIN_TEXT });
+  }
+  // Following: what was shipped first, then each node's lines as they come (whole lines, never a half of one).
+  const joined = new TransformStream<Uint8Array, Uint8Array>();
+  const writer = joined.writable.getWriter();
+  const encoder = new TextEncoder();
+  const readers = reached.map((r) => r.body.pipeThrough(new TextDecoderStream()).getReader());
+  waitUntil(
+    (async () => {
+      await writer.write(encoder.encode(history.text + silent));
+      await Promise.all(
+        readers.map(async (reader) => {
+          let rest = "";
+          for (;;) {
+            const { value, done } = await reader.read();
+            if (done) break;
+            rest += value;
+            const cut = rest.lastIndexOf("\n");
+            if (cut === -1) continue;
+            await writer.write(encoder.encode(rest.slice(0, cut + 1)));
+            rest = rest.slice(cut + 1);
+          }
+        }),
+      );
+      await writer.close();
+    })().catch(async () => {
+      // The client went away (or a node's stream broke): every node's stream ends with it.
+      await Promise.all(readers.map((reader) => reader.cancel().catch(() => undefined)));
+      await writer.abort().catch(() => undefined);
+    }),
+  );
+  return new Response(joined.readable, { headers: { ...PLAIN_TEXT, ...UNCOMPRESSED_STREAM } });
+}
 
 /** A node that did not answer in time, as a value (what it shipped is read instead); any other failure thrown on. */
 function unlessUnreachable(error: unknown): ApiError {

@@ -76,6 +76,8 @@ async function rollOut(env: Env, db: Db, app: AppRow, cause: string | null): Pro
     error: null,
     cause: `config: ${causes}`,
     configVersion: app.configVersion,
+    // svc.json's count was the app's when its deploy rolled out; a configuration change keeps the app's count now.
+    instances: null,
     processId: null,
     progress: null,
     logExcerpt: null,
