@@ -52,7 +52,7 @@ function workerProject(test: { name: string; include: string[]; exclude?: string
       disableConsoleIntercept: true,
       setupFiles: ["./test/worker/apply-migrations.ts"],
       // cron-parser is CommonJS requiring luxon; pre-bundle it the way wrangler's esbuild does.
-      deps: { optimizer: { ssr: { enabled: true, include: ["cron-parser"] } } },
+      deps: { optimizer: { ssr: { enabled: true, include: ["cron-parser", "standardwebhooks"] } } },
     },
   };
 }

@@ -11,6 +11,7 @@ import { GIB } from "../worker/services/disks";
 import { envOf } from "../worker/services/env-vars";
 import { forgetFleet, lostNode, nodeRef } from "../worker/services/fleet";
 import { placeProcess } from "../worker/services/placement";
+import { deploymentEvent, emit } from "../worker/services/webhooks";
 import { scaleApp } from "../worker/services/apps";
 import { noteProgress } from "../worker/services/deployments";
 import { REPORT_EVERY_MS } from "../worker/sites/load-meter";
@@ -327,6 +328,7 @@ export class AppRuntime extends DurableObject<Env> {
   private async stopNow(appId: string): Promise<void> {
     this.ctx.storage.kv.put("appId", appId);
     this.ctx.storage.kv.delete("retry");
+    this.ctx.storage.kv.delete("looping");
     const target = this.target;
     await this.abandonPending("the app was stopped");
     if (target?.deploy) await this.cancelDeployment(target.deploy, "the app was stopped");
@@ -420,12 +422,37 @@ export class AppRuntime extends DurableObject<Env> {
     const instances = this.instances;
     const instance = instances.find((i) => i.processId === status.id && (from === undefined || from === i.node));
     if (!instance) return;
+    // A crash loop is told (webhooks) as it starts; the way out of it once no process of the app loops.
+    if (status.state === "crash_loop" && instance.state !== "crash_loop") {
+      this.ctx.storage.kv.put("looping", true);
+      await this.tell("app.crash_loop", status);
+    }
     if (status.state === "failed" || status.state === "stopped") {
       await this.replaceLost([instance], `process ${status.id} ${status.state}`);
       return;
     }
     if (instance.state === status.state) return;
     await this.record(instances.map((i) => (i === instance ? { ...i, state: status.state } : i)));
+    await this.recovered(status);
+  }
+
+  /** `app.recovered`, once, when the app crash-looped and now none of its processes does and one runs (it came back, or a fix replaced it). */
+  private async recovered(status: ProcessStatus): Promise<void> {
+    if (!this.ctx.storage.kv.get<boolean>("looping")) return;
+    const instances = this.instances;
+    if (instances.some((i) => i.state === "crash_loop") || !instances.some((i) => i.state === "running")) return;
+    this.ctx.storage.kv.delete("looping");
+    await this.tell("app.recovered", status);
+  }
+
+  /** `app.crash_loop` or `app.recovered` of one of the app's processes, with its node's account of it. */
+  private async tell(event: "app.crash_loop" | "app.recovered", status: ProcessStatus): Promise<void> {
+    const app = this.appId ? await this.app(this.appId) : null;
+    if (!app) return;
+    await emit(this.env, app.accountId, event, {
+      app: { id: app.id, name: app.name },
+      process: { id: status.id, state: status.state, restarts: status.restarts, lastExit: status.lastExit, lastLines: status.lastLines },
+    });
   }
 
   override alarm(): Promise<void> {
@@ -696,6 +723,7 @@ export class AppRuntime extends DurableObject<Env> {
       const ready = status.ready ? `healthy after ${readyTime(status)}; ` : "";
       await noteProgress(this.db, pending.deploymentId, wanted > 1 ? `${ready}${onNew}/${wanted} instances on the new release` : `${ready}switching traffic to it`);
     }
+    await this.recovered(status);
     if (replaced) {
       if (pending.reason === "deploy") {
         const which = wanted > 1 ? `process ${replaced.processId} of the previous release` : "the previous release";
@@ -743,7 +771,10 @@ export class AppRuntime extends DurableObject<Env> {
       .set({ status: "ready", error: null, finishedAt: Date.now() })
       .where(and(eq(deployments.id, settling.deploymentId), eq(deployments.status, "deploying")))
       .returning({ id: deployments.id });
-    if (done.length > 0) await noteProgress(this.db, settling.deploymentId, "serving: every request goes to the new release");
+    if (done.length > 0) {
+      await noteProgress(this.db, settling.deploymentId, "serving: every request goes to the new release");
+      await deploymentEvent(this.env, settling.deploymentId, "succeeded");
+    }
   }
 
   /** A process that cannot get ready: its deployment fails with why (rolled back), its process stops, the others keep serving. */
@@ -788,10 +819,12 @@ export class AppRuntime extends DurableObject<Env> {
 
   private async failDeployment(deploymentId: string, error: string, lastLines: string[]): Promise<void> {
     const line = error.split("\n")[0]!.slice(0, 1_000);
-    await this.db
+    const failed = await this.db
       .update(deployments)
       .set({ status: "failed", error: line, logExcerpt: lastLines.length > 0 ? lastLines : null, finishedAt: Date.now() })
-      .where(and(eq(deployments.id, deploymentId), eq(deployments.status, "deploying")));
+      .where(and(eq(deployments.id, deploymentId), eq(deployments.status, "deploying")))
+      .returning({ id: deployments.id });
+    if (failed.length > 0) await deploymentEvent(this.env, deploymentId, "failed");
   }
 
   private async cancelDeployment(deploymentId: string, why: string): Promise<void> {

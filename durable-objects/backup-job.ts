@@ -7,6 +7,7 @@ import { GIB } from "../worker/services/disks";
 import { pruneAutomaticSnapshots } from "../worker/services/snapshots";
 import { completeUpload } from "../worker/storage/objects";
 import { presignPart } from "../worker/storage/presign";
+import { backupFailed } from "../worker/services/webhooks";
 import { type Ending, failureOf, SingleBuilderJob } from "./single-job";
 
 /** Snapshot parts: ≥ R2's 5 MiB minimum, and large enough that a full disk stays under 10,000 parts. */
@@ -103,6 +104,7 @@ export class BackupJob extends SingleBuilderJob {
         .update(backups)
         .set({ status: "failed", failureReason: error, reservedBytes: 0, completedAt: now })
         .where(eq(backups.id, backupId));
+      await backupFailed(this.env, backupId);
       return;
     }
     const owner = await this.db

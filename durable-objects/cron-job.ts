@@ -18,6 +18,7 @@ import type { CronDefinition, CronRunRecord } from "../worker/services/crons";
 import { logKey, RUN_HISTORY } from "../worker/services/crons";
 import { GIB } from "../worker/services/disks";
 import { decryptEnv } from "../worker/services/env-vars";
+import { emit } from "../worker/services/webhooks";
 import { presign } from "../worker/storage/presign";
 
 /** How a finished run ended, whatever reported it (callback, poll, or a dispatch failure). */
@@ -172,6 +173,8 @@ export class CronJob extends DurableObject<Env> {
    * (epoch ms).
    */
   async configure(job: CronDefinition, target: CronTarget | null): Promise<number | null> {
+    // Enabled again (by hand, after it disabled itself or not): its failures in a row count from zero.
+    if (job.enabled && this.job()?.enabled === false) this.kv.delete("failures");
     this.kv.put("job", job);
     if (target) this.storeTarget(target);
     return this.reschedule();
@@ -628,6 +631,30 @@ export class CronJob extends DurableObject<Env> {
     const key = logKey(job.id, jobName);
     await this.env.BUCKET.put(key, outcome.log, { httpMetadata: { contentType: "text/plain; charset=utf-8" } });
     this.ctx.storage.sql.exec("UPDATE runs SET log_key = ? WHERE job_name = ?", key, jobName);
+    await this.countOutcome(job, jobName, outcome);
+  }
+
+  /**
+   * Failed runs in a row: each failure goes out as `cron.failed` (with the
+   * count); at the job's `disableAfterFailures` it disables itself, saying
+   * why, and `cron.disabled` goes out. A success starts the count again.
+   */
+  private async countOutcome(job: CronDefinition, jobName: string, outcome: Outcome): Promise<void> {
+    if (outcome.status === "success") {
+      this.kv.delete("failures");
+      return;
+    }
+    const failures = (this.kv.get<number>("failures") ?? 0) + 1;
+    this.kv.put("failures", failures);
+    const about = { cron: { id: job.id, name: job.name, appId: job.appId }, run: { jobName, exitCode: outcome.exitCode, error: outcome.error }, consecutiveFailures: failures };
+    await emit(this.env, job.accountId, "cron.failed", about);
+    if (!job.enabled || job.disableAfterFailures === null || failures < job.disableAfterFailures) return;
+    const reason = `disabled after ${failures} failed runs in a row (the last: ${outcome.error ?? "failed"})`;
+    await this.db.update(crons).set({ enabled: false, disabledReason: reason, updatedAt: Date.now() }).where(eq(crons.id, job.id));
+    this.kv.put("job", { ...job, enabled: false, disabledReason: reason });
+    await this.reschedule();
+    console.log(JSON.stringify({ event: "cron.disabled", cronId: job.id, reason }));
+    await emit(this.env, job.accountId, "cron.disabled", { ...about, reason });
   }
 
   /** The job's last and next run, for the list and the watchdog: the one D1 write of a run, after it started. */

@@ -15,6 +15,7 @@ import { appRuntimeStub, runsProcess } from "../worker/services/app-runtime";
 import { appChanged } from "../worker/services/cron-targets";
 import { activateIfNewer, artifactKey, buildLogKey, pruneDeployments, RELEASE_PART_BYTES, releaseKey } from "../worker/services/deployments";
 import { envOf } from "../worker/services/env-vars";
+import { deploymentEvent } from "../worker/services/webhooks";
 import { type Ending, failureOf, SingleBuilderJob } from "./single-job";
 
 const HEADERS_FILE = "/_headers";
@@ -249,6 +250,7 @@ export class Deployment extends SingleBuilderJob {
         .update(deployments)
         .set({ status: "failed", error: `${where}: ${headers.message}`, finishedAt: Date.now() })
         .where(eq(deployments.id, row.id));
+      await deploymentEvent(this.env, row.id, "failed");
       return;
     }
     const manifest: Manifest = {
@@ -283,6 +285,7 @@ export class Deployment extends SingleBuilderJob {
       .update(deployments)
       .set({ status: cancelled ? "cancelled" : "failed", error, startedAt, finishedAt: now })
       .where(eq(deployments.id, id));
+    if (!cancelled) await deploymentEvent(this.env, id, "failed");
   }
 
   /**
@@ -366,6 +369,7 @@ export class Deployment extends SingleBuilderJob {
     if (absent.length > 0) {
       const error = `${absent.length} file(s) never reached storage (blobs ${absent.slice(0, 3).join(", ")})`;
       await this.db.update(deployments).set({ status: "failed", error, finishedAt: Date.now() }).where(eq(deployments.id, row.id));
+      await deploymentEvent(this.env, row.id, "failed");
       this.ctx.storage.kv.delete("publishing");
       return;
     }
@@ -377,6 +381,7 @@ export class Deployment extends SingleBuilderJob {
       .update(deployments)
       .set({ status: "ready", manifestKey: manifestKey(row.id), finishedAt: Date.now() })
       .where(eq(deployments.id, row.id));
+    await deploymentEvent(this.env, row.id, "succeeded");
     if (await activateIfNewer(this.db, row)) {
       // The app's cron runs work in the active deployment's source.
       await appChanged(this.env, this.db, row.appId);

@@ -9,6 +9,7 @@ import { setAppStatus } from "../worker/services/apps";
 import { appChanged } from "../worker/services/cron-targets";
 import { GIB } from "../worker/services/disks";
 import { presign } from "../worker/storage/presign";
+import { emit } from "../worker/services/webhooks";
 import { type Ending, failureOf, SingleBuilderJob } from "./single-job";
 
 /**
@@ -86,6 +87,12 @@ export class RestoreJob extends SingleBuilderJob {
     if (error && disk && moved) {
       const note = `${disk.placementNote} — the restore failed: ${error}; the backup is kept (svc backups restore ${disk.name} --backup ${restore.backupId})`;
       await this.db.update(disks).set({ placementNote: note }).where(eq(disks.id, disk.id));
+    }
+    if (error && disk) {
+      await emit(this.env, disk.accountId, "restore.failed", {
+        disk: { id: disk.id, name: disk.name },
+        restore: { id: restore.id, backupId: restore.backupId, error },
+      });
     }
     const app = disk?.appId ? await this.db.select().from(apps).where(eq(apps.id, disk.appId)).get() : null;
     if (!app) return;

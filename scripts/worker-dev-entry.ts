@@ -17,7 +17,7 @@
  * server does after refusing a body. In production Cloudflare's edge holds the
  * client's connection, so neither is in the Worker `wrangler deploy` ships.
  */
-import type { Env } from "../worker/env";
+import type { Env, WebhookMessage } from "../worker/env";
 import worker from "../worker/index";
 import { SCHEDULED_PATH } from "./scheduled-route";
 
@@ -49,4 +49,4 @@ export default {
     if (request.body && !request.bodyUsed && length <= UNREAD_BODY_DRAIN_BYTES) await request.arrayBuffer().catch(() => undefined);
     return response;
   },
-} satisfies ExportedHandler<Env>;
+} satisfies ExportedHandler<Env, WebhookMessage>;

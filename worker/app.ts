@@ -21,6 +21,7 @@ import { diskRoutes } from "./routes/disks";
 import { serveCustomHost, serveSite, siteName } from "./sites/serve";
 import { CHECK_HOST_HEADER, HTTP_CHECK_PATH } from "./services/domains";
 import { domainRoutes } from "./routes/domains";
+import { webhookRoutes } from "./routes/webhooks";
 import { storageRoutes } from "./storage/gateway";
 import { envVarRoutes } from "./routes/env-vars";
 import { internalRoutes } from "./routes/internal";
@@ -119,6 +120,7 @@ export function createApp() {
   app.route("/v1/disks", diskRoutes);
   app.route("/v1/disks", backupRoutes);
   app.route("/v1/crons", cronRoutes);
+  app.route("/v1/webhooks", webhookRoutes);
   app.route("/v1/whoami", whoamiRoutes);
   app.route("/v1/nodes", nodeRoutes);
   app.route("/v1/operator/nodes", operatorNodeRoutes);

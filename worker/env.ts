@@ -6,6 +6,9 @@ import type { Deployment } from "../durable-objects/deployment";
 import type { Fleet } from "../durable-objects/fleet";
 import type { RestoreJob } from "../durable-objects/restore-job";
 
+/** A queued webhook delivery: the row (webhook_deliveries) to send. */
+export type WebhookMessage = { deliveryId: string };
+
 /** Bindings and vars the Worker is deployed with (wrangler.toml + secrets). */
 export interface Env {
   DB: D1Database;
@@ -17,6 +20,8 @@ export interface Env {
   APP_RUNTIME: DurableObjectNamespace<AppRuntime>;
   /** The fleet's one object: membership, heartbeat deadlines, node loss. */
   FLEET: DurableObjectNamespace<Fleet>;
+  /** Webhook deliveries, one message per event and webhook ([[queues]] in wrangler.toml; the consumer is this Worker). */
+  WEBHOOKS: Queue<WebhookMessage>;
   /** Requests per API key ([[ratelimits]] in wrangler.toml). */
   API_RATE_LIMITER: RateLimit;
   /** The dashboard's static assets (`[assets]` in wrangler.toml). */
@@ -76,6 +81,8 @@ export interface Env {
   DOMAIN_CNAME_TARGET?: string;
   /** "on" where the edge terminates TLS for custom domains (production): `httpsOnly` domains then redirect http to https. */
   CUSTOM_DOMAIN_TLS?: string;
+  /** `allow`: webhook targets may be private, loopback or link-local addresses (a local stack); `refuse` (default) in production. */
+  WEBHOOK_PRIVATE_TARGETS?: string;
   /** Cloudflare for SaaS: the zone whose custom hostnames carry the certificates, and a token that may edit them. */
   CF_ZONE_ID?: string;
   CF_API_TOKEN?: string;
@@ -124,6 +131,7 @@ const configSchema = z.object({
   DNS_OVER_HTTPS_URL: z.url().default("https://cloudflare-dns.com/dns-query"),
   DOMAIN_CNAME_TARGET: z.string().min(1).optional(),
   CUSTOM_DOMAIN_TLS: z.enum(["on", "off"]).default("off"),
+  WEBHOOK_PRIVATE_TARGETS: z.enum(["allow", "refuse"]).default("refuse"),
   CF_ZONE_ID: z.string().min(1).optional(),
   CF_API_TOKEN: z.string().min(1).optional(),
   CF_API_URL: z.url().default("https://api.cloudflare.com/client/v4"),

@@ -1,8 +1,9 @@
 import { createApp } from "./app";
-import type { Env } from "./env";
+import type { Env, WebhookMessage } from "./env";
 import { sweep } from "./services/retention";
 import { snapshotDueDisks } from "./services/snapshots";
 import { watchCrons } from "./services/watchdog";
+import { deliver } from "./services/webhooks";
 
 export { AppRuntime } from "../durable-objects/app-runtime";
 export { BackupJob } from "../durable-objects/backup-job";
@@ -29,4 +30,17 @@ export default {
       ctx.waitUntil(snapshotDueDisks(env, controller.scheduledTime));
     }
   },
-} satisfies ExportedHandler<Env>;
+  /** Webhook deliveries (wrangler.toml [[queues.consumers]]): each sent once more, or brought back after its backoff. */
+  async queue(batch, env) {
+    await Promise.all(
+      batch.messages.map(async (message) => {
+        const wait = await deliver(env, message.body.deliveryId).catch((err: unknown) => {
+          console.error(JSON.stringify({ event: "webhook.deliver_failed", deliveryId: message.body.deliveryId, error: err instanceof Error ? err.message : String(err) }));
+          return 30;
+        });
+        if (wait === null) message.ack();
+        else message.retry({ delaySeconds: wait });
+      }),
+    );
+  },
+} satisfies ExportedHandler<Env, WebhookMessage>;

@@ -8,6 +8,7 @@ import { CronsPage } from "./pages/crons";
 import { DiskPage } from "./pages/disk";
 import { DisksPage } from "./pages/disks";
 import { KeysPage } from "./pages/keys";
+import { WebhooksPage } from "./pages/webhooks";
 import { SignIn } from "./pages/sign-in";
 import { Link, match, navigate, usePath } from "./router";
 import { session } from "./session";
@@ -22,6 +23,7 @@ const NAV = [
   ["/apps", "Apps"],
   ["/disks", "Disks"],
   ["/crons", "Cron jobs"],
+  ["/webhooks", "Webhooks"],
   ["/keys", "API keys"],
 ] as const;
 
@@ -47,6 +49,7 @@ function Page({ path, me }: { path: string; me: Me }) {
     ["/disks/:name", (p) => <DiskPage name={p.name!} />],
     ["/crons", () => <CronsPage />],
     ["/crons/:ref", (p) => <CronPage idOrName={p.ref!} />],
+    ["/webhooks", () => <WebhooksPage />],
     ["/keys", () => <KeysPage me={me} />],
   ];
   for (const [pattern, page] of routes) {

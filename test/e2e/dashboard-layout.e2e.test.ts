@@ -266,6 +266,7 @@ describe("the dashboard's layout at 390 and 1280 px", () => {
       },
     },
     { name: "disk-not-found", path: "/disks/no-such-disk", ready: "main [role=alert]" },
+    { name: "webhooks", path: "/webhooks", ready: "main form" },
     { name: "keys", path: "/keys", ready: "main table" },
     {
       name: "keys-secret-once",

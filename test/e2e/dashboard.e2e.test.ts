@@ -2,6 +2,8 @@ import { execFileSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { existsSync } from "node:fs";
 import { mkdir, mkdtemp, rm, truncate, writeFile } from "node:fs/promises";
+import { createServer } from "node:http";
+import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { gzipSync } from "node:zlib";
@@ -348,6 +350,46 @@ describe("the dashboard in headless Chromium", () => {
     await card.getByRole("button", { name: "Remove" }).click();
     await card.getByRole("button", { name: "Remove" }).click();
     await page.getByText("No custom domains.").waitFor();
+  }, 60_000);
+
+  it("adds a webhook, shows its signing secret once, sends a test event a receiver here takes, and removes it", async () => {
+    const got: string[] = [];
+    const receiver = createServer((req, res) => {
+      req.resume();
+      req.on("end", () => {
+        got.push(String(req.headers["webhook-id"]));
+        res.writeHead(204).end();
+      });
+    });
+    await new Promise<void>((resolve) => receiver.listen(0, "127.0.0.1", resolve));
+    try {
+      const url = `http://127.0.0.1:${(receiver.address() as AddressInfo).port}/hook`;
+      await page.goto(`${stack.apiUrl}/webhooks`);
+      await page.getByText("No webhooks.").waitFor();
+      const form = page.getByRole("form", { name: "Add a webhook" });
+      await form.getByLabel("URL").fill(url);
+      await form.getByRole("button", { name: "Add" }).click();
+      const secret = (await page.getByRole("region", { name: "New signing secret" }).getByLabel("Secret").textContent())!.trim();
+      expect(secret).toMatch(/^whsec_/);
+      await page.getByRole("button", { name: "I have saved it" }).click();
+      const card = page.getByRole("region", { name: `Webhook ${url}` });
+      await card.getByRole("button", { name: "Send a test event" }).click();
+      await expect.poll(() => got.length, { timeout: 15_000 }).toBe(1);
+      // The card's deliveries say so once reloaded (the page reads them again after each test).
+      await page.reload();
+      await card.getByRole("row").filter({ hasText: "webhook.test" }).getByText("delivered").waitFor();
+      await shot("06c-webhooks");
+      expect(await page.getByText(secret).count()).toBe(0);
+      await card.getByRole("button", { name: "Remove" }).click();
+      await card.getByRole("button", { name: "Remove" }).click();
+      await page.getByText("No webhooks.").waitFor();
+      // The tests after this one go on from the app's page.
+      await page.goto(`${stack.apiUrl}/apps/${app}/domains`);
+      await page.getByRole("form", { name: "Add a domain" }).waitFor();
+    } finally {
+      receiver.closeAllConnections();
+      await new Promise((resolve) => receiver.close(resolve));
+    }
   }, 60_000);
 
   it("deploys a folder packed in the page (honouring .gitignore), streams the build log to success, and rolls back", async () => {

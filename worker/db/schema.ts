@@ -367,6 +367,10 @@ export const crons = sqliteTable(
     concurrencyPolicy: text("concurrency_policy", { enum: CONCURRENCY_POLICIES }).notNull().default("forbid"),
     timeoutSeconds: integer("timeout_seconds").notNull().default(3600),
     enabled: integer("enabled", { mode: "boolean" }).notNull().default(true),
+    /** Disabled by itself after this many failed runs in a row (null: never). */
+    disableAfterFailures: integer("disable_after_failures"),
+    /** Why the job disabled itself (cleared when it is enabled again); null when it did not. */
+    disabledReason: text("disabled_reason"),
     /** Scheduled time of the most recent run (manual or scheduled). */
     lastRunAt: integer("last_run_at"),
     /** When the job's Durable Object alarm will fire next; null while disabled. Written after each run (the watchdog's input). */
@@ -591,3 +595,66 @@ export const requestLogs = sqliteTable(
 
 export type DeploymentRow = typeof deployments.$inferSelect;
 export type RequestLogRow = typeof requestLogs.$inferSelect;
+
+/** What webhooks can be told of (docs/webhooks.md has each payload). */
+export const WEBHOOK_EVENTS = [
+  "deploy.succeeded",
+  "deploy.failed",
+  "app.crash_loop",
+  "app.recovered",
+  "cron.failed",
+  "cron.disabled",
+  "backup.failed",
+  "restore.failed",
+] as const;
+export type WebhookEvent = (typeof WEBHOOK_EVENTS)[number];
+
+/**
+ * An account's webhook: where its events go, signed as Standard Webhooks
+ * says with `secret` (and, for a day after a roll, `previous_secret` too).
+ */
+export const webhooks = sqliteTable(
+  "webhooks",
+  {
+    id: text("id").primaryKey(),
+    accountId: text("account_id")
+      .notNull()
+      .references(() => accounts.id, { onDelete: "cascade" }),
+    url: text("url").notNull(),
+    events: text("events", { mode: "json" }).$type<WebhookEvent[]>().notNull(),
+    description: text("description"),
+    secret: text("secret").notNull(),
+    previousSecret: text("previous_secret"),
+    previousUntil: integer("previous_until"),
+    createdAt: integer("created_at").notNull(),
+    updatedAt: integer("updated_at").notNull(),
+  },
+  (t) => [index("webhooks_account_idx").on(t.accountId, t.createdAt)],
+);
+export type WebhookRow = typeof webhooks.$inferSelect;
+
+export const DELIVERY_STATUSES = ["pending", "delivered", "failed"] as const;
+export type DeliveryStatus = (typeof DELIVERY_STATUSES)[number];
+
+/** One event sent to one webhook (its `webhook-id` is the row's id), with what the last attempt got. */
+export const webhookDeliveries = sqliteTable(
+  "webhook_deliveries",
+  {
+    id: text("id").primaryKey(),
+    webhookId: text("webhook_id")
+      .notNull()
+      .references(() => webhooks.id, { onDelete: "cascade" }),
+    event: text("event").notNull(),
+    /** The body exactly as signed and sent. */
+    payload: text("payload").notNull(),
+    status: text("status", { enum: DELIVERY_STATUSES }).notNull(),
+    attempts: integer("attempts").notNull().default(0),
+    responseStatus: integer("response_status"),
+    error: text("error"),
+    createdAt: integer("created_at").notNull(),
+    lastAttemptAt: integer("last_attempt_at"),
+    nextAttemptAt: integer("next_attempt_at"),
+  },
+  (t) => [index("webhook_deliveries_webhook_idx").on(t.webhookId, t.createdAt)],
+);
+export type DeliveryRow = typeof webhookDeliveries.$inferSelect;

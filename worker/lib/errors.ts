@@ -21,6 +21,7 @@ export type ErrorCode =
   | "ENV_VAR_NOT_FOUND"
   | "NODE_NOT_FOUND"
   | "DOMAIN_NOT_FOUND"
+  | "WEBHOOK_NOT_FOUND"
   | "DOMAIN_TAKEN"
   | "NODE_NOT_EMPTY"
   | "NODE_LOST"
@@ -77,6 +78,7 @@ export function statusOf(code: ErrorCode): ErrorStatus {
     case "ENV_VAR_NOT_FOUND":
     case "NODE_NOT_FOUND":
     case "DOMAIN_NOT_FOUND":
+    case "WEBHOOK_NOT_FOUND":
       return 404;
     case "METHOD_NOT_ALLOWED":
       return 405;

@@ -36,6 +36,8 @@ export const ID_PREFIXES = {
   node: "node",
   joinToken: "njt",
   domain: "dom",
+  webhook: "whk",
+  message: "msg",
 } as const;
 
 export type IdKind = keyof typeof ID_PREFIXES;

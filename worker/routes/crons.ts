@@ -33,6 +33,13 @@ const Schedule = z
 const Command = z.string().min(1).max(10_000).refine((c) => !c.includes("\0"), "must not contain NUL");
 const TimeZone = z.string().max(64).refine(isTimeZone, "must be an IANA time zone, e.g. Europe/Berlin");
 const Timeout = z.number().int().min(1).max(43_200);
+const DisableAfter = z
+  .number()
+  .int()
+  .min(1)
+  .max(1000)
+  .nullable()
+  .openapi({ description: "Disable the job by itself after this many failed runs in a row (its `disabledReason` says so and a `cron.disabled` event goes out); null: never" });
 
 const CreateCronBody = z
   .strictObject({
@@ -44,6 +51,7 @@ const CreateCronBody = z
     concurrencyPolicy: z.enum(CONCURRENCY_POLICIES).default("forbid"),
     timeoutSeconds: Timeout.default(3600),
     enabled: z.boolean().default(true),
+    disableAfterFailures: DisableAfter.optional(),
   })
   .openapi("CreateCron", {
     example: { appId: "app_0aB1cD2eF3gH4iJ5kL6mN7oP", name: "nightly-report", schedule: "0 3 * * *", command: "npm run report" },
@@ -57,6 +65,7 @@ const UpdateCronBody = z
     concurrencyPolicy: z.enum(CONCURRENCY_POLICIES).optional(),
     timeoutSeconds: Timeout.optional(),
     enabled: z.boolean().optional(),
+    disableAfterFailures: DisableAfter.optional(),
   })
   .refine((b) => Object.keys(b).length > 0, "supply at least one field to change")
   .openapi("UpdateCron", { example: { schedule: "*/30 * * * *" } });
@@ -72,6 +81,8 @@ const CronSchema = z
     timezone: z.string(),
     concurrencyPolicy: z.enum(CONCURRENCY_POLICIES),
     timeoutSeconds: z.number().int(),
+    disableAfterFailures: z.number().int().nullable(),
+    disabledReason: z.string().nullable().openapi({ example: "disabled after 3 failed runs in a row (the last: exit code 1)" }),
     createdAt: z.string(),
     updatedAt: z.string(),
   })

@@ -21,6 +21,7 @@ import { presign } from "../storage/presign";
 import { appChanged } from "./cron-targets";
 import { isInUse, resolveDisk } from "./disks";
 import { lostNode } from "./fleet";
+import { backupFailed } from "./webhooks";
 import { diskNode } from "./placement";
 
 /** Archives above this are uploaded in parts (DESIGN §7). */
@@ -208,6 +209,7 @@ export async function startBackup(
       .update(backups)
       .set({ status: "failed", failureReason, reservedBytes: 0, completedAt: Date.now() })
       .where(and(eq(backups.id, backup.id), eq(backups.status, "creating")));
+    await backupFailed(env, backup.id);
     throw err;
   }
   return backup;

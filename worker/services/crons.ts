@@ -23,6 +23,10 @@ export type CronView = {
   timezone: string;
   concurrencyPolicy: ConcurrencyPolicy;
   timeoutSeconds: number;
+  /** Disables itself after this many failed runs in a row (null: never). */
+  disableAfterFailures: number | null;
+  /** Why it disabled itself; null when it did not (or was enabled again since). */
+  disabledReason: string | null;
   createdAt: string;
   updatedAt: string;
 };
@@ -75,6 +79,8 @@ export function cronView(row: CronRow): CronView {
     timezone: row.timezone,
     concurrencyPolicy: row.concurrencyPolicy,
     timeoutSeconds: row.timeoutSeconds,
+    disableAfterFailures: row.disableAfterFailures,
+    disabledReason: row.disabledReason,
     createdAt: iso(row.createdAt),
     updatedAt: iso(row.updatedAt),
   };
@@ -150,6 +156,7 @@ export type CronInput = {
   concurrencyPolicy: ConcurrencyPolicy;
   timeoutSeconds: number;
   enabled: boolean;
+  disableAfterFailures?: number | null;
 };
 
 /** Inserts the job and hands it (with its app's target) to its object, which arms the alarm; if that fails the row goes again. */
@@ -159,6 +166,8 @@ export async function createCron(db: Db, env: Env, accountId: string, input: Cro
     id: newId("cron"),
     accountId,
     ...input,
+    disableAfterFailures: input.disableAfterFailures ?? null,
+    disabledReason: null,
     lastRunAt: null,
     nextRunAt: null,
     targetVersion: null,
@@ -172,9 +181,9 @@ export async function createCron(db: Db, env: Env, accountId: string, input: Cro
   try {
     inserted = await db.run(sql`
       insert into crons (id, account_id, app_id, name, schedule, command, timezone, concurrency_policy, timeout_seconds, enabled,
-        last_run_at, next_run_at, target_version, created_at, updated_at)
+        disable_after_failures, last_run_at, next_run_at, target_version, created_at, updated_at)
       select ${row.id}, ${accountId}, ${row.appId}, ${row.name}, ${row.schedule}, ${row.command}, ${row.timezone},
-        ${row.concurrencyPolicy}, ${row.timeoutSeconds}, ${row.enabled ? 1 : 0}, null, null, null, ${now}, ${now}
+        ${row.concurrencyPolicy}, ${row.timeoutSeconds}, ${row.enabled ? 1 : 0}, ${row.disableAfterFailures}, null, null, null, ${now}, ${now}
       where ${owned} < ${limits.cronJobs}`);
   } catch (err) {
     if (isUniqueViolation(err)) throw new ApiError("NAME_TAKEN", `a cron job named "${input.name}" already exists`);
@@ -204,7 +213,8 @@ export type CronPatch = Partial<Omit<CronInput, "appId" | "name">>;
 export async function updateCron(db: Db, env: Env, cron: CronRow, patch: CronPatch): Promise<CronRow> {
   const [row] = await db
     .update(crons)
-    .set({ ...patch, updatedAt: Date.now() })
+    // Enabled again: the reason it disabled itself no longer holds.
+    .set({ ...patch, ...(patch.enabled === true ? { disabledReason: null } : {}), updatedAt: Date.now() })
     .where(eq(crons.id, cron.id))
     .returning();
   if (!row) throw new ApiError("CRON_NOT_FOUND", `cron job ${cron.id} not found`);

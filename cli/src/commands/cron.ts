@@ -3,7 +3,7 @@ import type { ResponseData, Schemas } from "../../../openapi/types.js";
 import { type ApiClient, type Call, path } from "../api.js";
 import { APP_ARG, defineCommand, type Group, YES_OPTION } from "../command.js";
 import { ago, CliError, fields, type Output, table, when } from "../output.js";
-import { durationSeconds } from "../parse.js";
+import { durationSeconds, positiveInteger } from "../parse.js";
 import { confirmOrRefuse } from "../prompt.js";
 
 /** A cron job as created and listed. */
@@ -34,6 +34,7 @@ const CRON_FLAGS = {
   timezone: "--timezone",
   concurrencyPolicy: "--concurrency",
   timeoutSeconds: "--timeout",
+  disableAfterFailures: "--disable-after",
   id: "<id> (a cron_… id or a job name, from `svc cron list`)",
 };
 
@@ -80,7 +81,8 @@ function describe(job: CronJob & Partial<CronDetail>, appName: string | undefine
     ["app", appName ? `${appName} (${job.appId})` : job.appId],
     ["schedule", `${job.schedule} (${job.timezone})`],
     ["command", job.command],
-    ["enabled", job.enabled ? "yes" : "no (paused: svc cron update <id> --enable)"],
+    ["enabled", job.enabled ? "yes" : job.disabledReason ? `no: ${job.disabledReason} (svc cron enable ${job.name})` : "no (paused: svc cron update <id> --enable)"],
+    ["disable after", job.disableAfterFailures === null ? "never" : `${job.disableAfterFailures} failed runs in a row`],
     ["concurrency", job.concurrencyPolicy],
     ["timeout", seconds(job.timeoutSeconds)],
   ];
@@ -118,12 +120,13 @@ const TUNING = {
     description: "when a run is due while one still runs: forbid (skip it, default), allow, replace",
   },
   timeout: { type: "string", value: "duration", description: "kill a run after this long: 90s, 15m, 1h (default 1h, at most 12h)" },
+  "disable-after": { type: "string", value: "n|never", description: "disable the job by itself after n failed runs in a row (never: it keeps running)" },
 } as const;
 
-type Tuning = { timezone?: string; concurrencyPolicy?: ConcurrencyPolicy; timeoutSeconds?: number };
+type Tuning = { timezone?: string; concurrencyPolicy?: ConcurrencyPolicy; timeoutSeconds?: number; disableAfterFailures?: number | null };
 
 function tuning(
-  opts: { timezone: string | undefined; concurrency: string | undefined; timeout: string | undefined },
+  opts: { timezone: string | undefined; concurrency: string | undefined; timeout: string | undefined; "disable-after": string | undefined },
   fail: (message: string) => Error,
 ): Tuning {
   const body: Tuning = {};
@@ -134,6 +137,8 @@ function tuning(
     body.concurrencyPolicy = policy;
   }
   if (opts.timeout !== undefined) body.timeoutSeconds = durationSeconds(opts.timeout, "--timeout", fail);
+  const after = opts["disable-after"];
+  if (after !== undefined) body.disableAfterFailures = after === "never" ? null : positiveInteger(after, "--disable-after", fail);
   return body;
 }
 
@@ -283,7 +288,7 @@ const update = defineCommand({
       ...tuning(opts, fail),
       ...(opts.enable || opts.disable ? { enabled: opts.enable } : {}),
     };
-    if (Object.keys(body).length === 0) throw fail("nothing to change: pass at least one of --schedule, --command, --timezone, --concurrency, --timeout, --enable, --disable");
+    if (Object.keys(body).length === 0) throw fail("nothing to change: pass at least one of --schedule, --command, --timezone, --concurrency, --timeout, --disable-after, --enable, --disable");
     const client = await api();
     const job = await client.data<CronDetail>("PATCH", path`/v1/crons/${args.id}`, body, aboutCron(`update cron job ${args.id}`, args.id));
     out.result(job, out.json ? undefined : `Updated cron job ${job.name}\n${await describeWithApp(client, job)}`);

@@ -123,6 +123,11 @@ function CronJob({ id }: { id: string }) {
         <Pending error={cron.error} />
       ) : (
         <>
+          {c.disabledReason && (
+            <p class="notice" role="note">
+              <strong>It disabled itself:</strong> {c.disabledReason}. Enabling it starts the count of failed runs again.
+            </p>
+          )}
           <dl class="facts">
             <dt>App</dt>
             <dd>
@@ -138,6 +143,8 @@ function CronJob({ id }: { id: string }) {
             <dd>
               <code>{c.command}</code>
             </dd>
+            <dt>Disable after</dt>
+            <dd>{c.disableAfterFailures === null ? "never (it keeps running however often it fails)" : `${c.disableAfterFailures} failed runs in a row`}</dd>
             <dt>Next runs</dt>
             <dd>
               {c.nextRuns.length === 0 ? (

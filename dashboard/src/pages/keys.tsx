@@ -38,8 +38,8 @@ function Words({ text }: { text: string }) {
   );
 }
 
-/** A secret the API returns once: shown with a copy button and a warning, forgotten when dismissed. */
-function Secret({ title, secret, onDone }: { title: string; secret: string; onDone: () => void }) {
+/** A secret the API returns once (an API key, a webhook's signing secret): shown with a copy button and a warning, forgotten when dismissed. */
+export function Secret({ title, secret, onDone, noun = "API key", use = "store it in your CI's secret store or a password manager" }: { title: string; secret: string; onDone: () => void; noun?: string; use?: string }) {
   const [copied, setCopied] = useState<"no" | "yes" | "failed">("no");
   const copy = async () => {
     try {
@@ -50,12 +50,12 @@ function Secret({ title, secret, onDone }: { title: string; secret: string; onDo
     }
   };
   return (
-    <section class="secret" aria-label="New API key">
+    <section class="secret" aria-label={`New ${noun}`}>
       <h3>{title}</h3>
       <p class="warning">
-        <strong>Copy this key now.</strong> It is shown only this once and cannot be retrieved later; store it in your CI's secret store or a password manager.
+        <strong>Copy this {noun === "API key" ? "key" : "secret"} now.</strong> It is shown only this once and cannot be retrieved later; {use}.
       </p>
-      <output class="secret-value" aria-label="Secret key">
+      <output class="secret-value" aria-label={noun === "API key" ? "Secret key" : "Secret"}>
         {secret}
       </output>
       <div class="actions">
@@ -66,7 +66,7 @@ function Secret({ title, secret, onDone }: { title: string; secret: string; onDo
           I have saved it
         </button>
       </div>
-      {copied === "failed" && <p class="hint">The browser refused the clipboard: select the key and copy it by hand.</p>}
+      {copied === "failed" && <p class="hint">The browser refused the clipboard: select it and copy it by hand.</p>}
     </section>
   );
 }
