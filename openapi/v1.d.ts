@@ -2446,6 +2446,130 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/apps/{app}/metrics": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * An app's request metrics
+         * @description Requests by status class, bytes out and latency percentiles, measured at the edge (custom domains included) for static sites and apps alike, kept per minute for 7 days and per hour for 30 (docs/metrics.md). `since`: 1h (1-minute steps), 24h (15 minutes), 7d (2 hours), 30d (6 hours). About a second behind.
+         */
+        get: {
+            parameters: {
+                query?: {
+                    since?: "1h" | "24h" | "7d" | "30d";
+                };
+                header?: never;
+                path: {
+                    /** @description App id or name */
+                    app: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description Every step of the range, oldest first (empty ones as zero), and the range's totals */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": {
+                            data: {
+                                points: {
+                                    /** @description Start of the step */
+                                    at: string;
+                                    /** @description Bytes of the answers' bodies */
+                                    bytes: number;
+                                    /** @description Latency at the edge, ms (null: no request in the step) */
+                                    p50Ms: number | null;
+                                    p95Ms: number | null;
+                                    p99Ms: number | null;
+                                    requests: number;
+                                    /** @description Answers 1xx and 2xx */
+                                    s2xx: number;
+                                    s3xx: number;
+                                    s4xx: number;
+                                    s5xx: number;
+                                }[];
+                                since: string;
+                                stepSeconds: number;
+                                totals: {
+                                    /** @description Bytes of the answers' bodies */
+                                    bytes: number;
+                                    /** @description Latency at the edge, ms (null: no request in the step) */
+                                    p50Ms: number | null;
+                                    p95Ms: number | null;
+                                    p99Ms: number | null;
+                                    requests: number;
+                                    /** @description Answers 1xx and 2xx */
+                                    s2xx: number;
+                                    s3xx: number;
+                                    s4xx: number;
+                                    s5xx: number;
+                                };
+                            };
+                        };
+                    };
+                };
+                /** @description Invalid request (VALIDATION_ERROR) */
+                400: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description Missing, malformed, unknown, deleted or expired API key (UNAUTHORIZED) */
+                401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description The key lacks the required scope (INSUFFICIENT_SCOPE) */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description No such app in this account (APP_NOT_FOUND, `app not found`) */
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description Too many requests with this key (RATE_LIMITED); Retry-After says when to try again */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+            };
+        };
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/apps/{app}/restart": {
         parameters: {
             query?: never;

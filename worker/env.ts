@@ -1,4 +1,5 @@
 import { z } from "zod";
+import type { AppMetrics } from "../durable-objects/app-metrics";
 import type { AppRuntime } from "../durable-objects/app-runtime";
 import type { BackupJob } from "../durable-objects/backup-job";
 import type { CronJob } from "../durable-objects/cron-job";
@@ -20,6 +21,8 @@ export interface Env {
   APP_RUNTIME: DurableObjectNamespace<AppRuntime>;
   /** The fleet's one object: membership, heartbeat deadlines, node loss. */
   FLEET: DurableObjectNamespace<Fleet>;
+  /** One object per app: its request metrics in minute and hour buckets. */
+  APP_METRICS: DurableObjectNamespace<AppMetrics>;
   /** Webhook deliveries, one message per event and webhook ([[queues]] in wrangler.toml; the consumer is this Worker). */
   WEBHOOKS: Queue<WebhookMessage>;
   /** Requests per API key ([[ratelimits]] in wrangler.toml). */

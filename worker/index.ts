@@ -5,6 +5,7 @@ import { snapshotDueDisks } from "./services/snapshots";
 import { watchCrons } from "./services/watchdog";
 import { deliver } from "./services/webhooks";
 
+export { AppMetrics } from "../durable-objects/app-metrics";
 export { AppRuntime } from "../durable-objects/app-runtime";
 export { BackupJob } from "../durable-objects/backup-job";
 export { CronJob } from "../durable-objects/cron-job";

@@ -7,6 +7,7 @@ import { cron } from "./commands/cron.js";
 import { deploy, deployments } from "./commands/deploy.js";
 import { disk } from "./commands/disk.js";
 import { domains } from "./commands/domains.js";
+import { metrics } from "./commands/metrics.js";
 import { webhooks } from "./commands/webhooks.js";
 import { env } from "./commands/env.js";
 import { init } from "./commands/init.js";
@@ -20,7 +21,7 @@ import { didYouMean } from "./suggest.js";
 import { VERSION } from "./version.js";
 
 /** Every noun and top-level command, in help order. A new noun is one file under commands/ and one line here. */
-const COMMANDS: readonly (Group | Command)[] = [login, logout, whoami, keys, apps, env, domains, disk, backups, cron, webhooks, init, deploy, deployments, logs, admin];
+const COMMANDS: readonly (Group | Command)[] = [login, logout, whoami, keys, apps, env, domains, disk, backups, cron, webhooks, init, deploy, deployments, logs, metrics, admin];
 
 const isGroup = (entry: Group | Command): entry is Group => "commands" in entry;
 

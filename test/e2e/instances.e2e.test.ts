@@ -8,7 +8,7 @@ import { fleetApi, until } from "./fleet-api.js";
 import { expectExit, siteRequest } from "./sites.js";
 
 /** Short enough for a test, the same code paths as the defaults. */
-const LOST_AFTER_S = 5;
+const LOST_AFTER_S = 4;
 const CLIENTS = 16;
 
 type Instance = { id: string; node: string; nodeName: string; state: string; ready: boolean; deploymentId: string | null; startedAt: string | null; restarts: number };
@@ -67,7 +67,7 @@ describe("an app's instances across three nodes", () => {
     stack = await startOwnStack({
       workerLogs: true,
       nodes: 3,
-      workerVars: { ...fleetClocks({ lostAfterSeconds: LOST_AFTER_S, graceSeconds: 5, leaseSeconds: 4 }), AUTOSCALE_UP_SECONDS: "3", AUTOSCALE_DOWN_SECONDS: "6" },
+      workerVars: { ...fleetClocks({ lostAfterSeconds: LOST_AFTER_S, graceSeconds: 5, leaseSeconds: 4 }), AUTOSCALE_UP_SECONDS: "2", AUTOSCALE_DOWN_SECONDS: "4" },
     });
     home = await tempHome();
     api = fleetApi(stack);
@@ -255,9 +255,9 @@ describe("an app's instances across three nodes", () => {
     // Every decision is on the app with its reason, newest first: the last ones drained one at a time.
     const events = (one as AppInfo & { scaleEvents: { from: number; to: number; reason: string }[] }).scaleEvents;
     expect(events[0]).toMatchObject({ from: 2, to: 1 });
-    expect(events[0]!.reason).toMatch(/requests in flight \(.* per instance, target 4\) for 6 s: 1 would do; draining one/);
+    expect(events[0]!.reason).toMatch(/requests in flight \(.* per instance, target 4\) for 4 s: 1 would do; draining one/);
     const up = events.find((e) => e.to === 3)!;
-    expect(up.reason).toMatch(/requests in flight \(.* per instance, target 4\) for 3 s: 3 needed/);
+    expect(up.reason).toMatch(/requests in flight \(.* per instance, target 4\) for 2 s: 3 needed/);
     const shown = expectExit(await cli(["apps", "info", app]), 0, "apps info");
     expect(shown.stdout).toMatch(/autoscaling\s+1–3 instances, 4 requests in flight each/);
     expect(shown.stdout).toContain("2 → 1: ");

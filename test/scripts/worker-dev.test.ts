@@ -32,6 +32,7 @@ const OPTION_OF: Record<string, string> = {
   "R2 Bucket": "r2Buckets",
   "Durable Object": "durableObjects",
   "Rate Limit": "ratelimits",
+  Queue: "queueProducers",
   Assets: "assets",
   "Environment Variable": "bindings",
 };

@@ -16,6 +16,7 @@ import { deleteAppCrons } from "../services/crons";
 import { removeAppDomains } from "../services/domains";
 import { APP_STATES, appView, appViews, createApp, deleteApp, listApps, resolveApp, scaleApp, setAppStatus, setAutoscaling, updateAppSettings } from "../services/apps";
 import { applyPending, configChanged } from "../services/rollout";
+import { appMetrics, METRIC_RANGES, type MetricRange, metricsStub } from "../services/metrics";
 
 /** What a change of an app's instances or scaling on load does, in words. */
 function scaleMessage(app: AppRow): string {
@@ -481,6 +482,49 @@ function unlessUnreachable(error: unknown): ApiError {
   throw error;
 }
 
+const MetricPointSchema = z.object({
+  at: z.string().openapi({ description: "Start of the step" }),
+  requests: z.number().int(),
+  s2xx: z.number().int().openapi({ description: "Answers 1xx and 2xx" }),
+  s3xx: z.number().int(),
+  s4xx: z.number().int(),
+  s5xx: z.number().int(),
+  bytes: z.number().int().openapi({ description: "Bytes of the answers' bodies" }),
+  p50Ms: z.number().nullable().openapi({ description: "Latency at the edge, ms (null: no request in the step)" }),
+  p95Ms: z.number().nullable(),
+  p99Ms: z.number().nullable(),
+});
+
+appRoutes.openapi(
+  createRoute({
+    method: "get",
+    path: "/{app}/metrics",
+    summary: "An app's request metrics",
+    description:
+      "Requests by status class, bytes out and latency percentiles, measured at the edge (custom domains included) for static sites and apps alike, kept per minute for 7 days and per hour for 30 (docs/metrics.md). `since`: 1h (1-minute steps), 24h (15 minutes), 7d (2 hours), 30d (6 hours). About a second behind.",
+    tags: ["Apps"],
+    security,
+    request: { params: AppParam, query: z.object({ since: z.enum(Object.keys(METRIC_RANGES) as [MetricRange, ...MetricRange[]]).default("1h") }) },
+    responses: {
+      200: {
+        description: "Every step of the range, oldest first (empty ones as zero), and the range's totals",
+        content: {
+          "application/json": {
+            schema: dataOf(z.object({ since: z.string(), stepSeconds: z.number().int(), points: z.array(MetricPointSchema), totals: MetricPointSchema.omit({ at: true }) })),
+          },
+        },
+      },
+      ...authErrors,
+      ...notFound,
+    },
+  }),
+  async (c) => {
+    const app = await resolveApp(c.get("db"), c.get("principal").accountId, c.req.valid("param").app);
+    const since = c.req.valid("query").since;
+    return c.json({ data: { since, ...(await appMetrics(c.env, app.id, since)) } }, 200);
+  },
+);
+
 appRoutes.openapi(
   createRoute({
     method: "delete",
@@ -503,6 +547,7 @@ appRoutes.openapi(
       await runtime.stop(app.id);
       await runtime.dropLog();
     }
+    await metricsStub(c.env, app.id).drop();
     await deleteAppCrons(c.get("db"), c.env, app.id);
     await removeAppDomains(c.get("db"), c.get("config"), app);
     await deleteApp(c.get("db"), app);

@@ -388,7 +388,7 @@ export async function serveSite(
   if (app) {
     const length = Number(response.headers.get("Content-Length") ?? 0);
     logRequest(
-      env.DB,
+      env,
       {
         appId: app.id,
         at: started,

@@ -4,6 +4,7 @@ import { Link, navigate } from "../router";
 import { Action, Badge, Bytes, Empty, ErrorNote, LogView, Pending, Table, Time, useAction, useLoad, usePoll } from "../ui";
 import { Deployments } from "./deployments";
 import { Domains } from "./domains";
+import { Metrics } from "./metrics";
 
 type App = Schemas["App"];
 
@@ -12,6 +13,7 @@ const TABS = [
   ["deployments", "Deployments"],
   ["env", "Environment"],
   ["domains", "Domains"],
+  ["metrics", "Metrics"],
   ["logs", "Request log"],
   ["runtime", "Runtime log"],
 ] as const;
@@ -19,7 +21,7 @@ const TABS = [
 /** Tabs an app shows: the runtime log belongs to apps that run a process, not to static sites; a worker has no request log nor domains. */
 const tabsOf = (app: App | undefined) =>
   TABS.filter(
-    ([id]) => (id !== "runtime" || (app !== undefined && app.runtime !== "static")) && ((id !== "logs" && id !== "domains") || app?.type !== "worker"),
+    ([id]) => (id !== "runtime" || (app !== undefined && app.runtime !== "static")) && ((id !== "logs" && id !== "domains" && id !== "metrics") || app?.type !== "worker"),
   );
 
 function Overview({ app, onChange }: { app: App; onChange: (app: App) => void }) {
@@ -467,6 +469,8 @@ export function AppPage({ name, tab }: { name: string; tab: string }) {
         <EnvVars key={app.id} app={app} />
       ) : tab === "domains" ? (
         <Domains key={app.id} app={app} />
+      ) : tab === "metrics" ? (
+        <Metrics key={app.id} app={app} />
       ) : tab === "logs" ? (
         <RequestLogTab key={app.id} app={app} />
       ) : tab === "runtime" ? (
