@@ -100,8 +100,10 @@ export async function proxyToProcess(
     if (failing.size >= MAX_FAILING) failing.clear();
     failing.set(next.processId, Date.now() + FAILING_MS);
     next = order.find((target) => !tried.has(target.processId));
-    // The processes this edge knew were all tried: the app's current ones (a deploy or a restart replaced them).
-    if (!next && tried.size === order.length) next = balance(await lookUpAgain()).find((target) => !tried.has(target.processId));
+    // The processes this edge knew were all tried and the last is gone: the app's current ones (a deploy or a
+    // restart replaced it). Not for a node merely unreachable or full: D1 would name the same processes.
+    const gone = response.headers.get(HEADER_PROXY_ERROR) === "PROCESS_NOT_FOUND";
+    if (!next && gone && tried.size === order.length) next = balance(await lookUpAgain()).find((target) => !tried.has(target.processId));
   }
   if (response!.headers.get(HEADER_PROXY_ERROR) === "PROCESS_NOT_FOUND") {
     await response!.body?.cancel();
