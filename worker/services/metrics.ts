@@ -1,4 +1,4 @@
-import { percentile } from "../../durable-objects/app-metrics";
+import { type Bucket, percentile } from "../../durable-objects/app-metrics";
 import type { Env } from "../env";
 
 /** The ranges metrics are asked for, and the step each is summed into (60 to 120 points). */
@@ -10,15 +10,9 @@ export const METRIC_RANGES = {
 } as const;
 export type MetricRange = keyof typeof METRIC_RANGES;
 
-/** One step of an app's request metrics, as the API gives it. */
-export type MetricPoint = {
+/** One step of an app's request metrics, as the API gives it: its counts, and percentiles read from its histogram. */
+export type MetricPoint = Omit<Bucket, "at" | "latency"> & {
   at: string;
-  requests: number;
-  s2xx: number;
-  s3xx: number;
-  s4xx: number;
-  s5xx: number;
-  bytes: number;
   /** Latency percentiles (ms), null when the step had no request. */
   p50Ms: number | null;
   p95Ms: number | null;

@@ -2,6 +2,7 @@ import type { Schemas } from "../../../openapi/types.js";
 import { type Call, path } from "../api.js";
 import { defineCommand, type Group, YES_OPTION } from "../command.js";
 import { ago, fields, table, when } from "../output.js";
+import { WEBHOOK_EVENTS } from "../../../worker/lib/webhook-events.js";
 import { confirmOrRefuse } from "../prompt.js";
 
 /** A webhook as the API returns it (docs/webhooks.md). */
@@ -10,16 +11,7 @@ type WithSecret = Schemas["WebhookWithSecret"];
 type Delivery = Schemas["WebhookDelivery"];
 type Event = Webhook["events"][number];
 
-const EVENTS = [
-  "deploy.succeeded",
-  "deploy.failed",
-  "app.crash_loop",
-  "app.recovered",
-  "cron.failed",
-  "cron.disabled",
-  "backup.failed",
-  "restore.failed",
-] as const satisfies readonly Event[];
+const EVENTS: readonly Event[] = WEBHOOK_EVENTS;
 
 const ID_ARG = { name: "webhook", description: "webhook id (whk_…), from svc webhooks list" } as const;
 
