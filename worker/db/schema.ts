@@ -1,5 +1,4 @@
 import { sql } from "drizzle-orm";
-import type { WebhookEvent } from "../lib/webhook-events";
 import { index, integer, primaryKey, sqliteTable, text, uniqueIndex } from "drizzle-orm/sqlite-core";
 
 /**
@@ -597,7 +596,18 @@ export const requestLogs = sqliteTable(
 export type DeploymentRow = typeof deployments.$inferSelect;
 export type RequestLogRow = typeof requestLogs.$inferSelect;
 
-export { WEBHOOK_EVENTS, type WebhookEvent } from "../lib/webhook-events";
+/** What webhooks can be told of (docs/webhooks.md has each payload). */
+export const WEBHOOK_EVENTS = [
+  "deploy.succeeded",
+  "deploy.failed",
+  "app.crash_loop",
+  "app.recovered",
+  "cron.failed",
+  "cron.disabled",
+  "backup.failed",
+  "restore.failed",
+] as const;
+export type WebhookEvent = (typeof WEBHOOK_EVENTS)[number];
 
 /**
  * An account's webhook: where its events go, signed as Standard Webhooks
