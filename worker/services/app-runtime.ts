@@ -35,10 +35,12 @@ export function liveInstancesOf(app: Pick<AppRow, "liveInstances" | "liveProcess
 
 /** Every process serving an app that runs, each asked of its node at once; empty when none runs (static, stopped, never deployed). */
 export async function instanceViews(env: Env, app: AppRow): Promise<InstanceView[]> {
-  if (!runsProcess(app.runtime)) return [];
+  const live = runsProcess(app.runtime) ? liveInstancesOf(app) : [];
+  // Nothing runs: no need to read the fleet for node names.
+  if (live.length === 0) return [];
   const names = new Map((await fleet(env)).nodes.map((node) => [node.id, node.name]));
   return Promise.all(
-    liveInstancesOf(app).map(async ({ processId, node: nodeId }) => {
+    live.map(async ({ processId, node: nodeId }) => {
       const node = await nodeRef(env, nodeId).catch(() => null);
       const found = node ? await getProcess(configOf(env), node, processId).catch(() => null) : null;
       const where = { id: processId, node: nodeId, nodeName: names.get(nodeId) ?? nodeId };

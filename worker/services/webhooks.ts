@@ -34,7 +34,7 @@ const ATTEMPT_TIMEOUT_MS = 10_000;
 /** After a secret is rolled, deliveries are signed with both for this long. */
 const ROLL_GRACE_MS = 24 * 60 * 60 * 1000;
 /** The test event `POST /v1/webhooks/{id}/test` sends (to any webhook, whatever it subscribed to). */
-export const TEST_EVENT = "webhook.test";
+const TEST_EVENT = "webhook.test";
 
 export type WebhookView = {
   id: string;

@@ -57,7 +57,7 @@ const MAX_FAILING = 1_000;
  * left out, then the fewest requests outstanding from this isolate first
  * (ties in random order), a process that just failed last.
  */
-export function balance(targets: ProcessTarget[], now = Date.now()): ProcessTarget[] {
+function balance(targets: ProcessTarget[], now = Date.now()): ProcessTarget[] {
   const usable = targets.filter((target) => target.node.sick?.state !== "lost");
   const late = (target: ProcessTarget) => ((failing.get(target.processId) ?? 0) > now ? 1 : 0);
   return usable
