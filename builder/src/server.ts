@@ -22,6 +22,7 @@ import { LogShipper } from "./processes/log-shipper.js";
 import { ProcessManager } from "./processes/manager.js";
 import { AppProxy } from "./processes/proxy.js";
 import { DiskLease } from "./node/lease.js";
+import { reportMetrics } from "./node/metrics.js";
 import { heartbeat, joinFleet, UNLEASED_SECONDS } from "./node/membership.js";
 import type { NodeCredentials } from "./protocol/shared.js";
 import { NonceCache } from "./protocol/signing.js";
@@ -150,6 +151,7 @@ if (config.join) {
     processes,
     signal: membership.signal,
   });
+  void reportMetrics({ controlUrl: config.join.controlUrl, credentials, processes, disks, signal: membership.signal });
 }
 
 let stopping = false;

@@ -123,6 +123,16 @@ export class ProcessManager {
     return running;
   }
 
+  /** What each running process's instance uses now (app metrics: node/metrics.ts). */
+  usage(): ({ id: string; appId: string } & NonNullable<ReturnType<Supervisor["usage"]>>)[] {
+    const found = [];
+    for (const [id, entry] of this.#entries) {
+      const usage = entry.supervisor && !isFinal(entry.status.state) ? entry.supervisor.usage() : null;
+      if (usage) found.push({ id, appId: entry.supervisor!.spec.appId, ...usage });
+    }
+    return found;
+  }
+
   /** How many processes are not yet stopped or failed. */
   get live(): number {
     let live = 0;

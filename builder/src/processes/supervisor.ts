@@ -30,6 +30,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import type { DiskStore } from "../disks/store.js";
 import { DEFAULT_START_TIMEOUT_SECONDS, type ProcessExitReason, type ProcessSpec, type ProcessState, type ProcessStatus } from "../protocol/processes.js";
 import type { SandboxHost } from "../sandbox/host.js";
+import type { ProcessUsage } from "../sandbox/cgroups.js";
 import { type SandboxOutcome, runInSandbox } from "../sandbox/sandbox.js";
 import { formatBytes } from "../units.js";
 import type { JobUser } from "../sandbox/tenants.js";
@@ -143,6 +144,8 @@ interface Instance {
   address: string | null;
   /** The sandbox's first process (its network namespace is the instance's). */
   pid: number | null;
+  /** Reads what the sandbox uses now; null until it started. */
+  usage: (() => ProcessUsage) | null;
   /** Where traffic goes: the spec's port, or the one the app was found listening on instead. */
   port: number | null;
   agent: Agent;
@@ -213,6 +216,16 @@ export class Supervisor {
     const instance = this.#instance;
     const ready = instance?.readyAt != null && !instance.exited && this.#accepting && (this.#status.state === "running" || this.#status.state === "stopping");
     return { ...this.#status, ready, lastLines: [...this.#status.lastLines], labels: { ...this.#status.labels } };
+  }
+
+  /**
+   * What the running instance uses now, with its number (a new instance's CPU
+   * counts from 0) and the process's restarts so far; null while none runs.
+   */
+  usage(): { instance: number; restarts: number; memoryLimitBytes: number; cpuSeconds: number | null; memoryBytes: number } | null {
+    const instance = this.#instance;
+    if (!instance?.usage || instance.exited) return null;
+    return { instance: instance.number, restarts: this.#status.restarts, memoryLimitBytes: this.#status.memoryLimitBytes, ...instance.usage() };
   }
 
   /** Resolves once the process is stopped or failed (everything of it released). */
@@ -347,9 +360,10 @@ export class Supervisor {
       log: output,
       signal: instance.abort.signal,
       killGraceMs: STOP_GRACE_MS,
-      onStart: ({ address, pid }) => {
+      onStart: ({ address, pid, usage }) => {
         instance.address = address;
         instance.pid = pid;
+        instance.usage = usage;
         void this.#awaitReady(instance);
       },
     });
@@ -367,6 +381,7 @@ export class Supervisor {
       endedBy: null,
       address: null,
       pid: null,
+      usage: null,
       port: this.spec.port,
       // Idle connections close after 4 s, before the app's own keep-alive timeout (Node's default is 5 s) can race a request.
       agent: new Agent({ keepAlive: true, scheduling: "lifo", timeout: 4_000, noDelay: true } as AgentOptions),

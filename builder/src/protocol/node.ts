@@ -126,3 +126,35 @@ export const NodeHeartbeatReply = z.object({
   stop: z.array(ReportedProcessId).max(100_000).optional(),
 });
 export type NodeHeartbeatReply = z.infer<typeof NodeHeartbeatReply>;
+
+/**
+ * What a node's apps used since its last report (node/metrics.ts), sent
+ * signed to `POST /internal/nodes/metrics` every 10 s: each running process's
+ * CPU seconds, memory charged now and restarts, and each disk's use.
+ */
+export const NodeMetricsReport = z.object({
+  processes: z
+    .array(
+      z.object({
+        id: ReportedProcessId,
+        appId: z.string().regex(TENANT_PATTERN),
+        cpuSeconds: z.number().nonnegative().max(86_400),
+        memoryBytes: z.int().nonnegative(),
+        memoryLimitBytes: z.int().positive(),
+        restarts: z.int().nonnegative().max(1_000_000),
+      }),
+    )
+    .max(10_000),
+  disks: z
+    .array(
+      z.object({
+        id: z.string().regex(DISK_ID_PATTERN),
+        usedBytes: z.int().nonnegative(),
+        usedInodes: z.int().nonnegative(),
+        sizeBytes: z.int().positive(),
+        inodeLimit: z.int().positive(),
+      }),
+    )
+    .max(10_000),
+});
+export type NodeMetricsReport = z.infer<typeof NodeMetricsReport>;

@@ -7,7 +7,11 @@
  * - cgroup v1 (this project's development VM, many older hosts): one cgroup per
  *   job in each of the `memory` (`memory.limit_in_bytes`, `memory.memsw…` where
  *   swap accounting exists), `pids` (`pids.max`) and `cpu` (`cpu.shares`)
- *   hierarchies.
+ *   hierarchies, and `cpuacct` for the CPU time used (app metrics).
+ *
+ * Both read what a job uses (CPU seconds, memory charged) for app processes'
+ * metrics (docs/metrics.md): `cpu.stat` and `memory.current` on v2,
+ * `cpuacct.usage` and `memory.usage_in_bytes` on v1.
  *
  * A job's cgroup is made, joined, read and removed with synchronous calls: they
  * are in-kernel operations that never block on a disk, and a round trip through
@@ -20,7 +24,7 @@
  * falls back to sampling memory and has no process or CPU limit, and says so.
  */
 import { constants, mkdirSync, readFileSync, rmdirSync, writeFileSync } from "node:fs";
-import { access, appendFile, mkdir, readFile, readdir, rmdir, writeFile } from "node:fs/promises";
+import { access, appendFile, mkdir, readFile, readdir, realpath, rmdir, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 
@@ -33,7 +37,10 @@ export interface JobLimits {
   cpuWeight: number;
 }
 
-/** One job's cgroup(s): membership, peak memory, OOM kills. */
+/** What a sandbox's processes use: CPU seconds since it started (null: not measured), and memory now. */
+export type ProcessUsage = { cpuSeconds: number | null; memoryBytes: number };
+
+/** One job's cgroup(s): membership, peak memory, usage, OOM kills. */
 export interface JobCgroup {
   /**
    * The `cgroup.procs` files a process writes its own pid to, before it starts
@@ -42,6 +49,8 @@ export interface JobCgroup {
   readonly procsFiles: string[];
   /** Peak bytes so far and whether the kernel's OOM killer struck. */
   sample(): Promise<{ peakBytes: number; oomKilled: boolean }>;
+  /** CPU seconds the cgroup's processes used so far (null without the accounting: cpuacct on v1) and the memory it is charged now. */
+  usage(): ProcessUsage;
   /** SIGKILLs every process in the cgroup(s) now; how many there were. */
   kill(): number;
   /** Kills whatever is left and removes the cgroup(s). */
@@ -232,6 +241,17 @@ class V2JobCgroup implements JobCgroup {
     return { peakBytes: this.#peak, oomKilled: Number(/^oom_kill (\d+)$/m.exec(events)?.[1] ?? 0) > 0 };
   }
 
+  usage(): ProcessUsage {
+    let stat = "";
+    try {
+      stat = readFileSync(join(this.#dir, "cpu.stat"), "utf8");
+    } catch {
+      // gone with the job
+    }
+    const micros = /^usage_usec (\d+)$/m.exec(stat)?.[1];
+    return { cpuSeconds: micros === undefined ? null : Number(micros) / 1e6, memoryBytes: readNumber(join(this.#dir, "memory.current")) ?? 0 };
+  }
+
   kill(): number {
     return killMembers(this.#dir);
   }
@@ -261,7 +281,7 @@ class V1Cgroups implements Cgroups {
     this.description = `cgroup v1 (${[...parents.keys()].join(", ")})`;
   }
 
-  /** The memory, pids and cpu hierarchies, when mounted and writable (memory is required). */
+  /** The memory, pids, cpu and cpuacct hierarchies, when mounted and writable (memory is required). */
   static async detect(mountPoint: string): Promise<V1Cgroups | null> {
     const own = new Map<string, string>();
     for (const line of (await readFile("/proc/self/cgroup", "utf8")).split("\n")) {
@@ -270,10 +290,15 @@ class V1Cgroups implements Cgroups {
       for (const name of controllers.split(",")) own.set(name, path);
     }
     const parents = new Map<string, string>();
-    for (const name of ["memory", "pids", "cpu"]) {
+    const hierarchies = new Set<string>();
+    for (const name of ["memory", "pids", "cpu", "cpuacct"]) {
       const path = own.get(name);
       const base = path === undefined ? null : join(mountPoint, name, path);
       if (!base || !(await exists(join(base, "cgroup.procs"), constants.W_OK))) continue;
+      // cpu and cpuacct mounted together are one hierarchy: one directory serves both.
+      const hierarchy = await realpath(base);
+      if (hierarchies.has(hierarchy)) continue;
+      hierarchies.add(hierarchy);
       try {
         await removeStaleParents(base);
         const parent = join(base, `${PARENT_PREFIX}${process.pid}`);
@@ -333,6 +358,13 @@ class V1JobCgroup implements JobCgroup {
       // gone with the job
     }
     return { peakBytes: peak, oomKilled: Number(/^oom_kill (\d+)$/m.exec(control)?.[1] ?? 0) > 0 };
+  }
+
+  usage(): ProcessUsage {
+    // cpuacct is its own hierarchy on some hosts and mounted with cpu on others (then the cpu directory has its files).
+    const accounting = this.#dirs.get("cpuacct") ?? this.#dirs.get("cpu");
+    const nanos = accounting === undefined ? null : readNumber(join(accounting, "cpuacct.usage"));
+    return { cpuSeconds: nanos === null ? null : nanos / 1e9, memoryBytes: readNumber(join(this.#memory, "memory.usage_in_bytes")) ?? 0 };
   }
 
   kill(): number {

@@ -40,7 +40,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { type DiskUsage, measureDisk } from "./usage.js";
 import { type JobFailureReason, LOG_LIMIT_BYTES, LOG_MAX_LINE_BYTES, LOG_TRUNCATION_MARKER, type LogStream, mountPathProblem } from "../protocol/jobs.js";
 import { FORWARDER_SOURCE, PROXY_ENV, SANDBOX_SOCKET_PATH } from "./registry-proxy.js";
-import type { JobCgroup } from "./cgroups.js";
+import type { JobCgroup, ProcessUsage } from "./cgroups.js";
 import type { NetworkSlot } from "./network.js";
 import type { SandboxHost } from "./host.js";
 import type { JobUser } from "./tenants.js";
@@ -310,6 +310,24 @@ function sandboxMembers(rootPid: number): number[] {
   return members;
 }
 
+/** Clock ticks per second of /proc's CPU times (USER_HZ: 100 on every Linux architecture Node runs on). */
+const USER_HZ = 100;
+
+/** CPU seconds and resident memory of these processes, from /proc. */
+function membersUsage(pids: number[]): ProcessUsage {
+  let ticks = 0;
+  let memoryBytes = 0;
+  for (const pid of pids) {
+    const stat = readProc(`/proc/${pid}/stat`);
+    if (stat === null) continue;
+    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    // utime and stime: fields 14 and 15 of stat, 12 and 13 after the command's closing parenthesis.
+    ticks += Number(fields[11] ?? 0) + Number(fields[12] ?? 0);
+    memoryBytes += residentBytes(pid);
+  }
+  return { cpuSeconds: ticks / USER_HZ, memoryBytes };
+}
+
 function residentBytes(pid: number): number {
   const match = /^VmRSS:\s+(\d+) kB$/m.exec(readProc(`/proc/${pid}/status`) ?? "");
   return match ? Number(match[1]) * 1024 : 0;
@@ -356,9 +374,10 @@ export interface SandboxOptions {
    * Called once the command has started (the sandbox is made, the prelude
    * handed over), with its address on the run network (null without one) and
    * bubblewrap's pid: a long-running process is reached (health check,
-   * proxied traffic) at that address.
+   * proxied traffic) at that address. `usage` reads what the sandbox uses
+   * now (app metrics).
    */
-  onStart?: (instance: { address: string | null; pid: number }) => void;
+  onStart?: (instance: { address: string | null; pid: number; usage: () => ProcessUsage }) => void;
 }
 
 /** Why the builder ended a job, or "shutdown" when the builder itself is stopping. */
@@ -636,7 +655,9 @@ export async function runInSandbox(options: SandboxOptions): Promise<SandboxOutc
   const stdout = child.stdout;
   const stderr = child.stderr;
   const onStart = options.onStart;
-  const reports = new PreludeReports(pipes[5] as Readable, stderr, onStart && (() => onStart({ address: slot?.address ?? null, pid: rootPid })));
+  // With cgroups the kernel counts for the sandbox; without, its live processes are summed (CPU of those gone is not).
+  const usage = (): ProcessUsage => cgroup?.usage() ?? membersUsage(sandboxMembers(rootPid));
+  const reports = new PreludeReports(pipes[5] as Readable, stderr, onStart && (() => onStart({ address: slot?.address ?? null, pid: rootPid, usage })));
   const outputClosed = Promise.all([stdout, stderr].map((stream) => (stream ? streamClosed(stream) : Promise.resolve())));
   if (stdout) log.capture("out", stdout);
   if (stderr) log.capture("err", stderr);
