@@ -10,6 +10,7 @@ import { appChanged } from "../worker/services/cron-targets";
 import { GIB } from "../worker/services/disks";
 import { envOf } from "../worker/services/env-vars";
 import { forgetFleet, lostNode, nodeRef } from "../worker/services/fleet";
+import { metricsStub } from "../worker/services/metrics";
 import { placeProcess } from "../worker/services/placement";
 import { deploymentEvent, emit } from "../worker/services/webhooks";
 import { scaleApp } from "../worker/services/apps";
@@ -17,6 +18,7 @@ import { noteProgress } from "../worker/services/deployments";
 import { REPORT_EVERY_MS } from "../worker/sites/load-meter";
 import { EDGE_APP_TTL_MS } from "../worker/sites/serve";
 import { presign } from "../worker/storage/presign";
+import type { ProcessSample } from "./app-metrics";
 import { type HistoryWindow, ShippedLog } from "./shipped-log";
 
 /** One process the object started: where it runs (the node's id), what release, since when (ms). */
@@ -389,6 +391,16 @@ export class AppRuntime extends DurableObject<Env> {
    */
   async keepLog(node: string, text: string): Promise<void> {
     if (this.logNodes().includes(node)) this.shipped.keep(node, text);
+  }
+
+  /**
+   * A node's report of the app's processes' usage (node/metrics.ts), kept with
+   * the app's metrics when the node is one the app ran on (as its log is).
+   */
+  async recordUsage(node: string, at: number, samples: ProcessSample[]): Promise<void> {
+    const appId = this.appId;
+    if (appId === null || !this.logNodes().includes(node)) return;
+    await metricsStub(this.env, appId).recordProcesses(at, samples);
   }
 
   /** What nodes other than those in `except` shipped of the log, cut to `window`. */

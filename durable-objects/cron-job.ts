@@ -17,6 +17,7 @@ import { type CronTarget, loadTarget } from "../worker/services/cron-targets";
 import type { CronDefinition, CronRunRecord } from "../worker/services/crons";
 import { logKey, RUN_HISTORY } from "../worker/services/crons";
 import { GIB } from "../worker/services/disks";
+import { metricsStub } from "../worker/services/metrics";
 import { decryptEnv } from "../worker/services/env-vars";
 import { emit } from "../worker/services/webhooks";
 import { presign } from "../worker/storage/presign";
@@ -616,18 +617,24 @@ export class CronJob extends DurableObject<Env> {
 
   /** Records the outcome once (a racing callback, poll and cancel agree on the first), then stores the log in R2. */
   private async complete(jobName: string, outcome: Outcome): Promise<void> {
-    const ended = this.ctx.storage.sql.exec(
-      "UPDATE runs SET status = ?, finished_at = ?, exit_code = ?, error = ? WHERE job_name = ? AND status = 'running'",
-      outcome.status,
-      Date.now(),
-      outcome.exitCode,
-      outcome.error,
-      jobName,
-    );
-    if (ended.rowsWritten === 0) return;
+    const now = Date.now();
+    const ended = this.ctx.storage.sql
+      .exec<{ started_at: number }>(
+        "UPDATE runs SET status = ?, finished_at = ?, exit_code = ?, error = ? WHERE job_name = ? AND status = 'running' RETURNING started_at",
+        outcome.status,
+        now,
+        outcome.exitCode,
+        outcome.error,
+        jobName,
+      )
+      .toArray()[0];
+    if (!ended) return;
     this.kv.delete(`unreachable:${jobName}`);
     const job = this.job();
     if (!job) return;
+    await metricsStub(this.env, job.id)
+      .recordRun(now, { durationMs: now - ended.started_at, ok: outcome.status === "success" })
+      .catch((error: unknown) => console.error("cron run metrics write failed", error));
     const key = logKey(job.id, jobName);
     await this.env.BUCKET.put(key, outcome.log, { httpMetadata: { contentType: "text/plain; charset=utf-8" } });
     this.ctx.storage.sql.exec("UPDATE runs SET log_key = ? WHERE job_name = ?", key, jobName);
@@ -635,8 +642,9 @@ export class CronJob extends DurableObject<Env> {
   }
 
   /**
-   * Failed runs in a row: each failure goes out as `cron.failed` (with the
-   * count); at the job's `disableAfterFailures` it disables itself, saying
+   * Failed runs in a row: each failure from the job's `notifyAfterFailures`th
+   * on goes out as `cron.failed` (with the count); at its
+   * `disableAfterFailures` it disables itself, saying
    * why, and `cron.disabled` goes out. A success starts the count again.
    */
   private async countOutcome(job: CronDefinition, jobName: string, outcome: Outcome): Promise<void> {
@@ -647,7 +655,7 @@ export class CronJob extends DurableObject<Env> {
     const failures = (this.kv.get<number>("failures") ?? 0) + 1;
     this.kv.put("failures", failures);
     const about = { cron: { id: job.id, name: job.name, appId: job.appId }, run: { jobName, exitCode: outcome.exitCode, error: outcome.error }, consecutiveFailures: failures };
-    await emit(this.env, job.accountId, "cron.failed", about);
+    if (failures >= (job.notifyAfterFailures ?? 1)) await emit(this.env, job.accountId, "cron.failed", about);
     if (!job.enabled || job.disableAfterFailures === null || failures < job.disableAfterFailures) return;
     const reason = `disabled after ${failures} failed runs in a row (the last: ${outcome.error ?? "failed"})`;
     await this.db.update(crons).set({ enabled: false, disabledReason: reason, updatedAt: Date.now() }).where(eq(crons.id, job.id));

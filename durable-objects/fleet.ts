@@ -15,6 +15,7 @@ import { failoverDelayMs } from "../worker/services/fleet";
 import { GIB } from "../worker/services/disks";
 import { placeDiskAmong } from "../worker/services/placement";
 import { newestReadyBackup, relocateDisk } from "../worker/services/relocation";
+import { emitOperator } from "../worker/services/webhooks";
 
 /** What the placement function and the operator read of a node. */
 export type FleetNode = Pick<
@@ -355,6 +356,7 @@ export class Fleet extends DurableObject<Env> {
     if (!node || node.unreachableSince !== null) return;
     await this.db.update(nodes).set({ unreachableSince: at, unreachableReason: reason }).where(eq(nodes.id, nodeId));
     console.log(JSON.stringify({ event: "node.unreachable", node: nodeId, name: node.name, reason }));
+    this.ctx.waitUntil(emitOperator(this.env, "node.unreachable", { node: { id: nodeId, name: node.name }, reason, since: new Date(at).toISOString() }));
     await this.arm();
   }
 
@@ -646,6 +648,7 @@ export class Fleet extends DurableObject<Env> {
     node.lostAt = now;
     await this.db.update(nodes).set({ state: "lost", lostAt: now }).where(eq(nodes.id, node.id));
     console.log(JSON.stringify({ event: "node.lost", node: node.id, name: node.name, why }));
+    this.ctx.waitUntil(emitOperator(this.env, "node.lost", { node: { id: node.id, name: node.name }, reason: why, lostAt: new Date(now).toISOString() }));
     // Apps it served start again on another node; an app whose disk is on the lost node waits for its disk.
     const served = await this.db
       .select({ id: apps.id, diskNode: disks.nodeId })

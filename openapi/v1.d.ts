@@ -2455,11 +2455,12 @@ export interface paths {
         };
         /**
          * An app's request metrics
-         * @description Requests by status class, bytes out and latency percentiles, measured at the edge (custom domains included) for static sites and apps alike, kept per minute for 7 days and per hour for 30 (docs/metrics.md). `since`: 1h (1-minute steps), 24h (15 minutes), 7d (2 hours), 30d (6 hours). About a second behind.
+         * @description Requests by status class, bytes out and latency percentiles, measured at the edge (custom domains included) for static sites and apps alike, and each process's CPU, memory against its limit and restarts, read by its node; kept per minute for 7 days and per hour for 30 (docs/metrics.md). `since`: 1h (1-minute steps), 24h (15 minutes), 7d (2 hours), 30d (6 hours). Requests are about a second behind, processes up to 10 s.
          */
         get: {
             parameters: {
                 query?: {
+                    /** @description 1h (1-minute steps), 24h (15 minutes), 7d (2 hours) or 30d (6 hours) */
                     since?: "1h" | "24h" | "7d" | "30d";
                 };
                 header?: never;
@@ -2471,7 +2472,7 @@ export interface paths {
             };
             requestBody?: never;
             responses: {
-                /** @description Every step of the range, oldest first (empty ones as zero), and the range's totals */
+                /** @description Every step of the range, oldest first (empty ones as zero), the range's totals, and each process's usage in the same steps */
                 200: {
                     headers: {
                         [name: string]: unknown;
@@ -2494,6 +2495,21 @@ export interface paths {
                                     s3xx: number;
                                     s4xx: number;
                                     s5xx: number;
+                                }[];
+                                /** @description Each of the app's processes (instances) that ran in the range, as their nodes read them from the processes' cgroups every 10 s */
+                                processes: {
+                                    /** @description The process (instance) */
+                                    id: string;
+                                    memoryLimitBytes: number;
+                                    points: {
+                                        at: string;
+                                        /** @description CPU time it used in the step (divide by stepSeconds for cores); null: it did not run then */
+                                        cpuSeconds: number | null;
+                                        /** @description The most memory it held in the step (its cgroup's charge) */
+                                        memoryBytes: number | null;
+                                        /** @description Times it was restarted in the step */
+                                        restarts: number;
+                                    }[];
                                 }[];
                                 since: string;
                                 stepSeconds: number;
@@ -3249,6 +3265,122 @@ export interface paths {
                 };
             };
         };
+        trace?: never;
+    };
+    "/v1/crons/{id}/metrics": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * A cron job's runs over time
+         * @description Finished runs by outcome and their durations, kept per minute for 7 days and per hour for 30 (docs/metrics.md).
+         */
+        get: {
+            parameters: {
+                query?: {
+                    /** @description 1h (1-minute steps), 24h (15 minutes), 7d (2 hours) or 30d (6 hours) */
+                    since?: "1h" | "24h" | "7d" | "30d";
+                };
+                header?: never;
+                path: {
+                    /** @description The cron job's id (cron_…) or its name (unique in the account) */
+                    id: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description Every step of the range, oldest first (empty ones as zero), and the range's totals */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": {
+                            data: {
+                                points: {
+                                    at: string;
+                                    /** @description Failed, timed out or lost */
+                                    failed: number;
+                                    maxDurationMs: number | null;
+                                    /** @description null: no run finished */
+                                    meanDurationMs: number | null;
+                                    /** @description Runs that finished in the step */
+                                    runs: number;
+                                    succeeded: number;
+                                }[];
+                                since: string;
+                                stepSeconds: number;
+                                totals: {
+                                    /** @description Failed, timed out or lost */
+                                    failed: number;
+                                    maxDurationMs: number | null;
+                                    /** @description null: no run finished */
+                                    meanDurationMs: number | null;
+                                    /** @description Runs that finished in the step */
+                                    runs: number;
+                                    succeeded: number;
+                                };
+                            };
+                        };
+                    };
+                };
+                /** @description Invalid request (VALIDATION_ERROR) */
+                400: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description Missing, malformed, unknown, deleted or expired API key (UNAUTHORIZED) */
+                401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description The key lacks the required scope (INSUFFICIENT_SCOPE) */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description No such cron job in this account (CRON_NOT_FOUND) */
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description Too many requests with this key (RATE_LIMITED); Retry-After says when to try again */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+            };
+        };
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
         trace?: never;
     };
     "/v1/crons/{id}/run": {
@@ -4065,7 +4197,7 @@ export interface paths {
         options?: never;
         head?: never;
         /**
-         * Change a disk's automatic snapshots
+         * Change a disk's automatic snapshots or alert threshold
          * @description Only the supplied fields change. A new interval starts the schedule afresh (the next snapshot one interval from now); 0 turns snapshots off, keeping those already made until their retention ends. A smaller snapshotKeep deletes the oldest automatic snapshots beyond it when the next one is ready.
          */
         patch: {
@@ -4331,6 +4463,109 @@ export interface paths {
                 };
             };
         };
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/disks/{disk}/metrics": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * A disk's use over time
+         * @description The most bytes and files (inodes) the disk held in each step, as the node holding it measures it every 10 s, against its size and inode limit; kept per minute for 7 days and per hour for 30 (docs/metrics.md). A disk past its `alertAtPercent` sends `disk.almost_full`.
+         */
+        get: {
+            parameters: {
+                query?: {
+                    /** @description 1h (1-minute steps), 24h (15 minutes), 7d (2 hours) or 30d (6 hours) */
+                    since?: "1h" | "24h" | "7d" | "30d";
+                };
+                header?: never;
+                path: {
+                    /** @description Disk id or name */
+                    disk: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description Every step of the range, oldest first (null: not measured then) */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": {
+                            data: {
+                                inodeLimit: number | null;
+                                points: {
+                                    at: string;
+                                    usedBytes: number | null;
+                                    usedInodes: number | null;
+                                }[];
+                                since: string;
+                                /** @description As last measured; null before the first measure */
+                                sizeBytes: number | null;
+                                stepSeconds: number;
+                            };
+                        };
+                    };
+                };
+                /** @description Invalid request (VALIDATION_ERROR) */
+                400: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description Missing, malformed, unknown, deleted or expired API key (UNAUTHORIZED) */
+                401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description The key lacks the required scope (INSUFFICIENT_SCOPE) */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description No such disk in this account (DISK_NOT_FOUND) */
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+                /** @description Too many requests with this key (RATE_LIMITED); Retry-After says when to try again */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Error"];
+                    };
+                };
+            };
+        };
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -6558,6 +6793,7 @@ export interface components {
                 createdAt: string;
                 id: string;
                 name: string;
+                operatorEvents: boolean;
                 /** @enum {string} */
                 plan: "free" | "pro" | "business";
             };
@@ -6755,6 +6991,11 @@ export interface components {
         CreateAccount: {
             name: string;
             /**
+             * @description The account's webhooks may subscribe to the operator's events (node.unreachable, node.lost): the operator's own account
+             * @default false
+             */
+            operatorEvents: boolean;
+            /**
              * @default free
              * @enum {string}
              */
@@ -6820,6 +7061,8 @@ export interface components {
             /** @default true */
             enabled: boolean;
             name: string;
+            /** @description Send `cron.failed` from this many failed runs in a row on (1, the default: every failed run); the event carries the count */
+            notifyAfterFailures?: number;
             /**
              * @description Five fields: minute hour day-of-month month day-of-week
              * @example *\/15 * * * *
@@ -6864,6 +7107,8 @@ export interface components {
          *     }
          */
         CreateDisk: {
+            /** @description Send `disk.almost_full` when the disk's bytes or files reach this percent of its size or inode limit (again only after it fell 5 points below). Default 90 */
+            alertAtPercent?: number;
             /** @default /data */
             mountPath: string;
             name: string;
@@ -6890,8 +7135,8 @@ export interface components {
          */
         CreateWebhook: {
             description?: string | null;
-            /** @description Which events it gets: deploy.succeeded, deploy.failed, app.crash_loop, app.recovered, cron.failed, cron.disabled, backup.failed, restore.failed */
-            events: ("deploy.succeeded" | "deploy.failed" | "app.crash_loop" | "app.recovered" | "cron.failed" | "cron.disabled" | "backup.failed" | "restore.failed")[];
+            /** @description Which events it gets: deploy.succeeded, deploy.failed, app.crash_loop, app.recovered, cron.failed, cron.disabled, backup.failed, restore.failed, disk.almost_full, node.unreachable, node.lost */
+            events: ("deploy.succeeded" | "deploy.failed" | "app.crash_loop" | "app.recovered" | "cron.failed" | "cron.disabled" | "backup.failed" | "restore.failed" | "disk.almost_full" | "node.unreachable" | "node.lost")[];
             /** @description Where events are POSTed; https, never a private, loopback or link-local address in production */
             url: string;
         };
@@ -6907,6 +7152,7 @@ export interface components {
             enabled: boolean;
             id: string;
             name: string;
+            notifyAfterFailures: number;
             schedule: string;
             timeoutSeconds: number;
             timezone: string;
@@ -7013,6 +7259,11 @@ export interface components {
             waiting: string | null;
         };
         Disk: {
+            /**
+             * @description Send `disk.almost_full` when the disk's bytes or files reach this percent of its size or inode limit (again only after it fell 5 points below)
+             * @example 90
+             */
+            alertAtPercent: number;
             appId: string | null;
             appName: string | null;
             createdAt: string;
@@ -7307,6 +7558,8 @@ export interface components {
             /** @description Disable the job by itself after this many failed runs in a row (its `disabledReason` says so and a `cron.disabled` event goes out); null: never */
             disableAfterFailures?: number | null;
             enabled?: boolean;
+            /** @description Send `cron.failed` from this many failed runs in a row on (1, the default: every failed run); the event carries the count */
+            notifyAfterFailures?: number;
             /**
              * @description Five fields: minute hour day-of-month month day-of-week
              * @example *\/15 * * * *
@@ -7322,6 +7575,8 @@ export interface components {
          *     }
          */
         UpdateDisk: {
+            /** @description Send `disk.almost_full` when the disk's bytes or files reach this percent of its size or inode limit (again only after it fell 5 points below) */
+            alertAtPercent?: number;
             /**
              * @description Hours between automatic snapshots, 1-168; 0 turns them off
              * @example 24
@@ -7340,15 +7595,15 @@ export interface components {
         };
         UpdateWebhook: {
             description?: string | null;
-            /** @description Which events it gets: deploy.succeeded, deploy.failed, app.crash_loop, app.recovered, cron.failed, cron.disabled, backup.failed, restore.failed */
-            events?: ("deploy.succeeded" | "deploy.failed" | "app.crash_loop" | "app.recovered" | "cron.failed" | "cron.disabled" | "backup.failed" | "restore.failed")[];
+            /** @description Which events it gets: deploy.succeeded, deploy.failed, app.crash_loop, app.recovered, cron.failed, cron.disabled, backup.failed, restore.failed, disk.almost_full, node.unreachable, node.lost */
+            events?: ("deploy.succeeded" | "deploy.failed" | "app.crash_loop" | "app.recovered" | "cron.failed" | "cron.disabled" | "backup.failed" | "restore.failed" | "disk.almost_full" | "node.unreachable" | "node.lost")[];
             /** @description Where events are POSTed; https, never a private, loopback or link-local address in production */
             url?: string;
         };
         Webhook: {
             createdAt: string;
             description: string | null;
-            events: ("deploy.succeeded" | "deploy.failed" | "app.crash_loop" | "app.recovered" | "cron.failed" | "cron.disabled" | "backup.failed" | "restore.failed")[];
+            events: ("deploy.succeeded" | "deploy.failed" | "app.crash_loop" | "app.recovered" | "cron.failed" | "cron.disabled" | "backup.failed" | "restore.failed" | "disk.almost_full" | "node.unreachable" | "node.lost")[];
             /** @example whk_0aB1cD2eF3gH4iJ5kL6mN7oP */
             id: string;
             /** @description After a roll: until when deliveries are also signed with the secret before it (a second `v1,` signature) */

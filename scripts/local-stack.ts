@@ -269,7 +269,8 @@ async function adminKeyFor(apiUrl: string, secrets: LocalSecrets, stateDir: stri
   const res = await fetch(`${apiUrl}/v1/accounts`, {
     method: "POST",
     headers: { Authorization: `Bearer ${secrets.OPERATOR_TOKEN}`, "Content-Type": "application/json" },
-    body: JSON.stringify({ name: "local", plan: "business" }),
+    // The local account is the operator's too: its webhooks may hear of the nodes.
+    body: JSON.stringify({ name: "local", plan: "business", operatorEvents: true }),
   });
   if (res.status !== 201) throw new Error(`creating the local account failed: ${res.status} ${await res.text()}`);
   const { apiKey } = (await res.json()) as { apiKey: { key: string } };

@@ -51,6 +51,8 @@ export interface Env {
   AUTOSCALE_UP_SECONDS?: string;
   /** Scaling on load: how long an app must need fewer instances before one is drained (default 60). */
   AUTOSCALE_DOWN_SECONDS?: string;
+  /** Request metrics (AppMetrics, docs/metrics.md): "on" (default), or "off" to record none, the request log kept (bench/metrics-cost.ts measures the difference). */
+  METRICS?: string;
   /** How long a heartbeat's answer lets a node hold its disks: a node that cannot renew it stops their writers (docs/fleet.md, "Leases"). */
   NODE_LEASE_SECONDS: string;
   /** The most a node is believed to have, whatever it reports, unless its join token (or the operator) says otherwise. */
@@ -111,6 +113,7 @@ const configSchema = z.object({
   DISK_FAILOVER_GRACE_SECONDS: z.coerce.number().int().nonnegative(),
   AUTOSCALE_UP_SECONDS: positiveInt.default(15),
   AUTOSCALE_DOWN_SECONDS: positiveInt.default(60),
+  METRICS: z.enum(["on", "off"]).default("on"),
   NODE_LEASE_SECONDS: positiveInt,
   NODE_MAX_CORES: positiveInt,
   NODE_MAX_MEMORY_MB: positiveInt,

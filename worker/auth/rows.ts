@@ -35,8 +35,8 @@ export async function newKeyRow(input: {
 }
 
 /** Builds an account and its first admin key; shared by the HTTP route and the operator script. */
-export async function newAccountRows(input: { name: string; plan: Plan; now: number }) {
-  const account: AccountRow = { id: newId("account"), name: input.name, plan: input.plan, createdAt: input.now };
+export async function newAccountRows(input: { name: string; plan: Plan; operatorEvents?: boolean; now: number }) {
+  const account: AccountRow = { id: newId("account"), name: input.name, plan: input.plan, operatorEvents: input.operatorEvents ?? false, createdAt: input.now };
   const key = await newKeyRow({
     accountId: account.id,
     name: FIRST_KEY_NAME,

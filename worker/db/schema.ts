@@ -17,6 +17,8 @@ export const accounts = sqliteTable("accounts", {
   id: text("id").primaryKey(),
   name: text("name").notNull(),
   plan: text("plan", { enum: PLANS }).notNull().default("free"),
+  /** Receives the operator's events (`node.unreachable`, `node.lost`) through its webhooks; set by the operator. */
+  operatorEvents: integer("operator_events", { mode: "boolean" }).notNull().default(false),
   createdAt: integer("created_at").notNull(),
 });
 
@@ -235,6 +237,8 @@ export const disks = sqliteTable(
     generation: integer("generation").notNull().default(1),
     /** What happened to the disk when its node was lost or drained, in the user's words; null when nothing did. */
     placementNote: text("placement_note"),
+    /** `disk.almost_full` goes out when the disk's bytes or files reach this share of its limits (percent). */
+    alertAtPercent: integer("alert_at_percent").notNull().default(90),
     /**
      * Automatic snapshots (issue 19): hours between them, 0 when off. A whole
      * number of hours rather than a cron expression: "daily" is what users
@@ -369,6 +373,8 @@ export const crons = sqliteTable(
     enabled: integer("enabled", { mode: "boolean" }).notNull().default(true),
     /** Disabled by itself after this many failed runs in a row (null: never). */
     disableAfterFailures: integer("disable_after_failures"),
+    /** `cron.failed` goes out from this many failed runs in a row on (1: every failure). */
+    notifyAfterFailures: integer("notify_after_failures").notNull().default(1),
     /** Why the job disabled itself (cleared when it is enabled again); null when it did not. */
     disabledReason: text("disabled_reason"),
     /** Scheduled time of the most recent run (manual or scheduled). */
@@ -606,6 +612,9 @@ export const WEBHOOK_EVENTS = [
   "cron.disabled",
   "backup.failed",
   "restore.failed",
+  "disk.almost_full",
+  "node.unreachable",
+  "node.lost",
 ] as const;
 export type WebhookEvent = (typeof WEBHOOK_EVENTS)[number];
 

@@ -1,4 +1,5 @@
 import { z } from "@hono/zod-openapi";
+import { METRIC_RANGES, type MetricRange } from "../services/metrics";
 
 /** App and cron names are DNS labels (DESIGN §3): apps become subdomains, cron names go into run names. */
 export const DnsLabel = z
@@ -37,4 +38,12 @@ export const ApplyQuery = z.object({
     .enum(["true", "false"])
     .optional()
     .openapi({ description: "false: the change waits until `POST /v1/apps/{app}/apply` (or a restart or deploy) rolls out everything pending" }),
+});
+
+/** `?since=`: the range metrics are read over (worker/services/metrics.ts); each is summed into 60-120 steps. */
+export const MetricsQuery = z.object({
+  since: z
+    .enum(Object.keys(METRIC_RANGES) as [MetricRange, ...MetricRange[]])
+    .default("1h")
+    .openapi({ description: "1h (1-minute steps), 24h (15 minutes), 7d (2 hours) or 30d (6 hours)" }),
 });

@@ -29,12 +29,16 @@ const CreateAccountBody = z
   .strictObject({
     name: z.string().trim().min(1).max(100),
     plan: z.enum(PLANS).default("free"),
+    operatorEvents: z
+      .boolean()
+      .default(false)
+      .openapi({ description: "The account's webhooks may subscribe to the operator's events (node.unreachable, node.lost): the operator's own account" }),
   })
   .openapi("CreateAccount", { example: { name: "acme", plan: "pro" } });
 
 const AccountCreatedSchema = z
   .object({
-    account: z.object({ id: z.string(), name: z.string(), plan: z.enum(PLANS), createdAt: z.string() }),
+    account: z.object({ id: z.string(), name: z.string(), plan: z.enum(PLANS), operatorEvents: z.boolean(), createdAt: z.string() }),
     apiKey: z.object({
       id: z.string(),
       name: z.string(),

@@ -7,7 +7,7 @@ import { configOf, type Env } from "../env";
 import { appLogStream } from "../lib/builder-client";
 import { ApiError } from "../lib/errors";
 import { authErrors, errorResponse, jsonBody, newRouter, planLimited, UNCOMPRESSED_STREAM } from "../lib/router";
-import { ApplyQuery, DnsLabel, Deleted, dataOf, Ref, withRollout } from "../lib/schemas";
+import { ApplyQuery, DnsLabel, Deleted, dataOf, MetricsQuery, Ref, withRollout } from "../lib/schemas";
 import { appRuntimeStub, liveInstancesOf, runsProcess } from "../services/app-runtime";
 import { appChanged } from "../services/cron-targets";
 import { fleet, nodeRef } from "../services/fleet";
@@ -16,7 +16,7 @@ import { deleteAppCrons } from "../services/crons";
 import { removeAppDomains } from "../services/domains";
 import { APP_STATES, appView, appViews, createApp, deleteApp, listApps, resolveApp, scaleApp, setAppStatus, setAutoscaling, updateAppSettings } from "../services/apps";
 import { applyPending, configChanged } from "../services/rollout";
-import { appMetrics, METRIC_RANGES, type MetricRange, metricsStub } from "../services/metrics";
+import { appMetrics, metricsStub } from "../services/metrics";
 
 /** What a change of an app's instances or scaling on load does, in words. */
 function scaleMessage(app: AppRow): string {
@@ -495,22 +495,45 @@ const MetricPointSchema = z.object({
   p99Ms: z.number().nullable(),
 });
 
+const ProcessMetricsSchema = z.object({
+  id: z.string().openapi({ description: "The process (instance)" }),
+  memoryLimitBytes: z.number().int(),
+  points: z.array(
+    z.object({
+      at: z.string(),
+      cpuSeconds: z.number().nullable().openapi({ description: "CPU time it used in the step (divide by stepSeconds for cores); null: it did not run then" }),
+      memoryBytes: z.number().int().nullable().openapi({ description: "The most memory it held in the step (its cgroup's charge)" }),
+      restarts: z.number().int().openapi({ description: "Times it was restarted in the step" }),
+    }),
+  ),
+});
+
 appRoutes.openapi(
   createRoute({
     method: "get",
     path: "/{app}/metrics",
     summary: "An app's request metrics",
     description:
-      "Requests by status class, bytes out and latency percentiles, measured at the edge (custom domains included) for static sites and apps alike, kept per minute for 7 days and per hour for 30 (docs/metrics.md). `since`: 1h (1-minute steps), 24h (15 minutes), 7d (2 hours), 30d (6 hours). About a second behind.",
+      "Requests by status class, bytes out and latency percentiles, measured at the edge (custom domains included) for static sites and apps alike, and each process's CPU, memory against its limit and restarts, read by its node; kept per minute for 7 days and per hour for 30 (docs/metrics.md). `since`: 1h (1-minute steps), 24h (15 minutes), 7d (2 hours), 30d (6 hours). Requests are about a second behind, processes up to 10 s.",
     tags: ["Apps"],
     security,
-    request: { params: AppParam, query: z.object({ since: z.enum(Object.keys(METRIC_RANGES) as [MetricRange, ...MetricRange[]]).default("1h") }) },
+    request: { params: AppParam, query: MetricsQuery },
     responses: {
       200: {
-        description: "Every step of the range, oldest first (empty ones as zero), and the range's totals",
+        description: "Every step of the range, oldest first (empty ones as zero), the range's totals, and each process's usage in the same steps",
         content: {
           "application/json": {
-            schema: dataOf(z.object({ since: z.string(), stepSeconds: z.number().int(), points: z.array(MetricPointSchema), totals: MetricPointSchema.omit({ at: true }) })),
+            schema: dataOf(
+              z.object({
+                since: z.string(),
+                stepSeconds: z.number().int(),
+                points: z.array(MetricPointSchema),
+                totals: MetricPointSchema.omit({ at: true }),
+                processes: z.array(ProcessMetricsSchema).openapi({
+                  description: "Each of the app's processes (instances) that ran in the range, as their nodes read them from the processes' cgroups every 10 s",
+                }),
+              }),
+            ),
           },
         },
       },

@@ -6,7 +6,8 @@ import { checkSchedule, isTimeZone, nextRuns } from "../lib/cron";
 import { ApiError } from "../lib/errors";
 import { iso } from "../lib/time";
 import { authErrors, codedIssue, errorResponse, jsonBody, newRouter, planLimited } from "../lib/router";
-import { DnsLabel, Deleted, dataOf, Ref } from "../lib/schemas";
+import { DnsLabel, Deleted, dataOf, MetricsQuery, Ref } from "../lib/schemas";
+import { cronMetrics } from "../services/metrics";
 import { resolveApp } from "../services/apps";
 import { diskNode } from "../services/placement";
 import {
@@ -41,6 +42,13 @@ const DisableAfter = z
   .nullable()
   .openapi({ description: "Disable the job by itself after this many failed runs in a row (its `disabledReason` says so and a `cron.disabled` event goes out); null: never" });
 
+const NotifyAfter = z
+  .number()
+  .int()
+  .min(1)
+  .max(1000)
+  .openapi({ description: "Send `cron.failed` from this many failed runs in a row on (1, the default: every failed run); the event carries the count" });
+
 const CreateCronBody = z
   .strictObject({
     appId: Ref.openapi({ description: "App id (or name)" }),
@@ -52,6 +60,7 @@ const CreateCronBody = z
     timeoutSeconds: Timeout.default(3600),
     enabled: z.boolean().default(true),
     disableAfterFailures: DisableAfter.optional(),
+    notifyAfterFailures: NotifyAfter.optional(),
   })
   .openapi("CreateCron", {
     example: { appId: "app_0aB1cD2eF3gH4iJ5kL6mN7oP", name: "nightly-report", schedule: "0 3 * * *", command: "npm run report" },
@@ -66,6 +75,7 @@ const UpdateCronBody = z
     timeoutSeconds: Timeout.optional(),
     enabled: z.boolean().optional(),
     disableAfterFailures: DisableAfter.optional(),
+    notifyAfterFailures: NotifyAfter.optional(),
   })
   .refine((b) => Object.keys(b).length > 0, "supply at least one field to change")
   .openapi("UpdateCron", { example: { schedule: "*/30 * * * *" } });
@@ -82,6 +92,7 @@ const CronSchema = z
     concurrencyPolicy: z.enum(CONCURRENCY_POLICIES),
     timeoutSeconds: z.number().int(),
     disableAfterFailures: z.number().int().nullable(),
+    notifyAfterFailures: z.number().int(),
     disabledReason: z.string().nullable().openapi({ example: "disabled after 3 failed runs in a row (the last: exit code 1)" }),
     createdAt: z.string(),
     updatedAt: z.string(),
@@ -220,6 +231,39 @@ cronRoutes.openapi(
   async (c) => {
     const row = await resolveCron(c.get("db"), c.get("principal").accountId, c.req.valid("param").id);
     return c.json({ data: await cronDetail(c.env, row) }, 200);
+  },
+);
+
+const RunPointSchema = z.object({
+  runs: z.number().int().openapi({ description: "Runs that finished in the step" }),
+  succeeded: z.number().int(),
+  failed: z.number().int().openapi({ description: "Failed, timed out or lost" }),
+  meanDurationMs: z.number().int().nullable().openapi({ description: "null: no run finished" }),
+  maxDurationMs: z.number().int().nullable(),
+});
+
+cronRoutes.openapi(
+  createRoute({
+    method: "get",
+    path: "/{id}/metrics",
+    summary: "A cron job's runs over time",
+    description: "Finished runs by outcome and their durations, kept per minute for 7 days and per hour for 30 (docs/metrics.md).",
+    tags: ["Cron jobs"],
+    security,
+    request: { params: IdParam, query: MetricsQuery },
+    responses: {
+      200: json(
+        "Every step of the range, oldest first (empty ones as zero), and the range's totals",
+        dataOf(z.object({ since: z.string(), stepSeconds: z.number().int(), points: z.array(RunPointSchema.extend({ at: z.string() })), totals: RunPointSchema })),
+      ),
+      ...authErrors,
+      ...cronNotFound,
+    },
+  }),
+  async (c) => {
+    const cron = await resolveCron(c.get("db"), c.get("principal").accountId, c.req.valid("param").id);
+    const since = c.req.valid("query").since;
+    return c.json({ data: { since, ...(await cronMetrics(c.env, cron.id, since)) } }, 200);
   },
 );
 

@@ -4,7 +4,7 @@ import { appChanged } from "../services/cron-targets";
 import { requireScope } from "../auth/middleware";
 import { DISK_STATUSES } from "../db/schema";
 import { authErrors, errorResponse, jsonBody, newRouter, planLimited } from "../lib/router";
-import { ApplyQuery, DnsLabel, Deleted, dataOf, Ref, withRollout } from "../lib/schemas";
+import { ApplyQuery, DnsLabel, Deleted, dataOf, MetricsQuery, Ref, withRollout } from "../lib/schemas";
 import type { Db } from "../db/client";
 import type { AppRow } from "../db/schema";
 import type { Env } from "../env";
@@ -13,7 +13,11 @@ import { configChanged, type Rollout } from "../services/rollout";
 import { resolveApp } from "../services/apps";
 import { DEFAULT_SNAPSHOT_INTERVAL_HOURS, DEFAULT_SNAPSHOT_KEEP, MAX_SNAPSHOT_INTERVAL_HOURS } from "../lib/snapshot-schedule";
 import { PLAN_LIMITS } from "../lib/plans";
-import { attachDisk, createDisk, deleteDisk, detachDisk, diskView, listDisks, updateDiskSnapshots } from "../services/disks";
+import { attachDisk, createDisk, deleteDisk, detachDisk, diskView, listDisks, resolveDisk, updateDisk } from "../services/disks";
+import { diskMetrics } from "../services/metrics";
+
+const ALERT_DESCRIPTION = "Send `disk.almost_full` when the disk's bytes or files reach this percent of its size or inode limit (again only after it fell 5 points below)";
+const AlertAt = z.number().int().min(1).max(100).openapi({ description: ALERT_DESCRIPTION });
 
 const DiskSchema = z
   .object({
@@ -38,6 +42,7 @@ const DiskSchema = z
         "What happened to the disk when the machine holding it was lost or emptied: where it was restored, from which backup, and what was lost; null when nothing did",
       example: "node local-2 was lost at 2026-11-24T03:12:09Z; restored on node local-1 from the backup begun at 2026-11-24T03:00:00Z (bak_…); writes since it began may be lost",
     }),
+    alertAtPercent: z.number().int().openapi({ description: ALERT_DESCRIPTION, example: 90 }),
     usedBytes: z
       .number()
       .int()
@@ -77,11 +82,12 @@ const CreateDiskBody = z
       description: `${INTERVAL_DESCRIPTION}. Default ${DEFAULT_SNAPSHOT_INTERVAL_HOURS} (daily); the first one interval after creation`,
     }),
     snapshotKeep: SnapshotKeep.optional().openapi({ description: `${KEEP_DESCRIPTION}. Default ${DEFAULT_SNAPSHOT_KEEP}` }),
+    alertAtPercent: AlertAt.optional().openapi({ description: `${ALERT_DESCRIPTION}. Default 90` }),
   })
   .openapi("CreateDisk", { example: { name: "uploads", sizeGb: 10, mountPath: "/var/data" } });
 
 const UpdateDiskBody = z
-  .strictObject({ snapshotIntervalHours: SnapshotInterval.optional(), snapshotKeep: SnapshotKeep.optional() })
+  .strictObject({ snapshotIntervalHours: SnapshotInterval.optional(), snapshotKeep: SnapshotKeep.optional(), alertAtPercent: AlertAt.optional() })
   .refine((b) => Object.keys(b).length > 0, "supply at least one field to change")
   .openapi("UpdateDisk", { example: { snapshotIntervalHours: 12, snapshotKeep: 14 } });
 
@@ -163,9 +169,47 @@ diskRoutes.openapi(
 
 diskRoutes.openapi(
   createRoute({
+    method: "get",
+    path: "/{disk}/metrics",
+    summary: "A disk's use over time",
+    description:
+      "The most bytes and files (inodes) the disk held in each step, as the node holding it measures it every 10 s, against its size and inode limit; kept per minute for 7 days and per hour for 30 (docs/metrics.md). A disk past its `alertAtPercent` sends `disk.almost_full`.",
+    tags: ["Disks"],
+    security,
+    request: { params: DiskParam, query: MetricsQuery },
+    responses: {
+      200: {
+        description: "Every step of the range, oldest first (null: not measured then)",
+        content: {
+          "application/json": {
+            schema: dataOf(
+              z.object({
+                since: z.string(),
+                stepSeconds: z.number().int(),
+                sizeBytes: z.number().int().nullable().openapi({ description: "As last measured; null before the first measure" }),
+                inodeLimit: z.number().int().nullable(),
+                points: z.array(z.object({ at: z.string(), usedBytes: z.number().int().nullable(), usedInodes: z.number().int().nullable() })),
+              }),
+            ),
+          },
+        },
+      },
+      ...authErrors,
+      ...notFound,
+    },
+  }),
+  async (c) => {
+    const { disk } = await resolveDisk(c.get("db"), c.get("principal").accountId, c.req.valid("param").disk);
+    const since = c.req.valid("query").since;
+    return c.json({ data: { since, ...(await diskMetrics(c.env, disk.id, since)) } }, 200);
+  },
+);
+
+diskRoutes.openapi(
+  createRoute({
     method: "patch",
     path: "/{disk}",
-    summary: "Change a disk's automatic snapshots",
+    summary: "Change a disk's automatic snapshots or alert threshold",
     description:
       "Only the supplied fields change. A new interval starts the schedule afresh (the next snapshot one interval from now); 0 turns snapshots off, keeping those already made until their retention ends. A smaller snapshotKeep deletes the oldest automatic snapshots beyond it when the next one is ready.",
     tags: ["Disks"],
@@ -174,7 +218,7 @@ diskRoutes.openapi(
     responses: { 200: diskResponse("The disk after the change"), ...authErrors, ...planLimited, ...notFound },
   }),
   async (c) =>
-    c.json({ data: await updateDiskSnapshots(c.get("db"), c.get("principal").accountId, c.req.valid("param").disk, c.req.valid("json")) }, 200),
+    c.json({ data: await updateDisk(c.get("db"), c.get("principal").accountId, c.req.valid("param").disk, c.req.valid("json")) }, 200),
 );
 
 diskRoutes.openapi(

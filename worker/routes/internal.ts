@@ -1,7 +1,7 @@
 import { Hono, type MiddlewareHandler } from "hono";
 import { PartUrlRequest } from "../../builder/src/protocol/disks";
 import { JobStatus } from "../../builder/src/protocol/job-status";
-import { NODE_ID_PATTERN, NodeHeartbeat, NodeRejoin } from "../../builder/src/protocol/node";
+import { NODE_ID_PATTERN, NodeHeartbeat, NodeMetricsReport, NodeRejoin } from "../../builder/src/protocol/node";
 import { AppLogShipment, ProcessStatus } from "../../builder/src/protocol/processes";
 import { HEADER_NODE, NonceCache, verifyRequest } from "../../builder/src/protocol/signing";
 import { BlobsRequest } from "../../builder/src/protocol/static";
@@ -12,6 +12,7 @@ import { appRuntimeStub } from "../services/app-runtime";
 import { backupStub, restoreStub } from "../services/backups";
 import { cronStub } from "../services/crons";
 import { deploymentStub } from "../services/deployments";
+import { recordDiskUsage } from "../services/disk-usage";
 import { fleetStub, forgetFleet, nodeRef } from "../services/fleet";
 
 /** Nonces of accepted callbacks, per isolate; handlers are idempotent, so this only trims replays. */
@@ -113,6 +114,25 @@ internalRoutes.post("/app-logs", async (c) => {
   if (!parsed.success) throw new ApiError("VALIDATION_ERROR", "body is not an app log shipment");
   const node = c.get("node");
   await Promise.all(parsed.data.logs.map(({ appId, text }) => appRuntimeStub(c.env, appId).keepLog(node, text)));
+  return c.body(null, 204);
+});
+
+/**
+ * What a node's apps used (builder/src/node/metrics.ts): each app's processes
+ * go to its object, which keeps only what a node it ran on says; each disk's
+ * use is kept when this node holds the disk, and may send `disk.almost_full`.
+ */
+internalRoutes.post("/nodes/metrics", async (c) => {
+  const parsed = NodeMetricsReport.safeParse(c.get("signedBody"));
+  if (!parsed.success) throw new ApiError("VALIDATION_ERROR", "body is not a node's metrics report");
+  const node = c.get("node");
+  const at = Date.now();
+  const byApp = new Map<string, typeof parsed.data.processes>();
+  for (const sample of parsed.data.processes) byApp.set(sample.appId, [...(byApp.get(sample.appId) ?? []), sample]);
+  await Promise.all([
+    ...[...byApp].map(([appId, samples]) => appRuntimeStub(c.env, appId).recordUsage(node, at, samples)),
+    recordDiskUsage(c.env, c.get("db"), node, at, parsed.data.disks),
+  ]);
   return c.body(null, 204);
 });
 

@@ -1,4 +1,5 @@
 import { and, desc, eq, sql } from "drizzle-orm";
+import { metricsStub } from "./metrics";
 import { type Db, isUniqueViolation } from "../db/client";
 import { accounts, type ConcurrencyPolicy, type CronRow, type CronRunStatus, crons, type Plan } from "../db/schema";
 import type { Env } from "../env";
@@ -25,6 +26,8 @@ export type CronView = {
   timeoutSeconds: number;
   /** Disables itself after this many failed runs in a row (null: never). */
   disableAfterFailures: number | null;
+  /** `cron.failed` goes out from this many failed runs in a row on (1: every failure). */
+  notifyAfterFailures: number;
   /** Why it disabled itself; null when it did not (or was enabled again since). */
   disabledReason: string | null;
   createdAt: string;
@@ -80,6 +83,7 @@ export function cronView(row: CronRow): CronView {
     concurrencyPolicy: row.concurrencyPolicy,
     timeoutSeconds: row.timeoutSeconds,
     disableAfterFailures: row.disableAfterFailures,
+    notifyAfterFailures: row.notifyAfterFailures,
     disabledReason: row.disabledReason,
     createdAt: iso(row.createdAt),
     updatedAt: iso(row.updatedAt),
@@ -157,6 +161,7 @@ export type CronInput = {
   timeoutSeconds: number;
   enabled: boolean;
   disableAfterFailures?: number | null;
+  notifyAfterFailures?: number;
 };
 
 /** Inserts the job and hands it (with its app's target) to its object, which arms the alarm; if that fails the row goes again. */
@@ -167,6 +172,7 @@ export async function createCron(db: Db, env: Env, accountId: string, input: Cro
     accountId,
     ...input,
     disableAfterFailures: input.disableAfterFailures ?? null,
+    notifyAfterFailures: input.notifyAfterFailures ?? 1,
     disabledReason: null,
     lastRunAt: null,
     nextRunAt: null,
@@ -181,9 +187,9 @@ export async function createCron(db: Db, env: Env, accountId: string, input: Cro
   try {
     inserted = await db.run(sql`
       insert into crons (id, account_id, app_id, name, schedule, command, timezone, concurrency_policy, timeout_seconds, enabled,
-        disable_after_failures, last_run_at, next_run_at, target_version, created_at, updated_at)
+        disable_after_failures, notify_after_failures, last_run_at, next_run_at, target_version, created_at, updated_at)
       select ${row.id}, ${accountId}, ${row.appId}, ${row.name}, ${row.schedule}, ${row.command}, ${row.timezone},
-        ${row.concurrencyPolicy}, ${row.timeoutSeconds}, ${row.enabled ? 1 : 0}, ${row.disableAfterFailures}, null, null, null, ${now}, ${now}
+        ${row.concurrencyPolicy}, ${row.timeoutSeconds}, ${row.enabled ? 1 : 0}, ${row.disableAfterFailures}, ${row.notifyAfterFailures}, null, null, null, ${now}, ${now}
       where ${owned} < ${limits.cronJobs}`);
   } catch (err) {
     if (isUniqueViolation(err)) throw new ApiError("NAME_TAKEN", `a cron job named "${input.name}" already exists`);
@@ -227,6 +233,7 @@ export async function updateCron(db: Db, env: Env, cron: CronRow, patch: CronPat
 export async function deleteCron(db: Db, env: Env, cron: CronRow): Promise<void> {
   await cronStub(env, cron.id).destroy();
   await deletePrefix(env.BUCKET, `cron-logs/${cron.id}/`);
+  await metricsStub(env, cron.id).drop();
   await db.delete(crons).where(eq(crons.id, cron.id));
 }
 
@@ -236,5 +243,6 @@ export async function deleteAppCrons(db: Db, env: Env, appId: string): Promise<v
   for (const job of jobs) {
     await cronStub(env, job.id).destroy();
     await deletePrefix(env.BUCKET, `cron-logs/${job.id}/`);
+    await metricsStub(env, job.id).drop();
   }
 }

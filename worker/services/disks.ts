@@ -1,4 +1,5 @@
 import { and, desc, eq, sql } from "drizzle-orm";
+import { metricsStub } from "./metrics";
 import { type Db, isUniqueViolation } from "../db/client";
 import { type AppRow, apps, backups, type DiskRow, disks, type Plan } from "../db/schema";
 import { configOf, type Env } from "../env";
@@ -31,6 +32,8 @@ export type DiskView = {
   snapshotSkipped: string | null;
   /** What happened to the disk when its node was lost or drained (DiskRow.placementNote). */
   placement: string | null;
+  /** Percent of its bytes or files at which `disk.almost_full` goes out. */
+  alertAtPercent: number;
   /** Bytes the disk's files take on its node (allocated blocks); null when not measured (see {@link measured}). */
   usedBytes: number | null;
   createdAt: string;
@@ -39,6 +42,8 @@ export type DiskView = {
 
 /** A disk's snapshot settings as the API takes them (both optional on update). */
 export type SnapshotSettings = { snapshotIntervalHours?: number; snapshotKeep?: number };
+/** What `PATCH /v1/disks/{disk}` changes: its snapshots and its alert threshold. */
+export type DiskSettings = SnapshotSettings & { alertAtPercent?: number };
 
 type DiskWithApp = { disk: DiskRow; app: Pick<AppRow, "id" | "name" | "status"> | null };
 
@@ -67,6 +72,7 @@ function viewOf(entry: DiskWithApp): DiskView {
     nextSnapshotAt: isoOrNull(disk.nextSnapshotAt === null ? null : Math.max(disk.nextSnapshotAt, disk.createdAt)),
     snapshotSkipped: disk.snapshotSkipped,
     placement: disk.placementNote,
+    alertAtPercent: disk.alertAtPercent,
     usedBytes: null,
     createdAt: iso(disk.createdAt),
     updatedAt: iso(disk.updatedAt),
@@ -133,7 +139,7 @@ export async function createDisk(
   db: Db,
   env: Env,
   accountId: string,
-  input: { name: string; sizeGb: number; mountPath: string } & SnapshotSettings,
+  input: { name: string; sizeGb: number; mountPath: string } & DiskSettings,
 ): Promise<DiskView> {
   const now = Date.now();
   const interval = input.snapshotIntervalHours ?? DEFAULT_SNAPSHOT_INTERVAL_HOURS;
@@ -148,6 +154,7 @@ export async function createDisk(
     nodeId: null,
     generation: 1,
     placementNote: null,
+    alertAtPercent: input.alertAtPercent ?? 90,
     // The first snapshot one interval after creation: an empty disk has nothing to keep yet.
     snapshotIntervalHours: interval,
     snapshotKeep: input.snapshotKeep ?? DEFAULT_SNAPSHOT_KEEP,
@@ -171,9 +178,9 @@ export async function createDisk(
   try {
     inserted = await db.run(sql`
       insert into disks (id, account_id, name, size_gb, mount_path, app_id, status, node_id, generation,
-                         snapshot_interval_hours, snapshot_keep, next_snapshot_at, created_at, updated_at)
+                         snapshot_interval_hours, snapshot_keep, next_snapshot_at, alert_at_percent, created_at, updated_at)
       select ${row.id}, ${accountId}, ${row.name}, ${row.sizeGb}, ${row.mountPath}, null, ${row.status}, ${row.nodeId}, 1,
-             ${row.snapshotIntervalHours}, ${row.snapshotKeep}, ${row.nextSnapshotAt}, ${now}, ${now}
+             ${row.snapshotIntervalHours}, ${row.snapshotKeep}, ${row.nextSnapshotAt}, ${row.alertAtPercent}, ${now}, ${now}
       where ${owned} < ${limits.disks} and ${reserved} + ${row.sizeGb} <= ${limits.totalDiskGb}`);
   } catch (err) {
     if (isUniqueViolation(err)) throw new ApiError("NAME_TAKEN", `a disk named "${input.name}" already exists`);
@@ -213,10 +220,11 @@ function checkSnapshotKeep(plan: Plan, max: number, keep: number): void {
  * A smaller keep takes effect when the next automatic snapshot is ready, so
  * changing a setting never deletes a backup by itself.
  */
-export async function updateDiskSnapshots(db: Db, accountId: string, ref: string, input: SnapshotSettings): Promise<DiskView> {
+export async function updateDisk(db: Db, accountId: string, ref: string, input: DiskSettings): Promise<DiskView> {
   const { disk } = await resolveDisk(db, accountId, ref);
   const now = Date.now();
   const changes: Partial<DiskRow> = { updatedAt: now };
+  if (input.alertAtPercent !== undefined) changes.alertAtPercent = input.alertAtPercent;
   if (input.snapshotKeep !== undefined) {
     const { plan, limits } = await planOf(db, accountId);
     checkSnapshotKeep(plan, limits.snapshotKeep, input.snapshotKeep);
@@ -302,5 +310,6 @@ export async function deleteDisk(db: Db, env: Env, accountId: string, ref: strin
   await deletePrefix(env.BUCKET, `backups/${disk.id}/`);
   await deletePrefix(env.BUCKET, `restore-uploads/${disk.id}/`);
   await db.delete(disks).where(eq(disks.id, disk.id));
+  await metricsStub(env, disk.id).drop();
   return disk.id;
 }

@@ -2,7 +2,7 @@ import { and, desc, eq, sql } from "drizzle-orm";
 import { Webhook } from "standardwebhooks";
 import type { Db } from "../db/client";
 import { openDb } from "../db/client";
-import { apps, backups, type DeliveryRow, deployments, disks, type WebhookEvent, type WebhookRow, webhookDeliveries, webhooks } from "../db/schema";
+import { accounts, apps, backups, type DeliveryRow, deployments, disks, type WebhookEvent, type WebhookRow, webhookDeliveries, webhooks } from "../db/schema";
 import { type Config, configOf, type Env } from "../env";
 import { ApiError } from "../lib/errors";
 import { newId } from "../lib/ids";
@@ -206,6 +206,34 @@ function refuseTarget(config: Config, url: string): void {
 }
 
 /** A new webhook, at most {@link MAX_WEBHOOKS} per account (checked by the statement that inserts); its secret, shown once. */
+/** The operator's events: the fleet's nodes, heard only by accounts the operator flagged (`operatorEvents`). */
+export const OPERATOR_EVENTS: readonly WebhookEvent[] = ["node.unreachable", "node.lost"];
+
+async function refuseOperatorEvents(db: Db, accountId: string, events: WebhookEvent[]): Promise<void> {
+  const asked = events.filter((e) => OPERATOR_EVENTS.includes(e));
+  if (asked.length === 0) return;
+  const account = await db.select({ operatorEvents: accounts.operatorEvents }).from(accounts).where(eq(accounts.id, accountId)).get();
+  if (!account?.operatorEvents) {
+    throw new ApiError("FORBIDDEN", `${asked.join(" and ")} are the operator's events: only an account the operator created with operatorEvents may subscribe to them`);
+  }
+}
+
+/** Sends an operator's event to the webhooks of every account flagged for them (never throws). */
+export async function emitOperator(env: Env, event: WebhookEvent, data: Record<string, unknown>): Promise<void> {
+  try {
+    const db = openDb(env.DB);
+    const targets = await db
+      .select({ id: webhooks.id })
+      .from(webhooks)
+      .innerJoin(accounts, eq(accounts.id, webhooks.accountId))
+      .where(and(eq(accounts.operatorEvents, true), sql`exists (select 1 from json_each(${webhooks.events}) where value = ${event})`));
+    if (targets.length === 0) return;
+    await queueDeliveries(env, db, targets.map((t) => t.id), event, data);
+  } catch (err) {
+    console.error(JSON.stringify({ event: "webhook.emit_failed", type: event, error: err instanceof Error ? err.message : String(err) }));
+  }
+}
+
 export async function createWebhook(
   db: Db,
   config: Config,
@@ -213,6 +241,7 @@ export async function createWebhook(
   input: { url: string; events: WebhookEvent[]; description?: string | null },
 ): Promise<{ row: WebhookRow; secret: string }> {
   refuseTarget(config, input.url);
+  await refuseOperatorEvents(db, accountId, input.events);
   const now = Date.now();
   const row: WebhookRow = {
     id: newId("webhook"),
@@ -241,6 +270,7 @@ export async function updateWebhook(
   changes: { url?: string; events?: WebhookEvent[]; description?: string | null },
 ): Promise<WebhookRow> {
   if (changes.url !== undefined) refuseTarget(config, changes.url);
+  if (changes.events !== undefined) await refuseOperatorEvents(db, row.accountId, changes.events);
   const [updated] = await db
     .update(webhooks)
     .set({

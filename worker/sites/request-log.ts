@@ -1,7 +1,7 @@
 import { type Bucket, LATENCY_BOUNDS_MS, latencyBucket } from "../../durable-objects/app-metrics";
 import { openDb } from "../db/client";
 import { requestLogs } from "../db/schema";
-import type { Env } from "../env";
+import { configOf, type Env } from "../env";
 
 export type RequestLogEntry = typeof requestLogs.$inferInsert;
 
@@ -17,9 +17,10 @@ let pending: Promise<void> | null = null;
  * isolate and are written in batches about once a second inside
  * `waitUntil`, so a request never waits for D1 and a burst costs one write
  * per chunk, not per request; the same flush sums them into minute buckets
- * per app and hands each app's to its AppMetrics object (one call per app).
+ * per app and hands each app's to its AppMetrics object (one call per app),
+ * unless METRICS is "off".
  */
-export function logRequest(env: Pick<Env, "DB" | "APP_METRICS">, entry: RequestLogEntry, waitUntil: (p: Promise<unknown>) => void): void {
+export function logRequest(env: Env, entry: RequestLogEntry, waitUntil: (p: Promise<unknown>) => void): void {
   buffer.push(entry);
   if (pending) return;
   pending = new Promise<void>((resolve) => setTimeout(resolve, FLUSH_DELAY_MS)).then(async () => {
@@ -32,10 +33,11 @@ export function logRequest(env: Pick<Env, "DB" | "APP_METRICS">, entry: RequestL
     const [first, ...rest] = statements;
     const writes: Promise<unknown>[] = [];
     if (first) writes.push(orm.batch([first, ...rest]).catch((err: unknown) => console.error("request log write failed", err)));
-    for (const [appId, buckets] of minuteBuckets(entries)) {
+    const buckets = configOf(env).METRICS === "on" ? minuteBuckets(entries) : new Map<string, Bucket[]>();
+    for (const [appId, appBuckets] of buckets) {
       writes.push(
         env.APP_METRICS.get(env.APP_METRICS.idFromName(appId))
-          .record(buckets)
+          .record(appBuckets)
           .catch((err: unknown) => console.error("request metrics write failed", err)),
       );
     }
