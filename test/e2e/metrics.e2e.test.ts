@@ -71,7 +71,7 @@ describe("request metrics", () => {
     expect(metrics.points.reduce((sum, p) => sum + p.requests, 0)).toBe(48);
     const table = expectExit(await svc(["metrics", app], env), 0, "svc metrics");
     expect(table.stdout).toMatch(new RegExp(`requests\\s+48 \\(${sent.ok} 2xx, 0 3xx, ${sent.missing} 4xx, 0 5xx\\)`));
-    expect(table.stdout).toMatch(/^TIME\s+REQUESTS\s+2XX\s+3XX\s+4XX\s+5XX\s+P50\s+P95\s+P99\s+BYTES$/m);
+    expect(table.stdout).toMatch(/^TIME\s+REQUESTS\s+2XX\s+3XX\s+4XX\s+5XX\s+P50\s+P95\s+P99\s+BYTES\s+CPU\s+MEM$/m);
     const json = JSON.parse(expectExit(await svc(["metrics", app, "--since", "24h", "--json"], env), 0, "svc metrics --json").stdout) as Metrics;
     expect(json).toMatchObject({ since: "24h", stepSeconds: 900, totals: { requests: 48 } });
     const refused = await svc(["metrics", app, "--since", "2w"], env);

@@ -5,6 +5,7 @@ import { APP_ARG, defineCommand, type Group, YES_OPTION } from "../command.js";
 import { ago, CliError, fields, type Output, table, when } from "../output.js";
 import { durationSeconds, positiveInteger } from "../parse.js";
 import { confirmOrRefuse } from "../prompt.js";
+import { rangeLine, SINCE_OPTION, sinceOf, stepTime } from "./metrics.js";
 
 /** A cron job as created and listed. */
 type CronJob = Schemas["Cron"];
@@ -21,6 +22,7 @@ const POLICIES = ["forbid", "allow", "replace"] as const satisfies readonly Conc
 type RunStarted = ResponseData<"/v1/crons/{id}/run", "post", 202>;
 type RunLog = ResponseData<"/v1/crons/{id}/runs/{jobName}/logs", "get", 200>;
 type Deleted = ResponseData<"/v1/crons/{id}", "delete", 200>;
+type CronMetrics = ResponseData<"/v1/crons/{id}/metrics", "get", 200>;
 
 /** How often a followed run's status and log are read. */
 const FOLLOW_INTERVAL_MS = 1000;
@@ -35,6 +37,7 @@ const CRON_FLAGS = {
   concurrencyPolicy: "--concurrency",
   timeoutSeconds: "--timeout",
   disableAfterFailures: "--disable-after",
+  notifyAfterFailures: "--notify-after",
   id: "<id> (a cron_… id or a job name, from `svc cron list`)",
 };
 
@@ -83,6 +86,10 @@ function describe(job: CronJob & Partial<CronDetail>, appName: string | undefine
     ["command", job.command],
     ["enabled", job.enabled ? "yes" : job.disabledReason ? `no: ${job.disabledReason} (svc cron enable ${job.name})` : "no (paused: svc cron update <id> --enable)"],
     ["disable after", job.disableAfterFailures === null ? "never" : `${job.disableAfterFailures} failed runs in a row`],
+    [
+      "notify after",
+      job.notifyAfterFailures === 1 ? "1 failed run (cron.failed webhook for each)" : `${job.notifyAfterFailures} failed runs in a row (cron.failed webhook for each from then on)`,
+    ],
     ["concurrency", job.concurrencyPolicy],
     ["timeout", seconds(job.timeoutSeconds)],
   ];
@@ -105,10 +112,14 @@ function outcome(run: CronRun): string {
   return detail ? `${run.status} (${detail})` : run.status;
 }
 
-function duration(run: CronRun): string {
-  if (!run.finishedAt) return "-";
-  const ms = Date.parse(run.finishedAt) - Date.parse(run.startedAt);
+/** `1234` → `1.2 s`, `75000` → `75 s`; "-" for none. */
+function runTime(ms: number | null): string {
+  if (ms === null) return "-";
   return ms < 10_000 ? `${(ms / 1000).toFixed(1)} s` : `${Math.round(ms / 1000)} s`;
+}
+
+function duration(run: CronRun): string {
+  return run.finishedAt ? runTime(Date.parse(run.finishedAt) - Date.parse(run.startedAt)) : "-";
 }
 
 /** The options create and update share, parsed into the API's fields. */
@@ -121,12 +132,29 @@ const TUNING = {
   },
   timeout: { type: "string", value: "duration", description: "kill a run after this long: 90s, 15m, 1h (default 1h, at most 12h)" },
   "disable-after": { type: "string", value: "n|never", description: "disable the job by itself after n failed runs in a row (never: it keeps running)" },
+  "notify-after": {
+    type: "string",
+    value: "N",
+    description: "send the cron.failed webhook only from N failed runs in a row on (default 1: every failed run)",
+  },
 } as const;
 
-type Tuning = { timezone?: string; concurrencyPolicy?: ConcurrencyPolicy; timeoutSeconds?: number; disableAfterFailures?: number | null };
+type Tuning = {
+  timezone?: string;
+  concurrencyPolicy?: ConcurrencyPolicy;
+  timeoutSeconds?: number;
+  disableAfterFailures?: number | null;
+  notifyAfterFailures?: number;
+};
 
 function tuning(
-  opts: { timezone: string | undefined; concurrency: string | undefined; timeout: string | undefined; "disable-after": string | undefined },
+  opts: {
+    timezone: string | undefined;
+    concurrency: string | undefined;
+    timeout: string | undefined;
+    "disable-after": string | undefined;
+    "notify-after": string | undefined;
+  },
   fail: (message: string) => Error,
 ): Tuning {
   const body: Tuning = {};
@@ -139,6 +167,8 @@ function tuning(
   if (opts.timeout !== undefined) body.timeoutSeconds = durationSeconds(opts.timeout, "--timeout", fail);
   const after = opts["disable-after"];
   if (after !== undefined) body.disableAfterFailures = after === "never" ? null : positiveInteger(after, "--disable-after", fail);
+  const notify = opts["notify-after"];
+  if (notify !== undefined) body.notifyAfterFailures = positiveInteger(notify, "--notify-after", fail);
   return body;
 }
 
@@ -279,7 +309,11 @@ const update = defineCommand({
     enable: { type: "boolean", description: "resume a paused job" },
     disable: { type: "boolean", description: "pause the job (runs nothing until --enable)" },
   },
-  examples: ['svc cron update nightly-report --schedule "30 2 * * *"', "svc cron update cron_4fJ8kQ2mX9pR1sT6uV3wY7zA --disable"],
+  examples: [
+    'svc cron update nightly-report --schedule "30 2 * * *"',
+    "svc cron update cron_4fJ8kQ2mX9pR1sT6uV3wY7zA --disable",
+    "svc cron update nightly-report --notify-after 3",
+  ],
   async run({ args, opts, out, api, fail }) {
     if (opts.enable && opts.disable) throw fail("use either --enable or --disable, not both");
     const body = {
@@ -288,7 +322,9 @@ const update = defineCommand({
       ...tuning(opts, fail),
       ...(opts.enable || opts.disable ? { enabled: opts.enable } : {}),
     };
-    if (Object.keys(body).length === 0) throw fail("nothing to change: pass at least one of --schedule, --command, --timezone, --concurrency, --timeout, --disable-after, --enable, --disable");
+    if (Object.keys(body).length === 0) {
+      throw fail("nothing to change: pass at least one of --schedule, --command, --timezone, --concurrency, --timeout, --disable-after, --notify-after, --enable, --disable");
+    }
     const client = await api();
     const job = await client.data<CronDetail>("PATCH", path`/v1/crons/${args.id}`, body, aboutCron(`update cron job ${args.id}`, args.id));
     out.result(job, out.json ? undefined : `Updated cron job ${job.name}\n${await describeWithApp(client, job)}`);
@@ -449,6 +485,45 @@ const cancel = defineCommand({
   },
 });
 
+const metrics = defineCommand({
+  name: "metrics",
+  summary: "Show a cron job's finished runs over time: outcomes and durations",
+  description: `Runs that finished in each step, succeeded and failed (failed, timed out or lost), with their mean
+and longest duration: --since 1h (1-minute steps), 24h (15 minutes), 7d (2 hours), 30d (6 hours). Steps
+without a finished run are left out of the table (--json has every step). More: docs/metrics.md.`,
+  args: [ID_ARG],
+  options: { since: SINCE_OPTION },
+  examples: ["svc cron metrics nightly-report", "svc cron metrics nightly-report --since 7d --json"],
+  async run({ args, opts, out, api, fail }) {
+    const since = sinceOf(opts.since, fail);
+    const data = await (await api()).data<CronMetrics>(
+      "GET",
+      `${path`/v1/crons/${args.id}/metrics`}?since=${since}`,
+      undefined,
+      aboutCron(`show the metrics of cron job ${args.id}`, args.id),
+    );
+    const t = data.totals;
+    const head = fields([
+      ["range", rangeLine(since, data.stepSeconds)],
+      ["runs", `${t.runs} (${t.succeeded} ok, ${t.failed} failed)`],
+      ["duration", `mean ${runTime(t.meanDurationMs)}, max ${runTime(t.maxDurationMs)}`],
+    ]);
+    const finished = data.points.filter((p) => p.runs > 0);
+    const rows =
+      finished.length === 0
+        ? `No run of cron job ${args.id} finished in the last ${since}.`
+        : table(finished, [
+            ["TIME", (p) => stepTime(p.at)],
+            ["RUNS", (p) => String(p.runs)],
+            ["OK", (p) => String(p.succeeded)],
+            ["FAILED", (p) => String(p.failed)],
+            ["MEAN", (p) => runTime(p.meanDurationMs)],
+            ["MAX", (p) => runTime(p.maxDurationMs)],
+          ]);
+    out.result(data, `${head}\n\n${rows}`);
+  },
+});
+
 const remove = defineCommand({
   name: "delete",
   summary: "Delete a cron job with its schedule, runs and logs",
@@ -472,5 +547,5 @@ const remove = defineCommand({
 export const cron: Group = {
   name: "cron",
   summary: "Manage cron jobs, their runs and logs",
-  commands: [create, list, info, update, toggle(true), toggle(false), run, runs, logs, cancel, remove],
+  commands: [create, list, info, update, toggle(true), toggle(false), run, runs, logs, metrics, cancel, remove],
 };

@@ -6,10 +6,12 @@ import { ago, fields, table, when } from "../output.js";
 import { hoursOrOff, positiveInteger } from "../parse.js";
 import { formatBytes } from "../progress.js";
 import { confirmOrRefuse } from "../prompt.js";
+import { rangeLine, SINCE_OPTION, sinceOf, stepTime } from "./metrics.js";
 
 /** A persistent disk as the API returns it. */
 type Disk = Schemas["Disk"];
 type Deleted = ResponseData<"/v1/disks/{disk}", "delete", 200>;
+type DiskMetrics = ResponseData<"/v1/disks/{disk}/metrics", "get", 200>;
 
 /** Error context for a call about one disk, so "not found" and "attached" name the disk. */
 function aboutDisk(what: string, disk: string, extra: Call["hints"] = {}): Call {
@@ -52,6 +54,7 @@ function describe(disk: Disk): string {
     ["app", disk.appName ? `${disk.appName} (${disk.appId})` : "not attached"],
     ["in use", disk.inUse ? "yes (attached to a running app)" : "no"],
     ["snapshots", snapshots(disk)],
+    ["alert at", `${disk.alertAtPercent}% of its size or inode limit (disk.almost_full webhook)`],
   ];
   if (disk.nextSnapshotAt) rows.push(["next snapshot", when(disk.nextSnapshotAt)]);
   if (disk.snapshotSkipped) rows.push(["last skipped", disk.snapshotSkipped]);
@@ -59,28 +62,42 @@ function describe(disk: Disk): string {
   return fields(rows);
 }
 
-/** The snapshot flags of create and update. */
-const SNAPSHOT_OPTIONS = {
+/** The settings flags of create and update: automatic snapshots and the alert threshold. */
+const SETTINGS_OPTIONS = {
   "snapshot-every": {
     type: "string",
     value: "interval",
     description: "automatic snapshot interval in whole hours (12h, 1d, 1w, at most a week) or off; default 1d",
   },
   "snapshot-keep": { type: "string", value: "N", description: "automatic snapshots to keep (default 7; at most 7/30/90 on free/pro/business)" },
+  "alert-at": {
+    type: "string",
+    value: "percent",
+    description: "send the disk.almost_full webhook when its bytes or files reach this percent of its size or inode limit, 1-100 (default 90)",
+  },
 } as const;
 
-const SNAPSHOT_FLAGS = { snapshotIntervalHours: "--snapshot-every", snapshotKeep: "--snapshot-keep" };
+const SETTINGS_FLAGS = { snapshotIntervalHours: "--snapshot-every", snapshotKeep: "--snapshot-keep", alertAtPercent: "--alert-at" };
 
-/** The body fields the snapshot flags that were given ask for. */
-function snapshotSettings(
-  opts: { "snapshot-every"?: string; "snapshot-keep"?: string },
+/** A whole percent from 1 to 100, `80` or `80%`. */
+function percent(value: string, flag: string, fail: (message: string) => Error): number {
+  const n = positiveInteger(value.trim().replace(/%$/, ""), flag, fail);
+  if (n > 100) throw fail(`${flag} must be a whole percent from 1 to 100, got "${value}"`);
+  return n;
+}
+
+/** The body fields the settings flags that were given ask for. */
+function settings(
+  opts: { "snapshot-every"?: string; "snapshot-keep"?: string; "alert-at"?: string },
   fail: (message: string) => Error,
-): { snapshotIntervalHours?: number; snapshotKeep?: number } {
+): { snapshotIntervalHours?: number; snapshotKeep?: number; alertAtPercent?: number } {
   const every = opts["snapshot-every"];
   const keep = opts["snapshot-keep"];
+  const alertAt = opts["alert-at"];
   return {
     ...(every === undefined ? {} : { snapshotIntervalHours: hoursOrOff(every, "--snapshot-every", fail) }),
     ...(keep === undefined ? {} : { snapshotKeep: positiveInteger(keep, "--snapshot-keep", fail) }),
+    ...(alertAt === undefined ? {} : { alertAtPercent: percent(alertAt, "--alert-at", fail) }),
   };
 }
 
@@ -97,19 +114,22 @@ const create = defineCommand({
     name: { type: "string", value: "name", description: "disk name", required: true },
     size: { type: "string", value: "GB", description: "size in GB", required: true },
     "mount-path": { type: "string", value: "path", description: "where apps see it (default chosen by the API, e.g. /data)" },
-    ...SNAPSHOT_OPTIONS,
+    ...SETTINGS_OPTIONS,
   },
-  examples: ["svc disk create --name uploads --size 10 --mount-path /data", "svc disk create --name cache --size 1 --snapshot-every off"],
+  examples: [
+    "svc disk create --name uploads --size 10 --mount-path /data",
+    "svc disk create --name cache --size 1 --snapshot-every off --alert-at 95",
+  ],
   async run({ opts, out, api, fail }) {
     const sizeGb = positiveInteger(opts.size, "--size", fail);
     const mountPath = opts["mount-path"];
     const disk = await (await api()).data<Disk>(
       "POST",
       "/v1/disks",
-      { name: opts.name, sizeGb, ...(mountPath === undefined ? {} : { mountPath }), ...snapshotSettings(opts, fail) },
+      { name: opts.name, sizeGb, ...(mountPath === undefined ? {} : { mountPath }), ...settings(opts, fail) },
       {
         what: `create disk ${opts.name}`,
-        flags: { name: "--name", sizeGb: "--size", mountPath: "--mount-path", ...SNAPSHOT_FLAGS },
+        flags: { name: "--name", sizeGb: "--size", mountPath: "--mount-path", ...SETTINGS_FLAGS },
         hints: { NAME_TAKEN: "this account already has a disk with that name: choose another --name", ...SNAPSHOT_HINTS },
       },
     );
@@ -154,23 +174,71 @@ const info = defineCommand({
 
 const update = defineCommand({
   name: "update",
-  summary: "Change a disk's automatic snapshots; only the given options change",
+  summary: "Change a disk's automatic snapshots or alert threshold; only the given options change",
   description: `A new interval starts the schedule afresh: the next snapshot is one interval from now.
 --snapshot-every off stops them; the snapshots already made stay until the plan's retention ends.
-A smaller --snapshot-keep deletes the oldest automatic snapshots beyond it when the next one is ready.`,
+A smaller --snapshot-keep deletes the oldest automatic snapshots beyond it when the next one is ready.
+--alert-at sets when disk.almost_full is sent: once the disk's bytes or files reach that percent of
+its size or inode limit, and again only after it fell 5 points below.`,
   args: DISK_ARG,
-  options: SNAPSHOT_OPTIONS,
-  examples: ["svc disk update uploads --snapshot-every 6h --snapshot-keep 14", "svc disk update cache --snapshot-every off"],
+  options: SETTINGS_OPTIONS,
+  examples: ["svc disk update uploads --snapshot-every 6h --snapshot-keep 14", "svc disk update cache --snapshot-every off", "svc disk update uploads --alert-at 80"],
   async run({ args, opts, out, api, fail }) {
-    const body = snapshotSettings(opts, fail);
-    if (Object.keys(body).length === 0) throw fail("nothing to change: pass --snapshot-every, --snapshot-keep or both");
+    const body = settings(opts, fail);
+    if (Object.keys(body).length === 0) throw fail("nothing to change: pass at least one of --snapshot-every, --snapshot-keep, --alert-at");
     const disk = await (await api()).data<Disk>(
       "PATCH",
       path`/v1/disks/${args.disk}`,
       body,
-      { ...aboutDisk(`update disk ${args.disk}`, args.disk, SNAPSHOT_HINTS), flags: SNAPSHOT_FLAGS },
+      { ...aboutDisk(`update disk ${args.disk}`, args.disk, SNAPSHOT_HINTS), flags: SETTINGS_FLAGS },
     );
     out.result(disk, `Updated disk ${disk.name}\n${describe(disk)}`);
+  },
+});
+
+/** `12.0 MiB` as a share of `limit`: `3%`, `<1%`; "-" when the limit is unknown. */
+function share(value: number, limit: number | null): string {
+  if (limit === null || limit <= 0) return "-";
+  const percent = (value / limit) * 100;
+  return `${percent > 0 && percent < 1 ? "<1" : Math.round(percent)}%`;
+}
+
+const metrics = defineCommand({
+  name: "metrics",
+  summary: "Show a disk's use over time: bytes against its size, files against its inode limit",
+  description: `The most bytes and files (inodes) the disk held in each step, as the node holding it measures it
+every 10 s: --since 1h (1-minute steps), 24h (15 minutes), 7d (2 hours), 30d (6 hours). Steps without a
+measure are left out of the table (--json has every step). More: docs/metrics.md.`,
+  args: DISK_ARG,
+  options: { since: SINCE_OPTION },
+  examples: ["svc disk metrics uploads", "svc disk metrics uploads --since 7d --json"],
+  async run({ args, opts, out, api, fail }) {
+    const since = sinceOf(opts.since, fail);
+    const data = await (await api()).data<DiskMetrics>(
+      "GET",
+      `${path`/v1/disks/${args.disk}/metrics`}?since=${since}`,
+      undefined,
+      aboutDisk(`show the metrics of disk ${args.disk}`, args.disk),
+    );
+    const measured = data.points.flatMap((p) => (p.usedBytes === null ? [] : [{ ...p, usedBytes: p.usedBytes, usedInodes: p.usedInodes ?? 0 }]));
+    const most = measured.reduce((top, p) => (p.usedBytes > top ? p.usedBytes : top), 0);
+    const head = fields([
+      ["range", rangeLine(since, data.stepSeconds)],
+      ["size", data.sizeBytes === null ? "not measured yet" : formatBytes(data.sizeBytes)],
+      ["inode limit", data.inodeLimit === null ? "not measured yet" : String(data.inodeLimit)],
+      ...(measured.length === 0 ? [] : ([["most used", `${formatBytes(most)} (${share(most, data.sizeBytes)})`]] as [string, string][])),
+    ]);
+    const rows =
+      measured.length === 0
+        ? `No measure of disk ${args.disk} in the last ${since}: its node measures it every 10 s while it holds it.`
+        : table(measured, [
+            ["TIME", (p) => stepTime(p.at)],
+            ["USED", (p) => formatBytes(p.usedBytes)],
+            ["% SIZE", (p) => share(p.usedBytes, data.sizeBytes)],
+            ["FILES", (p) => String(p.usedInodes)],
+            ["% INODES", (p) => share(p.usedInodes, data.inodeLimit)],
+          ]);
+    out.result(data, `${head}\n\n${rows}`);
   },
 });
 
@@ -243,4 +311,4 @@ const remove = defineCommand({
 });
 
 /** `svc disk …`: persistent disks and where they are attached. */
-export const disk: Group = { name: "disk", summary: "Manage persistent disks", commands: [create, list, info, update, attach, detach, remove] };
+export const disk: Group = { name: "disk", summary: "Manage persistent disks", commands: [create, list, info, update, metrics, attach, detach, remove] };

@@ -18,6 +18,9 @@ const EVENT_NAMES: Record<Event, true> = {
   "app.recovered": true,
   "cron.failed": true,
   "cron.disabled": true,
+  "disk.almost_full": true,
+  "node.unreachable": true,
+  "node.lost": true,
   "backup.failed": true,
   "restore.failed": true,
 };

@@ -18,11 +18,12 @@ const TABS = [
   ["runtime", "Runtime log"],
 ] as const;
 
-/** Tabs an app shows: the runtime log belongs to apps that run a process, not to static sites; a worker has no request log nor domains. */
+/**
+ * Tabs an app shows: the runtime log belongs to apps that run a process, not to static sites; a worker has no request log nor domains
+ * (its Metrics tab shows its processes' CPU and memory only).
+ */
 const tabsOf = (app: App | undefined) =>
-  TABS.filter(
-    ([id]) => (id !== "runtime" || (app !== undefined && app.runtime !== "static")) && ((id !== "logs" && id !== "domains" && id !== "metrics") || app?.type !== "worker"),
-  );
+  TABS.filter(([id]) => (id !== "runtime" || (app !== undefined && app.runtime !== "static")) && ((id !== "logs" && id !== "domains") || app?.type !== "worker"));
 
 function Overview({ app, onChange }: { app: App; onChange: (app: App) => void }) {
   const path = { params: { path: { app: app.name } } };

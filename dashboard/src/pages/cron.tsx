@@ -1,5 +1,6 @@
 import { useEffect, useState } from "preact/hooks";
 import { api, ok, type Schemas } from "../api";
+import { Chart, COUNT, DURATION, type Range, RangePicker, stepWords } from "../chart";
 import { elapsed, formatDuration, inZone } from "../format";
 import { Link, navigate } from "../router";
 import { Action, Badge, Empty, ErrorNote, LogView, Pending, Table, Time, useAction, useLoad, usePoll } from "../ui";
@@ -56,6 +57,48 @@ function EditCron({ cron, onSaved }: { cron: CronDetail; onSaved: (cron: CronDet
   );
 }
 
+/**
+ * The job's finished runs over 1 h, 24 h or 7 d (the API's `/metrics`):
+ * succeeded and failed runs per step as bars side by side, their mean
+ * duration as a line against the right-hand axis. Refreshed every 10 s.
+ */
+function RunsChart({ id }: { id: string }) {
+  const [range, setRange] = useState<Range>("1h");
+  const metrics = useLoad(async () => (await ok(api.GET("/v1/crons/{id}/metrics", { params: { path: { id }, query: { since: range } } }))).data, [id, range]);
+  usePoll(() => metrics.reload(), 10_000, true);
+  const data = metrics.data;
+  const t = data?.totals;
+  return (
+    <section aria-label="Runs over time">
+      <h2>Runs over time</h2>
+      <RangePicker value={range} onChange={setRange} />
+      {!data || !t ? (
+        <Pending error={metrics.error} />
+      ) : (
+        <>
+          <p class="hint">
+            {t.runs} finished runs ({t.succeeded} succeeded, {t.failed} failed), mean {formatDuration(t.meanDurationMs)}, longest {formatDuration(t.maxDurationMs)}, in{" "}
+            {stepWords(data.stepSeconds)} steps.
+          </p>
+          <div class="charts">
+            <Chart
+              title="Runs"
+              unit={COUNT}
+              right={DURATION}
+              times={data.points.map((p) => Date.parse(p.at) / 1000)}
+              series={[
+                { label: "succeeded", values: data.points.map((p) => p.succeeded), color: "#1a7f37", bars: -1 },
+                { label: "failed", values: data.points.map((p) => p.failed), color: "#cf222e", bars: 1 },
+                { label: "mean duration", values: data.points.map((p) => p.meanDurationMs), color: "#0969da", right: true },
+              ]}
+            />
+          </div>
+        </>
+      )}
+    </section>
+  );
+}
+
 /** A run's log, read again every second while the run is running. */
 function RunLog({ cronId, run }: { cronId: string; run: CronRun }) {
   const log = useLoad(
@@ -95,7 +138,7 @@ export function CronPage({ idOrName }: { idOrName: string }) {
   return <CronJob id={idOrName} />;
 }
 
-/** One cron job: its schedule and next runs, edit, enable/disable, run now, its runs (live), their logs, cancel, delete. */
+/** One cron job: its schedule and next runs, its runs over time, edit, enable/disable, run now, its runs (live), their logs, cancel, delete. */
 function CronJob({ id }: { id: string }) {
   const cron = useLoad(async () => (await ok(api.GET("/v1/crons/{id}", { params: { path: { id } } }))).data, [id]);
   const runs = useLoad(async () => (await ok(api.GET("/v1/crons/{id}/runs", { params: { path: { id } } }))).data, [id]);
@@ -145,6 +188,11 @@ function CronJob({ id }: { id: string }) {
             </dd>
             <dt>Disable after</dt>
             <dd>{c.disableAfterFailures === null ? "never (it keeps running however often it fails)" : `${c.disableAfterFailures} failed runs in a row`}</dd>
+            <dt>Notify after</dt>
+            <dd>
+              {c.notifyAfterFailures === 1 ? "1 failed run: every failed run sends" : `${c.notifyAfterFailures} failed runs in a row: each failed run from then on sends`} a{" "}
+              <code>cron.failed</code> webhook
+            </dd>
             <dt>Next runs</dt>
             <dd>
               {c.nextRuns.length === 0 ? (
@@ -194,6 +242,7 @@ function CronJob({ id }: { id: string }) {
               }}
             />
           </div>
+          <RunsChart id={id} />
           <h2>Runs</h2>
           {!runs.data ? (
             <Pending error={runs.error} />

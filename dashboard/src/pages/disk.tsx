@@ -1,5 +1,6 @@
 import { useEffect, useState } from "preact/hooks";
 import { ApiError, api, asApiError, ok, type Schemas } from "../api";
+import { BYTES, Chart, COUNT, type Range, RangePicker, type Series, stepWords } from "../chart";
 import { formatBytes } from "../format";
 import { Link } from "../router";
 import { putObject, putParts } from "../upload";
@@ -188,6 +189,66 @@ function Restore({ disk, from, onDiskChange, onFinished, onRefused }: RestorePro
   );
 }
 
+const GIB = 1024 ** 3;
+const LIMIT = { color: "#6e7781", dash: [6, 4] };
+const ALERT = { color: "#bf8700", dash: [2, 4] };
+
+/**
+ * The disk's use over 1 h, 24 h or 7 d (the API's `/metrics`, the most in
+ * each step as its node measures it every 10 s): bytes against its size and
+ * files against its inode limit, each with the line where `disk.almost_full`
+ * goes out. Refreshed every 10 s.
+ */
+function Use({ disk }: { disk: Disk }) {
+  const [range, setRange] = useState<Range>("1h");
+  const metrics = useLoad(
+    async () => (await ok(api.GET("/v1/disks/{disk}/metrics", { params: { path: { disk: disk.id }, query: { since: range } } }))).data,
+    [disk.id, range],
+  );
+  usePoll(() => metrics.reload(), 10_000, true);
+  const data = metrics.data;
+  const times = data?.points.map((p) => Date.parse(p.at) / 1000) ?? [];
+  const flat = (value: number) => times.map(() => value);
+  const against = (limit: number | null): Series[] =>
+    limit === null
+      ? []
+      : [
+          { label: "limit", values: flat(limit), ...LIMIT },
+          { label: `alert at ${disk.alertAtPercent}%`, values: flat((limit * disk.alertAtPercent) / 100), ...ALERT },
+        ];
+  const measured = data?.points.some((p) => p.usedBytes !== null) ?? false;
+  return (
+    <section aria-label="Use">
+      <h2>Use</h2>
+      <RangePicker value={range} onChange={setRange} />
+      {!data ? (
+        <Pending error={metrics.error} />
+      ) : (
+        <>
+          <p class="hint">
+            The most the disk held in each {stepWords(data.stepSeconds)} step, as the node holding it measures it every 10 s.
+            {!measured && " No measure in this range yet: the first comes within about 10 s of the disk being on a node."}
+          </p>
+          <div class="charts">
+            <Chart
+              title="Space"
+              unit={BYTES}
+              times={times}
+              series={[{ label: "used", values: data.points.map((p) => p.usedBytes), color: "#0969da" }, ...against(data.sizeBytes ?? disk.sizeGb * GIB)]}
+            />
+            <Chart
+              title="Files"
+              unit={COUNT}
+              times={times}
+              series={[{ label: "files", values: data.points.map((p) => p.usedInodes), color: "#8250df" }, ...against(data.inodeLimit)]}
+            />
+          </div>
+        </>
+      )}
+    </section>
+  );
+}
+
 /** Starts a browser download of a ready backup through its presigned link (valid 1 hour). */
 async function download(disk: Disk, backup: Backup): Promise<void> {
   const { data } = await ok(api.GET("/v1/disks/{diskId}/backups/{backupId}/download", { params: { path: { diskId: disk.id, backupId: backup.id } } }));
@@ -309,7 +370,7 @@ function Backups({ disk, onDiskChange }: { disk: Disk; onDiskChange: () => void 
   );
 }
 
-/** One disk: where it is attached, its backups (create, watch, download, delete) and restores. */
+/** One disk: where it is attached, its use over time, its backups (create, watch, download, delete) and restores. */
 export function DiskPage({ name }: { name: string }) {
   const disk = useLoad(async () => (await ok(api.GET("/v1/disks/{disk}", { params: { path: { disk: name } } }))).data, [name]);
   const apps = useLoad(async () => (await ok(api.GET("/v1/apps"))).data, []);
@@ -339,6 +400,10 @@ export function DiskPage({ name }: { name: string }) {
             <dd>
               <Attachment disk={d} apps={apps.data ?? []} onChange={reload} />
             </dd>
+            <dt>Alert at</dt>
+            <dd>
+              {d.alertAtPercent}% of its size or inode limit: a <code>disk.almost_full</code> webhook goes out then (again only after it fell 5 points below)
+            </dd>
             <dt>In use</dt>
             <dd>{d.inUse ? "yes: attached to a running app (restores are refused)" : "no"}</dd>
             {d.placement && (
@@ -352,6 +417,7 @@ export function DiskPage({ name }: { name: string }) {
               <Time iso={d.createdAt} />
             </dd>
           </dl>
+          <Use disk={d} />
           <Backups disk={d} onDiskChange={reload} />
           <section class="card" aria-label="Restore from an archive">
             <h2>Restore from an archive</h2>

@@ -1,86 +1,58 @@
-import { useEffect, useRef, useState } from "preact/hooks";
-import uPlot from "uplot";
-import "uplot/dist/uPlot.min.css";
+import { useState } from "preact/hooks";
 import { api, ok, type Schemas } from "../api";
-import { Pending, useLoad, usePoll } from "../ui";
+import { BYTES, Chart, COUNT, MS, PALETTE, PERCENT, type Range, RangePicker, type Series, stepWords } from "../chart";
+import { formatBytes } from "../format";
+import { Empty, Pending, useLoad, usePoll } from "../ui";
 
 type App = Schemas["App"];
-const RANGES = [
-  ["1h", "1 hour"],
-  ["24h", "24 hours"],
-  ["7d", "7 days"],
-] as const;
-type Range = (typeof RANGES)[number][0];
+type AppMetrics = Awaited<ReturnType<typeof load>>["data"];
+type Process = AppMetrics["processes"][number];
 
-/** One chart: a time axis and a few lines, as wide as its box (it follows the box's width: 390 px phones too). */
-function Chart({ title, times, series, unit }: { title: string; times: number[]; series: { label: string; values: (number | null)[]; color: string }[]; unit: string }) {
-  const box = useRef<HTMLDivElement>(null);
-  const plot = useRef<uPlot | null>(null);
-  useEffect(() => {
-    const element = box.current!;
-    const options: uPlot.Options = {
-      width: element.clientWidth,
-      height: 180,
-      series: [{}, ...series.map((s) => ({ label: s.label, stroke: s.color, width: 1.5, spanGaps: true }))],
-      axes: [{}, { size: 52, values: (_, ticks) => ticks.map((t) => `${t}${unit}`) }],
-      legend: { live: false },
-      cursor: { drag: { x: false, y: false } },
-    };
-    plot.current = new uPlot(options, [times, ...series.map((s) => s.values)], element);
-    const resize = new ResizeObserver(() => plot.current?.setSize({ width: element.clientWidth, height: 180 }));
-    resize.observe(element);
-    return () => {
-      resize.disconnect();
-      plot.current?.destroy();
-    };
-  }, [times, series, unit]);
-  return (
-    <figure class="chart" aria-label={title}>
-      <figcaption>{title}</figcaption>
-      <div ref={box} />
-    </figure>
-  );
-}
+const load = (app: string, since: Range) => ok(api.GET("/v1/apps/{app}/metrics", { params: { path: { app }, query: { since } } }));
 
-/** The app's requests, errors and latency at the edge over 1 h, 24 h or 7 d (the API's `/metrics`), refreshed every 10 s. */
+/**
+ * The app's requests, errors and latency at the edge, and each of its
+ * processes' CPU and memory, over 1 h, 24 h or 7 d (the API's `/metrics`),
+ * refreshed every 10 s. A static site runs no process; a worker takes no
+ * requests.
+ */
 export function Metrics({ app }: { app: App }) {
   const [range, setRange] = useState<Range>("1h");
-  const metrics = useLoad(() => ok(api.GET("/v1/apps/{app}/metrics", { params: { path: { app: app.name }, query: { since: range } } })), [app.name, range]);
+  const metrics = useLoad(() => load(app.name, range), [app.name, range]);
   usePoll(() => metrics.reload(), 10_000, true);
   const data = metrics.data?.data;
+  const serves = app.type !== "worker";
+  const runs = app.runtime !== "static";
   return (
     <>
-      <fieldset class="toolbar range">
-        <legend class="visually-hidden">Range</legend>
-        {RANGES.map(([value, label]) => (
-          <button type="button" key={value} aria-pressed={range === value} class={range === value ? "primary" : undefined} onClick={() => setRange(value)}>
-            {label}
-          </button>
-        ))}
-      </fieldset>
+      <RangePicker value={range} onChange={setRange} />
       {!data ? (
         <Pending error={metrics.error} />
       ) : (
         <>
           <p class="hint">
-            {data.totals.requests} requests ({data.totals.s4xx} 4xx, {data.totals.s5xx} 5xx), p95 {data.totals.p95Ms ?? "-"} ms, measured at the edge in{" "}
-            {data.stepSeconds >= 3600 ? `${data.stepSeconds / 3600}-hour` : `${data.stepSeconds / 60}-minute`} steps.
+            {serves
+              ? `${data.totals.requests} requests (${data.totals.s4xx} 4xx, ${data.totals.s5xx} 5xx), p95 ${data.totals.p95Ms ?? "-"} ms, measured at the edge in ${stepWords(data.stepSeconds)} steps.`
+              : `CPU and memory of the worker's processes in ${stepWords(data.stepSeconds)} steps.`}
           </p>
-          <Charts data={data} />
+          <div class="charts">
+            {serves && <RequestCharts data={data} />}
+            {runs && <ProcessCharts data={data} />}
+          </div>
         </>
       )}
     </>
   );
 }
 
-function Charts({ data }: { data: { points: { at: string; requests: number; s2xx: number; s3xx: number; s4xx: number; s5xx: number; p50Ms: number | null; p95Ms: number | null; p99Ms: number | null }[] } }) {
+function RequestCharts({ data }: { data: AppMetrics }) {
   const times = data.points.map((p) => Date.parse(p.at) / 1000);
   const pick = (key: "s2xx" | "s3xx" | "s4xx" | "s5xx" | "p50Ms" | "p95Ms" | "p99Ms") => data.points.map((p) => p[key]);
   return (
-    <div class="charts">
+    <>
       <Chart
         title="Requests by status"
-        unit=""
+        unit={COUNT}
         times={times}
         series={[
           { label: "2xx", values: pick("s2xx"), color: "#1a7f37" },
@@ -91,7 +63,7 @@ function Charts({ data }: { data: { points: { at: string; requests: number; s2xx
       />
       <Chart
         title="Latency"
-        unit=" ms"
+        unit={MS}
         times={times}
         series={[
           { label: "p50", values: pick("p50Ms"), color: "#1a7f37" },
@@ -99,6 +71,44 @@ function Charts({ data }: { data: { points: { at: string; requests: number; s2xx
           { label: "p99", values: pick("p99Ms"), color: "#cf222e" },
         ]}
       />
-    </div>
+    </>
+  );
+}
+
+/** A process as its series is labelled: `prc_` and the first 6 characters, as a short commit hash. */
+const shortProcessId = (id: string) => id.slice(0, 10);
+
+/** Each process's CPU (percent of one core) and memory against its limit; gaps where a process did not run. */
+function ProcessCharts({ data }: { data: AppMetrics }) {
+  if (data.processes.length === 0) {
+    return (
+      <section class="chart" aria-label="CPU and memory">
+        <h3 class="chart-title">CPU and memory</h3>
+        <Empty>No process ran in this range.</Empty>
+      </section>
+    );
+  }
+  const times = data.points.map((p) => Date.parse(p.at) / 1000);
+  const colour = (i: number) => PALETTE[i % PALETTE.length]!;
+  const each = (read: (point: Process["points"][number]) => number | null): Series[] =>
+    data.processes.map((process, i) => ({ label: shortProcessId(process.id), values: process.points.map(read), color: colour(i), gaps: true }));
+  const limits = [...new Set(data.processes.map((p) => p.memoryLimitBytes))];
+  const limitLines: Series[] = limits.map((limit) => ({
+    label: limits.length === 1 ? "limit" : `limit ${formatBytes(limit)}`,
+    values: times.map(() => limit),
+    color: "#6e7781",
+    dash: [6, 4],
+  }));
+  return (
+    <>
+      <Chart
+        title="CPU"
+        unit={PERCENT}
+        times={times}
+        series={each((p) => (p.cpuSeconds === null ? null : Math.round((p.cpuSeconds / data.stepSeconds) * 1000) / 10))}
+      />
+      <Chart title="Memory" unit={BYTES} times={times} series={[...each((p) => p.memoryBytes), ...limitLines]} />
+      <p class="hint">CPU is a percent of one core (100% = one core busy all the step); memory is the most each process held in the step, against its limit.</p>
+    </>
   );
 }

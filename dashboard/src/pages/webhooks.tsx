@@ -15,6 +15,13 @@ const EVENTS: { event: EventName; when: string }[] = [
   { event: "cron.disabled", when: "a cron job disabled itself" },
   { event: "backup.failed", when: "a backup failed" },
   { event: "restore.failed", when: "a restore failed" },
+  { event: "disk.almost_full", when: "a disk reached its alert threshold" },
+];
+
+/** The operator's events (the fleet's nodes): the API refuses them (FORBIDDEN) unless the operator flagged the account for them. */
+const OPERATOR_EVENTS: { event: EventName; when: string }[] = [
+  { event: "node.unreachable", when: "a node stopped answering" },
+  { event: "node.lost", when: "a node was declared lost and its disks restored elsewhere" },
 ];
 
 function AddWebhook({ onAdded }: { onAdded: (made: Schemas["WebhookWithSecret"]) => void }) {
@@ -22,6 +29,12 @@ function AddWebhook({ onAdded }: { onAdded: (made: Schemas["WebhookWithSecret"])
   const [events, setEvents] = useState<EventName[]>(["deploy.failed", "app.crash_loop", "cron.failed"]);
   const { busy, error, run } = useAction();
   const toggle = (event: EventName, on: boolean) => setEvents((all) => (on ? [...all, event] : all.filter((e) => e !== event)));
+  const box = ({ event, when }: { event: EventName; when: string }) => (
+    <label key={event} class="check">
+      <input type="checkbox" name="events" value={event} checked={events.includes(event)} onChange={(e) => toggle(event, e.currentTarget.checked)} />
+      <code>{event}</code> <span class="muted">{when}</span>
+    </label>
+  );
   const submit = (e: Event) => {
     e.preventDefault();
     void run(async () => {
@@ -38,12 +51,12 @@ function AddWebhook({ onAdded }: { onAdded: (made: Schemas["WebhookWithSecret"])
       </label>
       <fieldset>
         <legend>Events</legend>
-        {EVENTS.map(({ event, when }) => (
-          <label key={event} class="check">
-            <input type="checkbox" name="events" value={event} checked={events.includes(event)} onChange={(e) => toggle(event, e.currentTarget.checked)} />
-            <code>{event}</code> <span class="muted">{when}</span>
-          </label>
-        ))}
+        {EVENTS.map(box)}
+      </fieldset>
+      <fieldset>
+        <legend>Operator events</legend>
+        <p class="hint">Only accounts the operator flagged for operator events may subscribe to these; for any other account the API refuses them.</p>
+        {OPERATOR_EVENTS.map(box)}
       </fieldset>
       <button type="submit" class="primary" disabled={busy || events.length === 0}>
         {busy ? "Adding…" : "Add"}
