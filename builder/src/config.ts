@@ -51,6 +51,8 @@ export interface BuilderConfig {
   pipIndexUrl: string | null;
   /** Absolute path of a folder of wheels (pip's find-links), shown read-only to python builds; null: none. */
   pipFindLinks: string | null;
+  /** How often the node reports its apps' usage (BUILDER_METRICS_SECONDS, default 10; node/metrics.ts). */
+  metricsIntervalMs: number;
 }
 
 /**
@@ -96,6 +98,7 @@ const EnvSchema = z.object({
   BUILDER_MEMORY_LEDGER_DIR: z.string().min(1).optional(),
   BUILDER_PIP_INDEX_URL: httpUrl.optional(),
   BUILDER_PIP_FIND_LINKS: z.string().min(1).optional(),
+  BUILDER_METRICS_SECONDS: z.coerce.number().int().min(1).max(300).default(10),
 });
 
 /** Parses the environment; expected mistakes come back as readable lines, not exceptions. */
@@ -149,6 +152,7 @@ export function loadConfig(
       memoryLedgerDir: values.BUILDER_MEMORY_LEDGER_DIR === undefined ? null : resolve(cwd, values.BUILDER_MEMORY_LEDGER_DIR),
       pipIndexUrl: values.BUILDER_PIP_INDEX_URL ?? null,
       pipFindLinks: values.BUILDER_PIP_FIND_LINKS === undefined ? null : resolve(cwd, values.BUILDER_PIP_FIND_LINKS),
+      metricsIntervalMs: values.BUILDER_METRICS_SECONDS * 1000,
     },
   };
 }

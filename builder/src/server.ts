@@ -151,7 +151,7 @@ if (config.join) {
     processes,
     signal: membership.signal,
   });
-  void reportMetrics({ controlUrl: config.join.controlUrl, credentials, processes, disks, signal: membership.signal });
+  void reportMetrics({ controlUrl: config.join.controlUrl, credentials, intervalMs: config.metricsIntervalMs, processes, disks, signal: membership.signal });
 }
 
 let stopping = false;

@@ -8,6 +8,7 @@ import { fleetClocks, type LocalNode, type LocalStack } from "../../scripts/loca
 import { STACK_START_TIMEOUT_MS, startOwnStack } from "../cli/svc.js";
 import { type DiskView, fleetApi, type NodeView, type Run, until } from "./fleet-api.js";
 import { type Cut, Partitions } from "../../scripts/partition.js";
+import { Receiver, signedBy } from "./webhook-receiver.js";
 
 /** Short enough for a test; the same code paths as the defaults (60 s, 300 s, 60 s). */
 const LOST_AFTER_S = 6;
@@ -60,6 +61,8 @@ describe("sick nodes", () => {
   let bystander: { keys: string[]; appId: string; diskId: string };
   const frozen = new Set<number>();
   const workerPort = () => Number(new URL(stack.apiUrl).port);
+  /** The operator's receiver: the local account is the operator's (it may subscribe to node events). */
+  const operatorHooks = new Receiver();
 
   beforeAll(async () => {
     stack = await startOwnStack({
@@ -85,6 +88,7 @@ describe("sick nodes", () => {
     bystander = { keys, appId: app.id, diskId: disk.id };
   }, STACK_START_TIMEOUT_MS);
   afterAll(async () => {
+    await operatorHooks.stop();
     for (const pid of frozen) process.kill(pid, "SIGCONT");
     await stack?.stop();
     await partitions.close();
@@ -195,6 +199,8 @@ describe("sick nodes", () => {
         (await api.ok<{ id: string; status: string }[]>("GET", `/v1/disks/${disk.id}/backups`)).some((b) => b.id === backup.id && b.status === "ready"),
       );
       const healthy = await bystanderLatencies(30);
+      await operatorHooks.start();
+      const { secret } = await api.ok<{ secret: string }>("POST", "/v1/webhooks", { url: `http://127.0.0.1:${operatorHooks.port}/fleet`, events: ["node.unreachable", "node.lost"] });
 
       const thaw = freeze(victim);
       const hungAt = Date.now();
@@ -234,6 +240,17 @@ describe("sick nodes", () => {
       );
       console.log(`sick nodes: disk restored elsewhere ${((restored.at - hungAt) / 1000).toFixed(1)} s after the hang; its old writer had ended ${((restored.at - goneAt) / 1000).toFixed(1)} s before`);
       expect(goneAt).toBeLessThan(restored.at);
+      // The operator heard of both, signed: the missed deadline, then the loss.
+      const heard = await until("node.unreachable and node.lost at the operator's receiver", async () => {
+        const [unreachable] = operatorHooks.of("node.unreachable");
+        const [lost] = operatorHooks.of("node.lost");
+        return unreachable && lost ? { unreachable, lost } : null;
+      }, 30_000);
+      for (const event of [heard.unreachable, heard.lost]) {
+        expect(event.event.data).toMatchObject({ node: { id: victim.id } });
+        expect(signedBy(secret, event)).toBe(true);
+      }
+      expect(Date.parse(heard.lost.event.timestamp)).toBeGreaterThanOrEqual(Date.parse(heard.unreachable.event.timestamp));
       // Its new copy is on another node (the hung node's own copy is set aside once it answers again).
       expect(stack.nodes.some((node) => node !== victim && existsSync(join(node.dataDir, "disks", disk.id, "disk.json")))).toBe(true);
       // The writer again, on the disk's new node: one writer, never two.

@@ -57,7 +57,7 @@ describe("usage metrics and their alerts", () => {
       async () => {
         const { processes } = await api.ok<AppMetrics>("GET", `/v1/apps/${app}/metrics?since=1h`);
         const cpu = processes.flatMap((p) => p.points).reduce((sum, p) => sum + (p.cpuSeconds ?? 0), 0);
-        return processes.length === 1 && cpu >= 4 ? processes : null;
+        return processes.length === 1 && cpu >= 2 ? processes : null;
       },
       60_000,
     );

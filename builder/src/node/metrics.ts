@@ -1,6 +1,6 @@
 /**
- * What a node's apps use, reported to the control plane every
- * {@link METRICS_REPORT_MS} (docs/metrics.md): each running process's CPU
+ * What a node's apps use, reported to the control plane every 10 s
+ * (BUILDER_METRICS_SECONDS; docs/metrics.md): each running process's CPU
  * seconds since the last report, the memory its cgroup is charged now and its
  * restarts since, and each disk's bytes and files. The control plane keeps
  * them per minute with the app's (and the disk's) other metrics, and takes a
@@ -14,7 +14,6 @@ import type { NodeMetricsReport } from "../protocol/node.js";
 import type { NodeCredentials } from "../protocol/shared.js";
 import { signRequest } from "../protocol/signing.js";
 
-export const METRICS_REPORT_MS = 10_000;
 /** A disk measured by walking its tree waits this many times the walk's duration before the next. */
 const WALK_BACKOFF = 20;
 
@@ -50,6 +49,7 @@ export class UsageDeltas {
 export async function reportMetrics(options: {
   controlUrl: string;
   credentials: NodeCredentials;
+  intervalMs: number;
   processes: { usage(): ProcessReading[] };
   disks: DiskStore;
   signal: AbortSignal;
@@ -59,7 +59,7 @@ export async function reportMetrics(options: {
   const nextWalk = new Map<string, number>();
   let failing = false;
   while (!options.signal.aborted) {
-    await sleep(METRICS_REPORT_MS, undefined, { signal: options.signal }).catch(() => undefined);
+    await sleep(options.intervalMs, undefined, { signal: options.signal }).catch(() => undefined);
     if (options.signal.aborted) return;
     try {
       const disks: NodeMetricsReport["disks"] = [];
@@ -85,7 +85,7 @@ export async function reportMetrics(options: {
         method: "POST",
         headers: { ...headers, "Content-Type": "application/json" },
         body,
-        signal: AbortSignal.any([options.signal, AbortSignal.timeout(METRICS_REPORT_MS)]),
+        signal: AbortSignal.any([options.signal, AbortSignal.timeout(Math.max(options.intervalMs, 5_000))]),
       });
       if (!response.ok) throw new Error(`HTTP ${response.status}: ${(await response.text()).slice(0, 200)}`);
       if (failing) console.error("builder: metrics reach the control plane again");
