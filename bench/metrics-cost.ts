@@ -23,7 +23,7 @@
  */
 import { createHash } from "node:crypto";
 import dns from "node:dns";
-import { existsSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
@@ -113,6 +113,29 @@ const median = (values: number[]) => {
   return sorted.length % 2 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2;
 };
 
+/** CPU seconds used so far by a process and everything it started (its Worker: worker-dev and its workerd), from /proc. */
+function treeCpuSeconds(root: number): number {
+  const stats = new Map<number, { parent: number; ticks: number }>();
+  for (const name of readdirSync("/proc")) {
+    if (!/^\d+$/.test(name)) continue;
+    try {
+      const stat = readFileSync(`/proc/${name}/stat`, "latin1");
+      const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+      stats.set(Number(name), { parent: Number(fields[1]), ticks: Number(fields[11]) + Number(fields[12]) });
+    } catch {
+      // gone meanwhile
+    }
+  }
+  let ticks = 0;
+  const pending = [root];
+  while (pending.length > 0) {
+    const pid = pending.pop()!;
+    ticks += stats.get(pid)?.ticks ?? 0;
+    for (const [child, { parent }] of stats) if (parent === pid) pending.push(child);
+  }
+  return ticks / 100;
+}
+
 const dir = await mkdtemp(join(tmpdir(), "svc-bench-metrics-"));
 const started = await Promise.allSettled([benchStack(), benchStack({ workerVars: { METRICS: "off" } })]);
 const stacks: Partial<Record<Side, Stack>> = {};
@@ -145,12 +168,21 @@ try {
   }
 
   const results = cases.map(() => ({ on: [] as LoadResult[], off: [] as LoadResult[] }));
+  /** The Worker's CPU per request in each run (ms), the cost itself rather than what two busy cores let through. */
+  const cpuPerRequest = cases.map(() => ({ on: [] as number[], off: [] as number[] }));
   const loads: string[] = [];
   for (let round = 0; round < ROUNDS; round++) {
     loads.push(loadavg().map((value) => value.toFixed(2)).join(" "));
     const order = round % 2 === 0 ? SIDES : ([...SIDES].reverse() as Side[]);
     for (const [i, c] of cases.entries()) {
-      for (const side of order) results[i]![side].push(count(side, await drive(url(c, side), {}, opts)));
+      for (const side of order) {
+        const before = treeCpuSeconds(stacks[side]!.workerPid());
+        const result = count(side, await drive(url(c, side), {}, opts));
+        // The flush a second after the run is the run's too.
+        await sleep(1500);
+        cpuPerRequest[i]![side].push(((treeCpuSeconds(stacks[side]!.workerPid()) - before) * 1000) / Math.max(1, result.requests));
+        results[i]![side].push(result);
+      }
     }
     process.stderr.write(`round ${round + 1}/${ROUNDS} done\n`);
   }
@@ -181,6 +213,12 @@ try {
     console.log(`  ${c.name} per round: ${r.on.map((run, round) => `${fmt(run.rps, 0)}/${fmt(r.off[round]!.rps, 0)} = ${fmt(ratios[i]![round]!, 2)}x`).join(", ")}`);
   }
   console.log(`  load average per round: ${loads.join(" | ")}`);
+  for (const [i, c] of cases.entries()) {
+    const cpu = cpuPerRequest[i]!;
+    const on = median(cpu.on);
+    const offCpu = median(cpu.off);
+    console.log(`  ${c.name}: the Worker's CPU per request ${fmt(on, 3)} ms on, ${fmt(offCpu, 3)} ms off (medians): recording costs ${fmt(((on - offCpu) / offCpu) * 100)} %`);
+  }
   for (const [i, c] of cases.entries()) {
     const ratio = median(ratios[i]!);
     console.log(`${c.name}: metrics on/off: ${fmt(ratio, 2)}x (target >= ${TARGET}x): ${ratio >= TARGET ? "met" : "unmet"}`);

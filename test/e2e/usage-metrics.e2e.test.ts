@@ -1,3 +1,6 @@
+import { execFileSync } from "node:child_process";
+import { cp, mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Webhook } from "standardwebhooks";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
@@ -38,7 +41,7 @@ describe("usage metrics and their alerts", () => {
     await receiver.start();
     const hook = await api.ok<{ secret: string }>("POST", "/v1/webhooks", {
       url: `http://127.0.0.1:${receiver.port}/usage`,
-      events: ["disk.almost_full", "cron.failed"],
+      events: ["disk.almost_full", "cron.failed", "deploy.failed", "backup.failed", "restore.failed"],
     });
     secret = hook.secret;
   }, STACK_START_TIMEOUT_MS);
@@ -122,6 +125,49 @@ describe("usage metrics and their alerts", () => {
     // Only the second failure in a row was sent.
     expect(receiver.of("cron.failed")).toHaveLength(1);
   }, 120_000);
+
+  it("sends backup.failed, restore.failed and deploy.failed, each signed and saying why", async () => {
+    const disk = `${app}-data`;
+    const scratch = await mkdtemp(join(tmpdir(), "svc-usage-alerts-"));
+    try {
+      // A path longer than a backup may hold (3,072 bytes): the disk holds it, its backup refuses it.
+      const deep = await api.ok<{ id: string }>("POST", "/v1/crons", {
+        appId: app,
+        name: `${app}-deep`,
+        schedule: "0 0 1 1 *",
+        command: `cd "$SVC_DISK_PATH" && d=$(printf 'd%.0s' $(seq 200)) && for i in $(seq 16); do mkdir "$d" && cd "$d"; done`,
+      });
+      expect((await api.run(deep.id)).status).toBe("success");
+      const backup = await api.ok<{ id: string }>("POST", `/v1/disks/${disk}/backups`, { description: "too deep" });
+      const [backupFailed] = await until("backup.failed", async () => (receiver.of("backup.failed").length > 0 ? receiver.of("backup.failed") : null), 60_000);
+      expect(backupFailed!.event.data).toMatchObject({ disk: { name: disk }, backup: { id: backup.id, automatic: false } });
+      expect((backupFailed!.event.data as { backup: { error: string } }).backup.error).toMatch(/a backup holds paths of at most 3,072 bytes/);
+
+      // An archive with a member that climbs out of the disk: the restore refuses it.
+      await mkdir(join(scratch, "a"));
+      await writeFile(join(scratch, "x"), "outside\n");
+      execFileSync("tar", ["czf", "evil.tar.gz", "-P", "a/../x"], { cwd: scratch });
+      expectExit(await svc(["apps", "stop", app], env), 0, "apps stop");
+      const restore = await svc(["backups", "restore", disk, "--file", join(scratch, "evil.tar.gz"), "--yes"], env);
+      expect(restore.code).toBe(1);
+      const [restoreFailed] = await until("restore.failed", async () => (receiver.of("restore.failed").length > 0 ? receiver.of("restore.failed") : null), 60_000);
+      expect(restoreFailed!.event.data).toMatchObject({ disk: { name: disk } });
+      expect((restoreFailed!.event.data as { restore: { error: string } }).restore.error).toMatch(/\.\./);
+
+      // A release that exits as it starts: its deploy fails, the app keeps what it had.
+      expectExit(await svc(["apps", "restart", app], env), 0, "apps restart");
+      const broken = join(scratch, "broken");
+      await cp(join(ROOT, "test", "fixtures", "apps", "node-usage"), broken, { recursive: true });
+      await writeFile(join(broken, "server.js"), 'console.error("cannot start"); process.exit(3);\n');
+      expect((await svc(["deploy", "--source", broken, "--app", app], env)).code).toBe(1);
+      const [deployFailed] = await until("deploy.failed", async () => (receiver.of("deploy.failed").length > 0 ? receiver.of("deploy.failed") : null), 30_000);
+      expect(deployFailed!.event.data).toMatchObject({ app: { name: app }, deployment: { status: "failed" } });
+      expect((deployFailed!.event.data as { deployment: { error: string } }).deployment.error).toMatch(/exited with code 3/);
+      for (const received of [backupFailed!, restoreFailed!, deployFailed!]) expect(signedBy(secret, received)).toBe(true);
+    } finally {
+      await rm(scratch, { recursive: true, force: true });
+    }
+  }, 240_000);
 
   it("lets only an account the operator flagged subscribe to the fleet's node events", async () => {
     const account = async (operatorEvents: boolean) => {
