@@ -8,6 +8,7 @@ import { fleetClocks, type LocalNode, type LocalStack } from "../../scripts/loca
 import { STACK_START_TIMEOUT_MS, startOwnStack } from "../cli/svc.js";
 import { type DiskView, fleetApi, type NodeView, type Run, until } from "./fleet-api.js";
 import { type Cut, Partitions } from "../../scripts/partition.js";
+import { Webhook } from "standardwebhooks";
 import { Receiver, signedBy } from "./webhook-receiver.js";
 
 /** Short enough for a test; the same code paths as the defaults (60 s, 300 s, 60 s). */
@@ -248,6 +249,7 @@ describe("sick nodes", () => {
       }, 30_000);
       for (const event of [heard.unreachable, heard.lost]) {
         expect(event.event.data).toMatchObject({ node: { id: victim.id } });
+        expect(new Webhook(secret).verify(event.body, event.headers)).toEqual(event.event);
         expect(signedBy(secret, event)).toBe(true);
       }
       expect(Date.parse(heard.lost.event.timestamp)).toBeGreaterThanOrEqual(Date.parse(heard.unreachable.event.timestamp));

@@ -163,7 +163,10 @@ describe("usage metrics and their alerts", () => {
       const [deployFailed] = await until("deploy.failed", async () => (receiver.of("deploy.failed").length > 0 ? receiver.of("deploy.failed") : null), 30_000);
       expect(deployFailed!.event.data).toMatchObject({ app: { name: app }, deployment: { status: "failed" } });
       expect((deployFailed!.event.data as { deployment: { error: string } }).deployment.error).toMatch(/exited with code 3/);
-      for (const received of [backupFailed!, restoreFailed!, deployFailed!]) expect(signedBy(secret, received)).toBe(true);
+      for (const received of [backupFailed!, restoreFailed!, deployFailed!]) {
+        expect(new Webhook(secret).verify(received.body, received.headers)).toEqual(received.event);
+        expect(signedBy(secret, received)).toBe(true);
+      }
     } finally {
       await rm(scratch, { recursive: true, force: true });
     }
