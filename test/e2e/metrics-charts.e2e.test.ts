@@ -152,8 +152,16 @@ describe("usage charts", () => {
         await page.goto(`${stack.apiUrl}/disks/${disk}`);
         await drawn(page, "Space", width);
         await drawn(page, "Files", width);
-        await page.getByText("85% of its size or inode limit").waitFor();
-        await page.getByRole("figure", { name: "Space", exact: true }).getByText("alert at 85%").waitFor();
+        const threshold = page.getByRole("form", { name: "Alert threshold" }).locator('input[name="alertAtPercent"]');
+        expect(await threshold.inputValue()).toBe(width === 390 ? "85" : "80");
+        await page.getByRole("figure", { name: "Space", exact: true }).getByText(`alert at ${width === 390 ? 85 : 80}%`).waitFor();
+        if (width === 390) {
+          // Changed in place: the chart's line and the API follow.
+          await threshold.fill("80");
+          await page.getByRole("form", { name: "Alert threshold" }).getByRole("button", { name: "Save" }).click();
+          await page.getByRole("figure", { name: "Space", exact: true }).getByText("alert at 80%").waitFor();
+          expect((await get<{ alertAtPercent: number }>(`/v1/disks/${disk}`)).alertAtPercent).toBe(80);
+        }
         await fits();
         await page.getByRole("button", { name: "24 hours" }).first().click();
         await page.getByText("15-minute step").waitFor();
@@ -164,6 +172,7 @@ describe("usage charts", () => {
         await drawn(page, "Runs", width);
         await page.getByText("2 finished runs (1 succeeded, 1 failed)").waitFor();
         await page.getByText("3 failed runs in a row: each failed run from then on sends").waitFor();
+        expect(await page.getByRole("form", { name: "Edit the cron job" }).locator('input[name="notifyAfter"]').inputValue()).toBe("3");
         await fits();
         await page.getByRole("figure", { name: "Runs", exact: true }).scrollIntoViewIfNeeded();
         await page.screenshot({ path: join(SHOTS, `cron-runs-${width}.png`), fullPage: true });

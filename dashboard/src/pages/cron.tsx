@@ -18,11 +18,21 @@ function EditCron({ cron, onSaved }: { cron: CronDetail; onSaved: (cron: CronDet
   const [command, setCommand] = useState(cron.command);
   const [policy, setPolicy] = useState<Policy>(cron.concurrencyPolicy);
   const [timeout, setTimeoutMinutes] = useState(String(cron.timeoutSeconds / 60));
+  const [disableAfter, setDisableAfter] = useState(cron.disableAfterFailures === null ? "" : String(cron.disableAfterFailures));
+  const [notifyAfter, setNotifyAfter] = useState(String(cron.notifyAfterFailures));
   const { busy, error, run } = useAction();
   const submit = (event: Event) => {
     event.preventDefault();
     void run(async () => {
-      const body = { schedule, timezone, command, concurrencyPolicy: policy, timeoutSeconds: Math.round(Number(timeout) * 60) };
+      const body = {
+        schedule,
+        timezone,
+        command,
+        concurrencyPolicy: policy,
+        timeoutSeconds: Math.round(Number(timeout) * 60),
+        disableAfterFailures: disableAfter.trim() === "" ? null : Number(disableAfter),
+        notifyAfterFailures: Number(notifyAfter),
+      };
       onSaved((await ok(api.PATCH("/v1/crons/{id}", { params: { path: { id: cron.id } }, body }))).data);
     });
   };
@@ -48,6 +58,14 @@ function EditCron({ cron, onSaved }: { cron: CronDetail; onSaved: (cron: CronDet
       <label>
         Timeout (minutes)
         <input name="timeout" type="number" min={1} max={720} step="any" value={timeout} onInput={(e) => setTimeoutMinutes(e.currentTarget.value)} required />
+      </label>
+      <label>
+        Send <code>cron.failed</code> from this many failed runs in a row on
+        <input name="notifyAfter" type="number" min={1} max={1000} step={1} value={notifyAfter} onInput={(e) => setNotifyAfter(e.currentTarget.value)} required />
+      </label>
+      <label>
+        Disable the job after this many failed runs in a row (empty: never)
+        <input name="disableAfter" type="number" min={1} max={1000} step={1} value={disableAfter} onInput={(e) => setDisableAfter(e.currentTarget.value)} />
       </label>
       <button type="submit" class="primary" disabled={busy}>
         {busy ? "Saving…" : "Save changes"}

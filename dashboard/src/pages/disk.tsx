@@ -260,6 +260,36 @@ async function download(disk: Disk, backup: Backup): Promise<void> {
   link.remove();
 }
 
+/** The disk's alert threshold, changed in place: `disk.almost_full` goes out at it. */
+function AlertAt({ disk, onSaved }: { disk: Disk; onSaved: () => void }) {
+  const [percent, setPercent] = useState(String(disk.alertAtPercent));
+  const { busy, error, run } = useAction();
+  const save = (event: Event) => {
+    event.preventDefault();
+    void run(async () => {
+      await ok(api.PATCH("/v1/disks/{disk}", { params: { path: { disk: disk.id } }, body: { alertAtPercent: Number(percent) } }));
+      onSaved();
+    });
+  };
+  return (
+    <>
+      <form class="inline-form" onSubmit={save} aria-label="Alert threshold">
+        <label>
+          <input name="alertAtPercent" type="number" min={1} max={100} step={1} value={percent} onInput={(e) => setPercent(e.currentTarget.value)} required />% of
+          its size or inode limit
+        </label>{" "}
+        <button type="submit" disabled={busy || Number(percent) === disk.alertAtPercent}>
+          {busy ? "Saving…" : "Save"}
+        </button>
+      </form>
+      <p class="hint">
+        A <code>disk.almost_full</code> webhook goes out then (again only after it fell 5 points below).
+      </p>
+      <ErrorNote error={error} />
+    </>
+  );
+}
+
 function Backups({ disk, onDiskChange }: { disk: Disk; onDiskChange: () => void }) {
   const backups = useLoad(async () => (await ok(api.GET("/v1/disks/{diskId}/backups", { params: { path: { diskId: disk.id } } }))).data, [disk.id]);
   // A backup's restore refused with DISK_IN_USE: explained above the table, full width, not in the row's cell,
@@ -402,7 +432,7 @@ export function DiskPage({ name }: { name: string }) {
             </dd>
             <dt>Alert at</dt>
             <dd>
-              {d.alertAtPercent}% of its size or inode limit: a <code>disk.almost_full</code> webhook goes out then (again only after it fell 5 points below)
+              <AlertAt disk={d} onSaved={reload} />
             </dd>
             <dt>In use</dt>
             <dd>{d.inUse ? "yes: attached to a running app (restores are refused)" : "no"}</dd>
