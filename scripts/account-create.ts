@@ -7,16 +7,19 @@ import { accounts, apiKeys, PLANS, type Plan } from "../worker/db/schema.js";
 import { ROOT } from "./local-stack.js";
 
 /**
- * Operator command: `npm run account:create -- --name <name> [--plan free|pro|business] [--remote]`.
+ * Operator command: `npm run account:create -- --name <name> [--plan free|pro|business] [--operator-events] [--remote]`.
  * Creates an account and its first admin key directly in D1 (local state by
  * default, the production database with --remote) and prints the key once.
+ * `--operator-events`: the account's webhooks may subscribe to the fleet's
+ * node events (docs/webhooks.md), as the operator's own account.
  */
-const USAGE = "usage: npm run account:create -- --name <name> [--plan free|pro|business] [--remote]";
+const USAGE = "usage: npm run account:create -- --name <name> [--plan free|pro|business] [--operator-events] [--remote]";
 
 const { values } = parseArgs({
   options: {
     name: { type: "string" },
     plan: { type: "string", default: "free" },
+    "operator-events": { type: "boolean", default: false },
     remote: { type: "boolean", default: false },
     help: { type: "boolean", short: "h" },
   },
@@ -49,7 +52,7 @@ function insertSql(table: Table, row: Record<string, unknown>): string {
   return `INSERT INTO "${getTableName(table)}" (${names}) VALUES (${vals});`;
 }
 
-const { account, key } = await newAccountRows({ name, plan: values.plan as Plan, now: Date.now() });
+const { account, key } = await newAccountRows({ name, plan: values.plan as Plan, operatorEvents: values["operator-events"], now: Date.now() });
 const sql = [insertSql(accounts, account), insertSql(apiKeys, key.row)].join("\n");
 const where = values.remote ? ["--remote"] : ["--local", "--persist-to", join(ROOT, ".wrangler", "state")];
 const env = { ...process.env, WRANGLER_SEND_METRICS: "false" };
