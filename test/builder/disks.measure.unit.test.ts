@@ -1,6 +1,6 @@
 import { execFileSync } from "node:child_process";
-import { link, mkdir, mkdtemp, open, rm, symlink, writeFile } from "node:fs/promises";
-import { lstatSync } from "node:fs";
+import { access, link, mkdir, mkdtemp, open, rm, symlink, writeFile } from "node:fs/promises";
+import { constants, lstatSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -14,7 +14,13 @@ import { measureTree } from "../../builder/src/sandbox/usage.js";
 
 let scratch: string;
 beforeAll(async () => {
-  scratch = await mkdtemp(join(tmpdir(), "svc-measure-"));
+  // In memory where the host has it: making 200,000 files in /tmp took 4-40 s here (its writeback), in /dev/shm 1.3 s;
+  // the walk's memory, which the test is about, is the same on either.
+  const base = await access("/dev/shm", constants.W_OK).then(
+    () => "/dev/shm",
+    () => tmpdir(),
+  );
+  scratch = await mkdtemp(join(base, "svc-measure-"));
 });
 afterAll(async () => {
   await rm(scratch, { recursive: true, force: true });
