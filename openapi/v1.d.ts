@@ -2496,7 +2496,7 @@ export interface paths {
                                     s4xx: number;
                                     s5xx: number;
                                 }[];
-                                /** @description Each of the app's processes (instances) that ran in the range, as their nodes read them from the processes' cgroups every 10 s */
+                                /** @description The app's processes (instances) that ran in the range, as their nodes read them from the processes' cgroups every 10 s: the 20 that ran most recently (every deploy starts new ones) */
                                 processes: {
                                     /** @description The process (instance) */
                                     id: string;

@@ -530,7 +530,8 @@ appRoutes.openapi(
                 points: z.array(MetricPointSchema),
                 totals: MetricPointSchema.omit({ at: true }),
                 processes: z.array(ProcessMetricsSchema).openapi({
-                  description: "Each of the app's processes (instances) that ran in the range, as their nodes read them from the processes' cgroups every 10 s",
+                  description:
+                    "The app's processes (instances) that ran in the range, as their nodes read them from the processes' cgroups every 10 s: the 20 that ran most recently (every deploy starts new ones)",
                 }),
               }),
             ),

@@ -54,8 +54,19 @@ export async function appMetrics(
     stepSeconds: stepMs / 1000,
     points: buckets.map(({ at, ...rest }) => ({ at: iso(at), ...point(rest) })),
     totals: point(all),
-    processes: processes.map(({ id, memoryLimitBytes, steps }) => ({ id, memoryLimitBytes, points: steps.map(({ at, ...rest }) => ({ at: iso(at), ...rest })) })),
+    processes: newestProcesses(processes).map(({ id, memoryLimitBytes, steps }) => ({ id, memoryLimitBytes, points: steps.map(({ at, ...rest }) => ({ at: iso(at), ...rest })) })),
   };
+}
+
+/** Processes a metrics answer names at most: every deploy starts new ones, so a month of an app can hold hundreds. */
+export const MAX_PROCESSES_SHOWN = 20;
+
+/** The {@link MAX_PROCESSES_SHOWN} processes that ran most recently in the range, in the order they were found. */
+function newestProcesses<T extends { steps: { cpuSeconds: number | null; memoryBytes: number | null }[] }>(processes: T[]): T[] {
+  if (processes.length <= MAX_PROCESSES_SHOWN) return processes;
+  const lastSeen = (p: T) => p.steps.findLastIndex((s) => s.cpuSeconds !== null || s.memoryBytes !== null);
+  const kept = new Set([...processes].sort((a, b) => lastSeen(b) - lastSeen(a)).slice(0, MAX_PROCESSES_SHOWN));
+  return processes.filter((p) => kept.has(p));
 }
 
 /** A disk's use over `range`: the most in each step (null: not measured then), with its size and inode limit. */
