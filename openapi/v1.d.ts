@@ -6414,7 +6414,7 @@ export interface paths {
                         "application/json": components["schemas"]["Error"];
                     };
                 };
-                /** @description The key lacks the required scope (INSUFFICIENT_SCOPE) */
+                /** @description The key lacks the required scope (INSUFFICIENT_SCOPE), or the events include the operator's node.unreachable or node.lost and the account is not the operator's (FORBIDDEN) */
                 403: {
                     headers: {
                         [name: string]: unknown;

@@ -76,6 +76,13 @@ const notFound = { 404: errorResponse("No such webhook in this account (WEBHOOK_
 const one = (description: string) => ({ description, content: { "application/json": { schema: dataOf(WebhookSchema) } } });
 const withSecret = (description: string) => ({ description, content: { "application/json": { schema: dataOf(WithSecret) } } });
 
+/** Node events asked for by an account the operator did not flag (its scope's 403 is the other). */
+const operatorOnly = {
+  403: errorResponse(
+    "The key lacks the required scope (INSUFFICIENT_SCOPE), or the events include the operator's node.unreachable or node.lost and the account is not the operator's (FORBIDDEN)",
+  ),
+};
+
 export const webhookRoutes = newRouter();
 webhookRoutes.use("*", requireScope("deploy"));
 
@@ -88,7 +95,7 @@ webhookRoutes.openapi(
     tags: ["Webhooks"],
     security,
     request: { body: jsonBody(CreateBody) },
-    responses: { 201: withSecret("Added, with its secret"), ...authErrors, ...planLimited },
+    responses: { 201: withSecret("Added, with its secret"), ...authErrors, ...operatorOnly, ...planLimited },
   }),
   async (c) => {
     const { row, secret } = await createWebhook(c.get("db"), c.get("config"), c.get("principal").accountId, c.req.valid("json"));
@@ -129,7 +136,7 @@ webhookRoutes.openapi(
     tags: ["Webhooks"],
     security,
     request: { params: Param, body: jsonBody(UpdateBody) },
-    responses: { 200: one("The webhook after the change"), ...authErrors, ...notFound },
+    responses: { 200: one("The webhook after the change"), ...authErrors, ...operatorOnly, ...notFound },
   }),
   async (c) => {
     const row = await webhookOf(c.get("db"), c.get("principal").accountId, c.req.valid("param").webhook);
