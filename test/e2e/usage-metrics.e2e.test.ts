@@ -46,6 +46,8 @@ describe("usage metrics and their alerts", () => {
     secret = hook.secret;
   }, STACK_START_TIMEOUT_MS);
   afterAll(async () => {
+    // Its process would run on for the rest of the suite on the shared stack.
+    await api?.call("DELETE", `/v1/apps/${app}`);
     await receiver.stop();
     await home?.remove();
   });

@@ -40,8 +40,9 @@ export default async function setup(project: TestProject): Promise<() => Promise
     stateDir,
     secretsFile: join(dir, "secrets.env"),
     output: "files",
-    // Usage metrics every 2 s rather than 10: the files that wait for them wait less.
-    builderEnv: { BUILDER_METRICS_SECONDS: "2" },
+    // Usage metrics every 5 s rather than 10: the files that wait for them wait less, and every report
+    // (a call per app that runs, and the shared stack runs dozens by the end) costs the Worker little.
+    builderEnv: { BUILDER_METRICS_SECONDS: "5" },
   });
   project.provide("sharedStack", {
     apiUrl: stack.apiUrl,
