@@ -128,7 +128,11 @@ internalRoutes.post("/nodes/metrics", async (c) => {
   const node = c.get("node");
   const at = Date.now();
   const byApp = new Map<string, typeof parsed.data.processes>();
-  for (const sample of parsed.data.processes) byApp.set(sample.appId, [...(byApp.get(sample.appId) ?? []), sample]);
+  for (const sample of parsed.data.processes) {
+    const samples = byApp.get(sample.appId);
+    if (samples) samples.push(sample);
+    else byApp.set(sample.appId, [sample]);
+  }
   await Promise.all([
     ...[...byApp].map(([appId, samples]) => appRuntimeStub(c.env, appId).recordUsage(node, at, samples)),
     recordDiskUsage(c.env, c.get("db"), node, at, parsed.data.disks),

@@ -1,4 +1,4 @@
-import { and, desc, eq, sql } from "drizzle-orm";
+import { and, desc, eq, inArray, type SQL, sql } from "drizzle-orm";
 import { Webhook } from "standardwebhooks";
 import type { Db } from "../db/client";
 import { openDb } from "../db/client";
@@ -220,18 +220,8 @@ async function refuseOperatorEvents(db: Db, accountId: string, events: WebhookEv
 
 /** Sends an operator's event to the webhooks of every account flagged for them (never throws). */
 export async function emitOperator(env: Env, event: WebhookEvent, data: Record<string, unknown>): Promise<void> {
-  try {
-    const db = openDb(env.DB);
-    const targets = await db
-      .select({ id: webhooks.id })
-      .from(webhooks)
-      .innerJoin(accounts, eq(accounts.id, webhooks.accountId))
-      .where(and(eq(accounts.operatorEvents, true), sql`exists (select 1 from json_each(${webhooks.events}) where value = ${event})`));
-    if (targets.length === 0) return;
-    await queueDeliveries(env, db, targets.map((t) => t.id), event, data);
-  } catch (err) {
-    console.error(JSON.stringify({ event: "webhook.emit_failed", type: event, error: err instanceof Error ? err.message : String(err) }));
-  }
+  const operators = openDb(env.DB).select({ id: accounts.id }).from(accounts).where(eq(accounts.operatorEvents, true));
+  await emitTo(env, inArray(webhooks.accountId, operators), event, data, {});
 }
 
 export async function createWebhook(
@@ -320,16 +310,21 @@ export async function listDeliveries(db: Db, row: WebhookRow): Promise<DeliveryR
  * what caused it goes on.
  */
 export async function emit(env: Env, accountId: string, event: WebhookEvent, data: Record<string, unknown>): Promise<void> {
+  await emitTo(env, eq(webhooks.accountId, accountId), event, data, { accountId });
+}
+
+/** Queues the event to every webhook of the accounts `whose` picks that asked for it; a failure is logged (with `about`), never thrown. */
+async function emitTo(env: Env, whose: SQL, event: WebhookEvent, data: Record<string, unknown>, about: Record<string, string>): Promise<void> {
   try {
     const db = openDb(env.DB);
     const targets = await db
       .select({ id: webhooks.id })
       .from(webhooks)
-      .where(and(eq(webhooks.accountId, accountId), sql`exists (select 1 from json_each(${webhooks.events}) where value = ${event})`));
+      .where(and(whose, sql`exists (select 1 from json_each(${webhooks.events}) where value = ${event})`));
     if (targets.length === 0) return;
     await queueDeliveries(env, db, targets.map((t) => t.id), event, data);
   } catch (err) {
-    console.error(JSON.stringify({ event: "webhook.emit_failed", accountId, type: event, error: err instanceof Error ? err.message : String(err) }));
+    console.error(JSON.stringify({ event: "webhook.emit_failed", ...about, type: event, error: err instanceof Error ? err.message : String(err) }));
   }
 }
 

@@ -2,6 +2,7 @@ import { type Bucket, LATENCY_BOUNDS_MS, latencyBucket } from "../../durable-obj
 import { openDb } from "../db/client";
 import { requestLogs } from "../db/schema";
 import { configOf, type Env } from "../env";
+import { metricsStub } from "../services/metrics";
 
 export type RequestLogEntry = typeof requestLogs.$inferInsert;
 
@@ -36,7 +37,7 @@ export function logRequest(env: Env, entry: RequestLogEntry, waitUntil: (p: Prom
     const buckets = configOf(env).METRICS === "on" ? minuteBuckets(entries) : new Map<string, Bucket[]>();
     for (const [appId, appBuckets] of buckets) {
       writes.push(
-        env.APP_METRICS.get(env.APP_METRICS.idFromName(appId))
+        metricsStub(env, appId)
           .record(appBuckets)
           .catch((err: unknown) => console.error("request metrics write failed", err)),
       );
