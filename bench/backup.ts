@@ -8,7 +8,7 @@
  *   (pigz on two threads) of the same directory;
  * - restore: the builder downloads that archive from the sink, checks it and
  *   extracts it into a staging directory and swaps it in, against `tar xzf` of
- *   the same archive into an empty directory.
+ *   the same archive into an empty directory on a disk made like the restored one.
  *
  * Each side runs ROUNDS times (default 2), alternating, and the fastest run
  * counts (the development VM is shared, so load comes and goes; the load
@@ -32,6 +32,7 @@ import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
+import { RESTORE_EXTRACTED_NOTE } from "../builder/src/jobs/restore.js";
 import { RestoreResult, SnapshotResult } from "../builder/src/protocol/disks.js";
 import { diskDataPath, diskFolderAtRest, followLog, jobStatus, putDisk, signedFetch, startBuilder } from "../test/builder/builder-process.js";
 import { generate, MiB } from "./disk-data.js";
@@ -136,12 +137,30 @@ async function timeJob(builder: Awaited<ReturnType<typeof startBuilder>>, path: 
   const started = performance.now();
   const submitted = await signedFetch(builder, path, { method: "POST", body });
   const { id } = (await submitted.json()) as { id: string };
-  await followLog(builder, id);
+  const log = await followLog(builder, id);
   const ms = performance.now() - started;
   const cpu = cpuSeconds(builder.pid) - cpuBefore;
   const status = await jobStatus(builder, id);
   if (status.status !== "succeeded") throw new Error(`${path} failed: ${status.error}`);
-  return { ms, cpu, result: status.result };
+  return { ms, cpu, result: status.result, phases: restorePhases(log) };
+}
+
+/**
+ * A restore's phases from its log's timestamps: from its first line to the
+ * end of extraction (download, checks, gunzip, writing into the staging
+ * filesystem), then the swap (unmounting the staging image, which writes its
+ * dirty pages into the image file, and mounting it as the disk), in ms.
+ */
+function restorePhases(log: string): { extractMs: number; swapMs: number } | null {
+  const at = (pattern: string) => {
+    const line = log.split("\n").find((text) => text.includes(pattern));
+    return line ? Date.parse(line.slice(0, line.indexOf(" "))) : Number.NaN;
+  };
+  const start = at("restore of disk");
+  const extracted = at(RESTORE_EXTRACTED_NOTE);
+  const restored = at("restored ");
+  if ([start, extracted, restored].some(Number.isNaN)) return null;
+  return { extractMs: extracted - start, swapMs: restored - extracted };
 }
 
 const load = () => loadavg().map((value) => value.toFixed(2)).join(" ");
@@ -161,7 +180,8 @@ for (const size of sizes) {
   const builder = await startBuilder({ dataDir });
   const sink = await startSink();
   try {
-    for (const disk of ["bench", "restored"]) await putDisk(builder, disk, 4 * size * MiB);
+    // `tar xzf` extracts into a disk made like the one the builder restores into (an image where the node makes them).
+    for (const disk of ["bench", "restored", "untar"]) await putDisk(builder, disk, 4 * size * MiB);
     const data = diskDataPath(dataDir, "bench");
     const generating = performance.now();
     const files = await generate(data, size * MiB);
@@ -174,6 +194,7 @@ for (const size of sizes) {
     }, 25);
     const runs = { snapshot: [] as { ms: number; cpu: number }[], tar: [] as { ms: number; cpu: number }[], pigz: [] as { ms: number; cpu: number }[] };
     const restoreRuns = { restore: [] as { ms: number; cpu: number }[], untar: [] as { ms: number; cpu: number }[] };
+    const phases: { extractMs: number; swapMs: number }[] = [];
     const loads: string[] = [];
     let snapshot: SnapshotResult | undefined;
     let tarBytes = 0;
@@ -206,12 +227,13 @@ for (const size of sizes) {
       loads.push(load());
       const job = await timeJob(builder, "/v1/restores", restoreSpec);
       restoreRuns.restore.push(job);
+      if (job.phases) phases.push(job.phases);
       const restored = RestoreResult.parse(job.result);
       if (restored.entries !== snapshot.entries) throw new Error(`restored ${restored.entries} entries of ${snapshot.entries}`);
       // The old data is deleted in the background after the swap: let it finish before tar runs.
       const atRest = diskFolderAtRest(dataDir, "restored").join();
       while ((await readdir(join(dataDir, "disks/restored"))).join() !== atRest) await new Promise((resolve) => setTimeout(resolve, 50));
-      const target = join(dataDir, `untar-${round}`);
+      const target = join(diskDataPath(dataDir, "untar"), `round-${round}`);
       await mkdir(target);
       restoreRuns.untar.push(await timeTool("tar", ["xzf", archiveFile, "-C", target]));
       await rm(target, { recursive: true, force: true });
@@ -225,6 +247,8 @@ for (const size of sizes) {
         `  snapshot speed: ${speed(runs.snapshot, runs.tar)} tar czf, ${speed(runs.snapshot, runs.pigz)} pigz -p2 (best/best)\n` +
         `  restore ${seconds(restoreRuns.restore)} s (CPU ${cpus(restoreRuns.restore)})  tar xzf ${seconds(restoreRuns.untar)} s (CPU ${cpus(restoreRuns.untar)})  ` +
         `restore speed: ${speed(restoreRuns.restore, restoreRuns.untar)} tar xzf\n` +
+        `  restore phases: extract ${phases.map((phase) => (phase.extractMs / 1000).toFixed(2)).join("/")} s (its best ${speed(phases.map((phase) => ({ ms: phase.extractMs })), restoreRuns.untar)} tar xzf), ` +
+        `swap ${phases.map((phase) => (phase.swapMs / 1000).toFixed(2)).join("/")} s, the rest (job submit, staging made, log) the difference\n` +
         `  builder RSS idle ${mib(idle.rss)}, peak ${mib(peakRss)} (sampled), VmHWM ${mib(hwm)}; load average per round: ${loads.join(" | ")}`,
     );
     process.stderr.write(`${rows.at(-1)}\n`);

@@ -40,6 +40,9 @@ const PROGRESS_MIN_BYTES = 16 * 1024 * 1024;
 /** gunzip output per threadpool round trip: larger chunks mean fewer of them (a member's data is a slice of one). */
 const GUNZIP_CHUNK_BYTES = 256 * 1024;
 
+/** The log line between extracting and swapping (benches time the two from it). */
+export const RESTORE_EXTRACTED_NOTE = "archive downloaded, checked and extracted";
+
 /** The archive could not be fetched (as opposed to being refused). */
 class DownloadFailed extends Error {}
 
@@ -60,6 +63,7 @@ export async function restoreJob(input: RestoreJobInput): Promise<JobOutcome> {
   try {
     log.note(`restore of disk ${spec.diskId}: downloading ${formatBytes(spec.expectedSizeBytes)}, extracting into a staging directory`);
     const summary = await downloadAndExtract(input, staging, quotaBytes);
+    log.note(`${RESTORE_EXTRACTED_NOTE}; swapping it in for the disk's data`);
     const trash = await disks.replaceData(spec.diskId, staging, input.id);
     // The swap has committed; deleting the old data need not delay the answer (a restart finishes it).
     void rm(trash, { recursive: true, force: true }).catch((error: unknown) =>
