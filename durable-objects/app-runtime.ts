@@ -16,7 +16,7 @@ import { deploymentEvent, emit } from "../worker/services/webhooks";
 import { scaleApp } from "../worker/services/apps";
 import { noteProgress } from "../worker/services/deployments";
 import { REPORT_EVERY_MS } from "../worker/sites/load-meter";
-import { EDGE_APP_TTL_MS } from "../worker/sites/serve";
+import { EDGE_APP_TTL_MS, EDGE_IDLE_APP_TTL_MS } from "../worker/sites/serve";
 import { presign } from "../worker/storage/presign";
 import type { ProcessSample } from "./app-metrics";
 import { type HistoryWindow, ShippedLog } from "./shipped-log";
@@ -63,8 +63,10 @@ const START_RETRY_MS = 3_000;
 const START_RETRY_MAX_MS = 30_000;
 /** Fetching a release and extracting it comes on top of the health check's time. */
 const START_GRACE_MS = 120_000;
+/** Beyond the edge's trust in its copy of an app: the copies' own clocks and reads in flight. */
+const SETTLE_MARGIN_MS = 250;
 /** After the switch, until every edge isolate has dropped its copy of the app's old processes. */
-const SETTLE_MS = EDGE_APP_TTL_MS + 250;
+const SETTLE_MS = EDGE_APP_TTL_MS + SETTLE_MARGIN_MS;
 /** An isolate's report of an app's load counts this long (an isolate whose requests stopped reports nothing more). */
 const LOAD_FRESH_MS = 3 * REPORT_EVERY_MS;
 /** How often scaling on load looks again while it may have something to do. */
@@ -544,7 +546,7 @@ export class AppRuntime extends DurableObject<Env> {
     }
     if (target.deploy) {
       this.ctx.storage.kv.put("target", { deploymentId: target.deploymentId, after: target.after } satisfies Target);
-      this.ctx.storage.kv.put("settling", { deploymentId: target.deploy, at: Date.now() + SETTLE_MS } satisfies Settling);
+      this.ctx.storage.kv.put("settling", { deploymentId: target.deploy, at: this.settleAt() } satisfies Settling);
     }
     await this.schedule();
   }
@@ -756,6 +758,7 @@ export class AppRuntime extends DurableObject<Env> {
    */
   private async record(instances: Instance[], also: Partial<AppRow> = {}): Promise<void> {
     const appId = this.appId;
+    this.noteIdle(instances);
     this.ctx.storage.kv.put("instances", instances);
     this.ctx.storage.kv.delete("live");
     if (!appId) return;
@@ -771,6 +774,47 @@ export class AppRuntime extends DurableObject<Env> {
         ...also,
       })
       .where(eq(apps.id, appId));
+  }
+
+  /**
+   * Keeps what {@link settleAt} needs of the edges' copies of the app row:
+   * since when no process has been live (`idleSince`; an object that never
+   * recorded any counts as idle from the start), and, when the first
+   * process after a second or more of that was recorded, when
+   * (`liveFromIdle`), until any process is taken out of the row again.
+   */
+  private noteIdle(instances: Instance[]): void {
+    const kv = this.ctx.storage.kv;
+    const recorded = kv.get<Instance[]>("instances") !== undefined || kv.get("live") !== undefined;
+    const before = this.instances;
+    const now = Date.now();
+    if (instances.length === 0) {
+      if (!recorded || before.length > 0) kv.put("idleSince", recorded ? now : 0);
+      kv.delete("liveFromIdle");
+      return;
+    }
+    if (before.length === 0) {
+      const idleSince = recorded ? kv.get<number>("idleSince") : 0;
+      if (idleSince !== undefined && now - idleSince >= EDGE_APP_TTL_MS) kv.put("liveFromIdle", now);
+      kv.delete("idleSince");
+      return;
+    }
+    const kept = new Set(instances.map((i) => i.processId));
+    if (before.some((i) => !kept.has(i.processId))) kv.delete("liveFromIdle");
+  }
+
+  /**
+   * When a deploy that switched is `ready`: once no edge isolate can still
+   * hold a copy of the app routing to a process the deploy replaced
+   * ({@link SETTLE_MS}). When the row has only gained processes since it was
+   * empty for longer than the edges trust a copy (a first deploy), the only
+   * stale copies say "no process", and those are trusted for
+   * {@link EDGE_IDLE_APP_TTL_MS} only.
+   */
+  private settleAt(): number {
+    const liveFromIdle = this.ctx.storage.kv.get<number>("liveFromIdle");
+    if (liveFromIdle === undefined) return Date.now() + SETTLE_MS;
+    return Math.max(Date.now(), liveFromIdle + EDGE_IDLE_APP_TTL_MS + SETTLE_MARGIN_MS);
   }
 
   /** A deploy that switched: `ready` once the edges' copies of the old processes have expired (or at once, `now`). */

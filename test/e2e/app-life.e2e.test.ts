@@ -82,6 +82,37 @@ describe("an app's life: every change reaches it, every status is true, every fa
     }
     return wrong;
   };
+  /**
+   * Requests the app every 50 ms until stopped, so the edge always holds a
+   * fresh copy of the app as it is (before a first deploy: nothing to route
+   * to): answers the statuses seen, once each, in order.
+   */
+  const knock = (app: string) => {
+    const seen: number[] = [];
+    let on = true;
+    const done = (async () => {
+      while (on) {
+        const { status } = await get(app);
+        if (seen.at(-1) !== status) seen.push(status);
+        await sleep(50);
+      }
+    })();
+    return async () => {
+      on = false;
+      await done;
+      return seen;
+    };
+  };
+  /** Milliseconds from the newest deployment's "switching traffic" (or last "instances on the new release") to its "serving". */
+  const settleMs = async (app: string) => {
+    const response = await fetch(`${stack.apiUrl}/v1/apps/${app}/deployments`, { headers: { Authorization: `Bearer ${env.SVC_API_KEY}` } });
+    const [newest] = ((await response.json()) as { data: { progress: { at: string; text: string }[] }[] }).data;
+    const steps = newest?.progress ?? [];
+    const switched = steps.findLast((step) => /switching traffic to it$|instances on the new release$/.test(step.text));
+    const serving = steps.find((step) => step.text.startsWith("serving:"));
+    if (!switched || !serving) throw new Error(`no switch and serving in ${JSON.stringify(steps)}`);
+    return Date.parse(serving.at) - Date.parse(switched.at);
+  };
   /** The app as the API has it (polled: cheaper than starting the CLI each time). */
   const apiApp = async (app: string) =>
     ((await (await fetch(`${stack.apiUrl}/v1/apps/${app}`, { headers: { Authorization: `Bearer ${env.SVC_API_KEY}` } })).json()) as { data: App }).data;
@@ -117,7 +148,10 @@ describe("an app's life: every change reaches it, every status is true, every fa
         // How to reach it from code, where <app>.localhost does not resolve.
         expect(created.stdout).toContain(`(curl -H 'Host: ${web}.localhost:${port()}' http://127.0.0.1:${port()}/)`);
         const stopWatching = watchStatus(web);
+        // The edge is asked for the app all through its first deploy: the copy it holds says nothing runs, to the last moment.
+        const stopKnocking = knock(web);
         const first = await deploy(web, await source({ mark: "v1", warmupMs: 2_000 }));
+        const knocked = await stopKnocking();
         const wrong = await straightAfter(web, "hello nobody from v1");
         const seen = await stopWatching();
         expectExit(first, 0, "first deploy");
@@ -144,9 +178,15 @@ describe("an app's life: every change reaches it, every status is true, every fa
           expect([...chain].sort((a, b) => a - b), first.stdout).toEqual(chain);
         }
         expect(lines.at(-1)).toBe(`Deployed: http://${web}.localhost:${port()}`);
-        // Not one of the 50 requests straight after "Deployed" got a 404 or anything else.
+        // Not one of the 50 requests straight after "Deployed" got a 404 or anything else, though the deploy
+        // was done sooner than the edge trusts a copy of an app with a process (AppRuntime's settleAt).
+        expect(knocked[0], `statuses while deploying: ${knocked}`).not.toBe(200);
         expect(wrong).toEqual([]);
         expect(seen).toEqual(["not_deployed", "deploying", "running"]);
+        // A first deploy replaced nothing: it is done once the edges' copies saying "nothing runs" (100 ms) expire,
+        // not the second a copy naming a process is trusted. A redeploy waits that second (below).
+        const firstSettle = await settleMs(web);
+        expect(firstSettle).toBeLessThan(1_000);
 
         const started = Date.now();
         const second = await deploy(web, await source({ mark: "v2" }));
@@ -155,7 +195,9 @@ describe("an app's life: every change reaches it, every status is true, every fa
         expectExit(second, 0, "redeploy");
         expect(second.stdout).toMatch(/ svc the previous release drains for 5 s, then stops$/m);
         expect(stale).toEqual([]);
-        console.log(`redeploy of the app (same app, a new release): ${redeployMs} ms`);
+        const secondSettle = await settleMs(web);
+        expect(secondSettle).toBeGreaterThanOrEqual(1_000);
+        console.log(`redeploy of the app (same app, a new release): ${redeployMs} ms; switch to serving: first deploy ${firstSettle} ms, redeploy ${secondSettle} ms`);
       },
       DEPLOY_MS * 2,
     );

@@ -51,6 +51,14 @@ type HostedApp = SiteApp & { redirect: DomainRedirect; httpsOnly: boolean };
  * counts a deploy done only then).
  */
 export const EDGE_APP_TTL_MS = 1_000;
+/**
+ * The same for an app that runs processes but has none live (never deployed,
+ * starting, stopped): short, so that its first instance is reached soon
+ * after it is recorded and a first deploy is done without waiting out
+ * {@link EDGE_APP_TTL_MS}. Such an app costs an isolate at most one D1 read
+ * per this long.
+ */
+export const EDGE_IDLE_APP_TTL_MS = 100;
 const MAX_MANIFESTS = 64;
 /** What a client is told to wait while an app (re)starts. */
 const STARTING_RETRY_AFTER_SECONDS = 2;
@@ -81,6 +89,11 @@ export function siteName(host: string | undefined, appsDomain: string): string |
   return /^[a-z0-9]([a-z0-9-]{0,50}[a-z0-9])?$/.test(name) ? name : null;
 }
 
+/** How long an isolate trusts its copy of a host's app: shorter while the app has no process to route to. */
+function cacheTtl(app: HostedApp | null): number {
+  return app && runsProcess(app.runtime) && liveInstancesOf(app).length === 0 ? EDGE_IDLE_APP_TTL_MS : EDGE_APP_TTL_MS;
+}
+
 /**
  * The app of a host, trusted per isolate for {@link EDGE_APP_TTL_MS} unless `fresh` asks for D1's current row:
  * one read either way, a custom domain's joined to its app in the same statement.
@@ -88,7 +101,7 @@ export function siteName(host: string | undefined, appsDomain: string): string |
 async function siteApp(env: Env, host: SiteHost, now: number, fresh = false): Promise<HostedApp | null> {
   const key = "name" in host ? host.name : `domain:${host.domain}`;
   const cached = appCache.get(key);
-  if (!fresh && cached && now - cached.at < EDGE_APP_TTL_MS) return cached.app;
+  if (!fresh && cached && now - cached.at < cacheTtl(cached.app)) return cached.app;
   const columns = {
     id: apps.id,
     accountId: apps.accountId,
