@@ -540,8 +540,14 @@ export class AppRuntime extends DurableObject<Env> {
     const surplus = [...instances.filter((i) => !isCurrent(i, target)), ...current.slice(wanted).reverse()];
     if (surplus.length > 0) {
       const leaving = new Set(surplus.map((i) => i.processId));
-      await this.record(instances.filter((i) => !leaving.has(i.processId)));
-      for (const instance of surplus) await this.retire(instance, DRAIN_SECONDS);
+      const staying = instances.filter((i) => !leaving.has(i.processId));
+      const successors = new Map<string, string>();
+      for (const instance of surplus) {
+        const next = this.successorOn(instance.node, staying);
+        if (next) successors.set(instance.processId, next.processId);
+      }
+      await this.record(staying, {}, successors);
+      for (const instance of surplus) await this.retire(instance, DRAIN_SECONDS, successors.get(instance.processId));
       if (target.deploy) await noteProgress(this.db, target.deploy, `the previous release drains for ${DRAIN_SECONDS} s, then stops`);
     }
     if (target.deploy) {
@@ -727,11 +733,14 @@ export class AppRuntime extends DurableObject<Env> {
     const stale = target ? instances.filter((i) => !isCurrent(i, target)).sort((a, b) => Number(b.evict ?? false) - Number(a.evict ?? false)) : [];
     const replaced = instances.length > wanted ? (stale[0] ?? null) : null;
     const serving = replaced ? instances.filter((i) => i !== replaced) : instances;
-    await this.record(serving, {
-      activeDeploymentId: pending.deploymentId,
-      pendingChanges: pendingChanges.length > 0 ? pendingChanges : null,
-      updatedAt: Date.now(),
-    });
+    // On one node the old process hands its requests to the new one at once (ProcessStop's successor).
+    const successor = replaced?.node === joined.node ? joined.processId : undefined;
+    const forwarded = new Map(replaced && successor ? [[replaced.processId, successor]] : []);
+    await this.record(
+      serving,
+      { activeDeploymentId: pending.deploymentId, pendingChanges: pendingChanges.length > 0 ? pendingChanges : null, updatedAt: Date.now() },
+      forwarded,
+    );
     if (pending.reason === "deploy") {
       const onNew = target ? serving.filter((i) => isCurrent(i, target)).length : 1;
       const ready = status.ready ? `healthy after ${readyTime(status)}; ` : "";
@@ -743,7 +752,7 @@ export class AppRuntime extends DurableObject<Env> {
         const which = wanted > 1 ? `process ${replaced.processId} of the previous release` : "the previous release";
         await noteProgress(this.db, pending.deploymentId, `${which} drains for ${DRAIN_SECONDS} s, then stops`);
       }
-      await this.retire(replaced, DRAIN_SECONDS);
+      await this.retire(replaced, DRAIN_SECONDS, successor);
     }
     // The app's cron runs work in the active release.
     await appChanged(this.env, this.db, appId);
@@ -754,11 +763,13 @@ export class AppRuntime extends DurableObject<Env> {
   /**
    * Writes which processes serve the app (the edge reads them) and the app's
    * process state: `running` while any runs, else the first one's; with
-   * `also`, more of the app's columns in the same statement.
+   * `also`, more of the app's columns in the same statement; `forwarded`:
+   * processes leaving the row whose node is about to send their requests to
+   * a successor (retire's).
    */
-  private async record(instances: Instance[], also: Partial<AppRow> = {}): Promise<void> {
+  private async record(instances: Instance[], also: Partial<AppRow> = {}, forwarded: ReadonlyMap<string, string> = new Map()): Promise<void> {
     const appId = this.appId;
-    this.noteIdle(instances);
+    this.noteStaleCopies(instances, forwarded);
     this.ctx.storage.kv.put("instances", instances);
     this.ctx.storage.kv.delete("live");
     if (!appId) return;
@@ -777,44 +788,39 @@ export class AppRuntime extends DurableObject<Env> {
   }
 
   /**
-   * Keeps what {@link settleAt} needs of the edges' copies of the app row:
-   * since when no process has been live (`idleSince`; an object that never
-   * recorded any counts as idle from the start), and, when the first
-   * process after a second or more of that was recorded, when
-   * (`liveFromIdle`), until any process is taken out of the row again.
+   * Keeps until when an edge isolate may still hold a copy of the app row
+   * that does not send a request to the processes now recorded
+   * (`edgesStaleUntil`, {@link settleAt}): a process taken out of the row
+   * may be named by copies for {@link EDGE_APP_TTL_MS} unless its node
+   * forwards its requests to its successor (`forwarded`: removed process →
+   * successor); a row that had no process may be copied as such for
+   * {@link EDGE_IDLE_APP_TTL_MS} after it gains one.
    */
-  private noteIdle(instances: Instance[]): void {
+  private noteStaleCopies(instances: Instance[], forwarded: ReadonlyMap<string, string>): void {
     const kv = this.ctx.storage.kv;
-    const recorded = kv.get<Instance[]>("instances") !== undefined || kv.get("live") !== undefined;
     const before = this.instances;
-    const now = Date.now();
-    if (instances.length === 0) {
-      if (!recorded || before.length > 0) kv.put("idleSince", recorded ? now : 0);
-      kv.delete("liveFromIdle");
-      return;
-    }
-    if (before.length === 0) {
-      const idleSince = recorded ? kv.get<number>("idleSince") : 0;
-      if (idleSince !== undefined && now - idleSince >= EDGE_APP_TTL_MS) kv.put("liveFromIdle", now);
-      kv.delete("idleSince");
-      return;
-    }
     const kept = new Set(instances.map((i) => i.processId));
-    if (before.some((i) => !kept.has(i.processId))) kv.delete("liveFromIdle");
+    let until = 0;
+    if (before.some((i) => !kept.has(i.processId) && !forwarded.has(i.processId))) until = Date.now() + SETTLE_MS;
+    else if (before.length === 0 && instances.length > 0) until = Date.now() + EDGE_IDLE_APP_TTL_MS + SETTLE_MARGIN_MS;
+    if (until > (kv.get<number>("edgesStaleUntil") ?? 0)) kv.put("edgesStaleUntil", until);
   }
 
   /**
    * When a deploy that switched is `ready`: once no edge isolate can still
-   * hold a copy of the app routing to a process the deploy replaced
-   * ({@link SETTLE_MS}). When the row has only gained processes since it was
-   * empty for longer than the edges trust a copy (a first deploy), the only
-   * stale copies say "no process", and those are trusted for
-   * {@link EDGE_IDLE_APP_TTL_MS} only.
+   * send a request to a process the deploy replaced, or answer that the app
+   * has none ({@link noteStaleCopies}). A replaced process whose node
+   * forwards to its successor costs no wait: a redeploy on one node, like a
+   * first deploy, is done within {@link EDGE_IDLE_APP_TTL_MS} or at once.
    */
   private settleAt(): number {
-    const liveFromIdle = this.ctx.storage.kv.get<number>("liveFromIdle");
-    if (liveFromIdle === undefined) return Date.now() + SETTLE_MS;
-    return Math.max(Date.now(), liveFromIdle + EDGE_IDLE_APP_TTL_MS + SETTLE_MARGIN_MS);
+    return Math.max(Date.now(), this.ctx.storage.kv.get<number>("edgesStaleUntil") ?? 0);
+  }
+
+  /** A current process on `node` to take over from a process leaving it, if the deploy put one there. */
+  private successorOn(node: string, among: Instance[]): Instance | undefined {
+    const target = this.target;
+    return among.find((i) => i.node === node && i.state === "running" && (!target || isCurrent(i, target)));
   }
 
   /** A deploy that switched: `ready` once the edges' copies of the old processes have expired (or at once, `now`). */
@@ -915,13 +921,17 @@ export class AppRuntime extends DurableObject<Env> {
   }
 
   /** Asks the node to stop a process; a stop that could not be delivered is retried by the alarm. */
-  private async retire(instance: Pick<Instance, "processId" | "node">, drainSeconds: number): Promise<void> {
+  private async retire(instance: Pick<Instance, "processId" | "node">, drainSeconds: number, successor?: string): Promise<void> {
     const node = await nodeRef(this.env, instance.node).catch(() => null);
+    const stopped =
+      node && !(await lostNode(this.env, instance.node)) ? await stopProcess(this.config, node, instance.processId, drainSeconds, successor).catch(() => null) : null;
+    // Not told of its successor: edges' copies naming it are stale until they expire (record counted on the forward).
+    if (successor !== undefined && !stopped?.ok) {
+      this.ctx.storage.kv.put("edgesStaleUntil", Math.max(this.ctx.storage.kv.get<number>("edgesStaleUntil") ?? 0, Date.now() + SETTLE_MS));
+    }
     // A node that left the fleet cannot be told. A lost one is told when it returns (its heartbeat's answer names
     // what no app runs there any more: fleet.ts), or by this stop, tried again until it is delivered.
-    if (!node) return;
-    const stopped = (await lostNode(this.env, instance.node)) ? null : await stopProcess(this.config, node, instance.processId, drainSeconds).catch(() => null);
-    if (stopped?.ok) return;
+    if (!node || stopped?.ok) return;
     const stops = this.ctx.storage.kv.get<Pick<Instance, "processId" | "node">[]>("stops") ?? [];
     this.ctx.storage.kv.put("stops", [...stops.filter((s) => s.processId !== instance.processId), { processId: instance.processId, node: instance.node }]);
     await this.schedule();

@@ -311,7 +311,7 @@ function routes({ jobs, disks, leases, lease, processes }: BuilderServices): Rou
         if (context.body.length === 0) context.body = Buffer.from("{}");
         const stop = parseBody(ProcessStop, context);
         if (!stop) return;
-        const status = processes.stop(context.params[0] ?? "", stop.drainSeconds);
+        const status = processes.stop(context.params[0] ?? "", stop.drainSeconds, stop.successor ?? null);
         if (status) sendJson(context.response, 202, status);
         else processNotFound(context.response);
       },

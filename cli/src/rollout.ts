@@ -3,7 +3,7 @@ import type { ApiClient } from "./api.js";
 import { colouredLines, colourWanted } from "./colour.js";
 import type { BooleanOption } from "./command.js";
 import { CliError, type Output } from "./output.js";
-import { followBuild, followRollout } from "./commands/deploy.js";
+import { followBuild, followRollout, hasRollout } from "./commands/deploy.js";
 
 /** What became of a change of an app's configuration (the API's `rollout`). */
 export type Rollout = Schemas["Rollout"];
@@ -40,7 +40,7 @@ export async function reportRollout(
   const plain = (text: string) => void stream.write(text);
   const write = out.json ? () => undefined : colourWanted(stream, options.env) ? colouredLines(plain) : plain;
   let deployment = await followBuild(client, app, rollout.deploymentId, write);
-  if (deployment.status === "deploying") deployment = await followRollout(client, app, rollout.deploymentId, write);
+  if (hasRollout(deployment)) deployment = await followRollout(client, app, rollout.deploymentId, write);
   if (deployment.status === "ready") {
     out.step(`Rolled out to ${app}: the new configuration serves${deployment.url ? ` at ${deployment.url}` : ""}`);
     return;

@@ -78,6 +78,15 @@ describe("planRelease for node", () => {
     );
   });
 
+  it("knows whether an install brings devDependencies to prune: listed at the root, or possibly by workspaces", async () => {
+    const start = { start: "node a.js" };
+    const locked = (fields: Record<string, unknown>) => ({ "package.json": pkg({ scripts: start, ...fields }), "package-lock.json": "{}" });
+    expect(await plan(locked({ dependencies: { express: "4" } }), "node")).toMatchObject({ devDependencies: false });
+    expect(await plan(locked({ devDependencies: {} }), "node")).toMatchObject({ devDependencies: false });
+    expect(await plan(locked({ devDependencies: { vitest: "4" } }), "node")).toMatchObject({ devDependencies: true });
+    expect(await plan(locked({ workspaces: ["packages/*"] }), "node")).toMatchObject({ devDependencies: true });
+  });
+
   it("takes a web app's start timeout and a worker's minimum uptime and overlap from svc.json, and refuses them where they mean nothing", async () => {
     const project = { "package.json": pkg({ scripts: { start: "node a.js" } }) };
     expect(await plan(project, "node")).toMatchObject({ startTimeoutSeconds: 60, minReadySeconds: 0, overlap: false, keepDevDependencies: false });

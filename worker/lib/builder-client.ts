@@ -370,8 +370,9 @@ export async function getProcess(config: Config, node: NodeRef, id: string): Pro
 }
 
 /** Stops a process after serving `drainSeconds` more; stopping one that is gone counts as done. */
-export async function stopProcess(config: Config, node: NodeRef, id: string, drainSeconds: number): Promise<BuilderResult<null>> {
-  const res = await builderFetch(config, node, "POST", `/v1/processes/${encodeURIComponent(id)}/stop`, { body: { drainSeconds }, what: `stopping ${id}` });
+export async function stopProcess(config: Config, node: NodeRef, id: string, drainSeconds: number, successor?: string): Promise<BuilderResult<null>> {
+  const body = successor === undefined ? { drainSeconds } : { drainSeconds, successor };
+  const res = await builderFetch(config, node, "POST", `/v1/processes/${encodeURIComponent(id)}/stop`, { body, what: `stopping ${id}` });
   if (res.ok || res.status === 404) {
     await res.body?.cancel();
     return { ok: true, value: null };

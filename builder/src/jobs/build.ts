@@ -193,7 +193,8 @@ export async function runBuild(input: BuildJobInput): Promise<JobOutcome> {
       toolsPath = `${SANDBOX_TOOLS_DIR}:${searchPath}`;
     }
 
-    const prune = plan.kind === "release" && !plan.release.keepDevDependencies ? pruneCommand(plan.install?.packageManager) : null;
+    // Nothing to drop when package.json lists no devDependencies: the prune would only walk node_modules (0.6 s for Express).
+    const prune = plan.kind === "release" && !plan.release.keepDevDependencies && plan.release.devDependencies ? pruneCommand(plan.install?.packageManager) : null;
     /** The cache's key of the install, and whether what it restored is already without devDependencies. */
     let cacheKey: CacheKey | null = null;
     let pruned = false;

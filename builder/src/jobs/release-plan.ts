@@ -52,6 +52,11 @@ export interface ReleasePlan {
   instances: number | null;
   /** Node apps: devDependencies stay in the release (svc.json `keepDevDependencies`); false: pruned after the build. */
   keepDevDependencies: boolean;
+  /**
+   * Node apps: package.json lists devDependencies, or workspaces that may;
+   * false: an install brings none, so there is nothing to prune.
+   */
+  devDependencies: boolean;
   /** One line saying each choice and where it came from. */
   summary: string;
   /** Why nothing is installed; null when something is. */
@@ -207,6 +212,7 @@ export async function planRelease(
   const minReadySeconds = config?.minReadySeconds ?? (type === "worker" ? DEFAULT_WORKER_MIN_READY_SECONDS : 0);
   const overlap = type === "worker" && config?.overlap === true;
   const keepDevDependencies = config?.keepDevDependencies === true;
+  const devDependencies = pkg !== null && (Object.keys(pkg.devDependencies ?? {}).length > 0 || pkg.workspaces !== undefined);
 
   const parts = [`start ${JSON.stringify(start.command)} (${start.from})`];
   parts.push(buildCommand === null ? "build none" : `build ${JSON.stringify(buildCommand)} (${buildFrom})`);
@@ -234,6 +240,7 @@ export async function planRelease(
       overlap,
       instances: config?.instances ?? null,
       keepDevDependencies,
+      devDependencies,
       summary,
       nothingToInstall,
     },

@@ -76,7 +76,12 @@ interface Entry {
   /** The callbacks in order; a newer status cuts short the delivery of an older one. */
   delivering: Promise<void>;
   delivery: AbortController | null;
+  /** Set by a stop naming the process of the same app that replaces it here: new proxied requests go there while it is ready. */
+  successor: string | null;
 }
+
+/** Successors followed at most from the process an edge named (one per deploy made within the edge's cache time). */
+const MAX_SUCCESSOR_HOPS = 8;
 
 const isFinal = (state: ProcessStatus["state"]) => state === "stopped" || state === "failed";
 
@@ -214,6 +219,7 @@ export class ProcessManager {
       dir,
       supervisor,
       status: supervisor.status(),
+      successor: null,
       callbackUrl: spec.callbackUrl ?? null,
       persisted: Promise.resolve(),
       delivering: Promise.resolve(),
@@ -237,17 +243,33 @@ export class ProcessManager {
     return entry ? this.#statusOf(entry) : null;
   }
 
-  /** Stops the process (idempotent; see Supervisor.stop) and answers its status (`stopping`, or already final); null when unknown. */
-  stop(id: string, drainSeconds: number): ProcessStatus | null {
+  /**
+   * Stops the process (idempotent; see Supervisor.stop) and answers its
+   * status (`stopping`, or already final); null when unknown. A `successor`
+   * of another app, or not on this node, is ignored.
+   */
+  stop(id: string, drainSeconds: number, successor: string | null = null): ProcessStatus | null {
     const entry = this.#entry(id);
     if (!entry) return null;
+    const next = successor === null || successor === id ? undefined : this.#entry(successor)?.supervisor;
+    if (next && entry.supervisor && next.spec.appId === entry.supervisor.spec.appId) entry.successor = successor;
     entry.supervisor?.stop(drainSeconds);
     return this.#statusOf(entry);
   }
 
-  /** The live process the proxy forwards to, or undefined (unknown, or gone with an earlier builder). */
+  /**
+   * The live process the proxy forwards to, or undefined (unknown, or gone
+   * with an earlier builder): a stopping process's successor (and its
+   * successor's, a few deploys in a row) while that is ready.
+   */
   lookup(id: string): ProxiedProcess | undefined {
-    return this.#entry(id)?.supervisor ?? undefined;
+    let entry = this.#entry(id);
+    for (let hops = 0; entry?.successor && hops < MAX_SUCCESSOR_HOPS; hops++) {
+      const next = this.#entry(entry.successor);
+      if (next?.supervisor?.route().kind !== "ready") break;
+      entry = next;
+    }
+    return entry?.supervisor ?? undefined;
   }
 
   /**
@@ -336,6 +358,7 @@ export class ProcessManager {
         dir,
         supervisor: null,
         status: record.status,
+        successor: null,
         callbackUrl: record.callbackUrl,
         persisted: Promise.resolve(),
         delivering: Promise.resolve(),

@@ -140,7 +140,7 @@ export type ReleaseResult = z.infer<typeof ReleaseResult>;
 //     POST /v1/processes              ProcessSpec → 201 ProcessStatus (200: its key named one already)
 //     GET  /v1/processes/:id          → ProcessStatus
 //     GET  /v1/processes?key=…        → ProcessStatus
-//     POST /v1/processes/:id/stop     {drainSeconds} → 202 ProcessStatus (stopping); idempotent
+//     POST /v1/processes/:id/stop     {drainSeconds, successor?} → 202 ProcessStatus (stopping); idempotent
 //     GET  /v1/app-logs/:appId?tail=N&follow=1   the app's runtime log (job log line format), across
 //                                     restarts and releases, bounded (LOG_LIMIT_BYTES kept per app)
 //     ANY  /v1/proxy/:id/<path>       the app's own HTTP, WebSocket and SSE traffic (below)
@@ -251,8 +251,17 @@ export const ProcessStatus = z.object({
 });
 export type ProcessStatus = z.infer<typeof ProcessStatus>;
 
-/** Body of `POST /v1/processes/:id/stop`. */
-export const ProcessStop = z.object({ drainSeconds: z.int().min(0).max(300).default(0) });
+/**
+ * Body of `POST /v1/processes/:id/stop`. `successor`: the process of the
+ * same app on this node that replaces it; while it is ready, new proxied
+ * requests for the stopping one go to it (an edge still routing to the old
+ * process reaches the new release), and the drain serves only what an
+ * unready successor cannot.
+ */
+export const ProcessStop = z.object({
+  drainSeconds: z.int().min(0).max(300).default(0),
+  successor: z.string().regex(/^prc_[A-Za-z0-9]{1,64}$/, "must be a process id").optional(),
+});
 export type ProcessStop = z.infer<typeof ProcessStop>;
 
 // Proxied traffic

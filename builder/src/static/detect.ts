@@ -48,6 +48,8 @@ export interface PackageJson {
   scripts?: Record<string, string>;
   dependencies?: Record<string, string>;
   devDependencies?: Record<string, string>;
+  /** A monorepo's packages, whose own devDependencies an install brings too. */
+  workspaces?: unknown;
   packageManager?: string;
   /** The entry point a server app runs (`node <main>`) when it has no start script. */
   main?: string;
@@ -146,6 +148,7 @@ export async function readPackageJson(files: ProjectFiles): Promise<PackageJson 
   if (devDependencies) pkg.devDependencies = devDependencies;
   if (typeof record.packageManager === "string") pkg.packageManager = record.packageManager;
   if (typeof record.main === "string" && record.main !== "") pkg.main = record.main;
+  if (record.workspaces !== undefined) pkg.workspaces = record.workspaces;
   return pkg;
 }
 

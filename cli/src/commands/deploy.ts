@@ -271,6 +271,13 @@ export async function followBuild(client: ApiClient, app: string, id: string, wr
  * the runtime log), until the deployment is ready (every request goes to the
  * new release), failed or cancelled.
  */
+/**
+ * Whether a deployment whose build is over has a rollout to narrate: one under
+ * way, or one that already ended (a release that starts and switches within
+ * a poll of the build's end) with its process's output and progress unshown.
+ */
+export const hasRollout = (deployment: Deployment) => deployment.status === "deploying" || deployment.processId !== null;
+
 export async function followRollout(client: ApiClient, app: string, id: string, write: (text: string) => void): Promise<Deployment> {
   const call = aboutDeployments(`follow deployment ${id}`, app);
   const route = path`/v1/apps/${app}/deployments/${id}`;
@@ -505,7 +512,7 @@ previous release, if any, keeps serving). With --no-follow it prints the deploym
       const plain = (text: string) => void stream.write(text);
       const write = colourWanted(stream, env) ? colouredLines(plain) : plain;
       deployment = await followBuild(client, app, id, write);
-      if (deployment.status === "deploying") deployment = await followRollout(client, app, id, write);
+      if (hasRollout(deployment)) deployment = await followRollout(client, app, id, write);
     } finally {
       process.off("SIGINT", onInterrupt);
     }
