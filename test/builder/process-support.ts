@@ -211,8 +211,8 @@ export async function waitFor(
   }
 }
 
-export async function stopProcess(target: BuilderTarget, id: string, drainSeconds = 0): Promise<ProcessStatus> {
-  const response = await signedFetch(target, `/v1/processes/${id}/stop`, { method: "POST", body: { drainSeconds } });
+export async function stopProcess(target: BuilderTarget, id: string, drainSeconds = 0, successor?: string): Promise<ProcessStatus> {
+  const response = await signedFetch(target, `/v1/processes/${id}/stop`, { method: "POST", body: { drainSeconds, successor } });
   if (response.status !== 202) throw new Error(`stop failed: ${response.status} ${await response.text()}`);
   return ProcessStatus.parse(await response.json());
 }

@@ -224,6 +224,30 @@ describe("stopping", () => {
     expect((await stopProcess(builder, app.id)).state).toBe("stopped");
   });
 
+  it("sends a stopping process's new requests to the successor its stop names, while that is ready; another app's process is never one", async () => {
+    const secretVia = async (id: string) => ((await (await proxyFetch(builder, id, "/info")).json()) as { env: { SECRET: string } }).env.SECRET;
+    const [old, next, decoy, other] = await Promise.all([
+      readyApp({ env: { SECRET: "old" } }),
+      readyApp({ env: { SECRET: "new" } }),
+      readyApp({ env: { SECRET: "decoy" } }),
+      readyApp({ appId: "app_other", key: `app_other/dep_${randomBytes(6).toString("hex")}/1`, env: { SECRET: "other" } }),
+    ]);
+    await stopProcess(builder, decoy.id, 1, other.id);
+    expect(await secretVia(decoy.id)).toBe("decoy");
+    await stopProcess(builder, old.id, 1, next.id);
+    expect(await secretVia(old.id)).toBe("new");
+    // Drained and stopped, it still hands over: an edge that named it a moment ago reaches the new release.
+    await waitFor(builder, old.id, (status) => status.state === "stopped");
+    expect(await secretVia(old.id)).toBe("new");
+    // With the successor gone too, the old name is answered 404 PROCESS_NOT_FOUND: the edge looks the app up again.
+    await stopProcess(builder, next.id);
+    await waitFor(builder, next.id, (status) => status.state === "stopped");
+    const gone = await proxyFetch(builder, old.id, "/hello");
+    expect(gone.status).toBe(404);
+    await gone.body?.cancel();
+    await Promise.all([decoy, other].map((process) => stopProcess(builder, process.id)));
+  });
+
   it("answers 404 PROCESS_NOT_FOUND for a process it does not know", async () => {
     const response = await proxyFetch(builder, "prc_000000000000000000000000", "/");
     expect(response.status).toBe(404);
