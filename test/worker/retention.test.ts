@@ -46,3 +46,10 @@ describe("scheduled() retention sweep", () => {
     expect(await env.BUCKET.head(`restore-uploads/${disk.id}/${abandoned}.tar.gz`)).toBeNull();
   });
 });
+
+describe("the request log's retention", () => {
+  it("deletes entries by age through the index on `at`, not by reading the whole table", async () => {
+    const plan = await env.DB.prepare("EXPLAIN QUERY PLAN DELETE FROM request_logs WHERE at < ?").bind(Date.now()).all<{ detail: string }>();
+    expect(plan.results.map((row) => row.detail).join("\n")).toMatch(/USING (COVERING )?INDEX request_logs_at_idx/);
+  });
+});

@@ -596,7 +596,8 @@ export const requestLogs = sqliteTable(
     bytes: integer("bytes").notNull(),
     durationMs: integer("duration_ms").notNull(),
   },
-  (t) => [index("request_logs_app_idx").on(t.appId, t.id)],
+  // `at`: the retention sweep deletes by age (without it, every sweep read the whole table).
+  (t) => [index("request_logs_app_idx").on(t.appId, t.id), index("request_logs_at_idx").on(t.at)],
 );
 
 export type DeploymentRow = typeof deployments.$inferSelect;

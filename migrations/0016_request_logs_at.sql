@@ -1,0 +1,1 @@
+CREATE INDEX `request_logs_at_idx` ON `request_logs` (`at`);
