@@ -146,7 +146,8 @@ export type ReleaseResult = z.infer<typeof ReleaseResult>;
 //     ANY  /v1/proxy/:id/<path>       the app's own HTTP, WebSocket and SSE traffic (below)
 //
 // A stop keeps serving proxied requests for `drainSeconds` (the edge caches
-// which process serves an app for a few seconds), then answers new ones with
+// which process serves an app for a second), or sends them to the successor
+// it names while that is ready (then also after the drain), then answers new ones with
 // 404 PROCESS_NOT_FOUND, lets requests in flight finish (at most 30 s), then
 // sends SIGTERM, then SIGKILL after 10 s. In-flight requests finish before
 // SIGTERM, so an app without a SIGTERM handler (Node's default is to exit at
