@@ -141,10 +141,15 @@ describe("a fleet of three nodes", () => {
       expect(lostAt - killedAt).toBeLessThanOrEqual((LOST_AFTER_S + 5) * 1000);
       expect(servingAt - lostAt).toBeLessThanOrEqual(10_000);
       // Its runtime log outlives the killed node: the lines that node shipped, a line marking the move, then the new node's.
+      let lastLog = "";
       const runtimeLog = await until("the runtime log across the move", async () => {
         const res = await fetch(`${stack.apiUrl}/v1/apps/${web}/runtime-logs?lines=1000`, { headers: { Authorization: `Bearer ${stack.adminKey}` } });
         const text = await res.text();
+        lastLog = `${res.status} ${text}`;
         return new RegExp(` svc -/fleet the app moved from node ${victim.name} to node local-\\d$`, "m").test(text) ? text : null;
+      }).catch((error: unknown) => {
+        console.log(`the last runtime log read (its last 40 lines):\n${lastLog.split("\n").slice(-40).join("\n")}`);
+        throw error;
       });
       const [onVictim = "", elsewhere = ""] = runtimeLog.split(/^.* the app moved from node .*$/m);
       const writers = (text: string) => new Set([...text.matchAll(/^\S+ (?:out|err|svc) \S+\/(prc_\w+) /gm)].map((m) => m[1]));
