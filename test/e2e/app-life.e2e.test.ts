@@ -82,19 +82,15 @@ describe("an app's life: every change reaches it, every status is true, every fa
     }
     return wrong;
   };
-  /**
-   * Requests the app every 50 ms until stopped, so the edge always holds a
-   * fresh copy of the app as it is (before a first deploy: nothing to route
-   * to): answers the statuses seen, once each, in order.
-   */
-  const knock = (app: string) => {
-    const seen: number[] = [];
+  /** Reads `read()` every `everyMs` until stopped: every value seen, in order, once each (a repeat is not kept). */
+  const sample = <T>(read: () => Promise<T>, everyMs: number) => {
+    const seen: T[] = [];
     let on = true;
     const done = (async () => {
       while (on) {
-        const { status } = await get(app);
-        if (seen.at(-1) !== status) seen.push(status);
-        await sleep(50);
+        const value = await read();
+        if (seen.at(-1) !== value) seen.push(value);
+        await sleep(everyMs);
       }
     })();
     return async () => {
@@ -103,6 +99,12 @@ describe("an app's life: every change reaches it, every status is true, every fa
       return seen;
     };
   };
+  /**
+   * Requests the app every 50 ms until stopped, so the edge always holds a
+   * fresh copy of the app as it is (before a first deploy: nothing to route
+   * to): the statuses seen.
+   */
+  const knock = (app: string) => sample(async () => (await get(app)).status, 50);
   /** Milliseconds from the newest deployment's "switching traffic" (or last "instances on the new release") to its "serving". */
   const settleMs = async (app: string) => {
     const response = await fetch(`${stack.apiUrl}/v1/apps/${app}/deployments`, { headers: { Authorization: `Bearer ${env.SVC_API_KEY}` } });
@@ -119,23 +121,8 @@ describe("an app's life: every change reaches it, every status is true, every fa
   /** The last `lines` lines of the app's runtime log, through the API. */
   const apiLog = async (app: string, lines: number) =>
     (await fetch(`${stack.apiUrl}/v1/apps/${app}/runtime-logs?lines=${lines}`, { headers: { Authorization: `Bearer ${env.SVC_API_KEY}` } })).text();
-  /** Samples the app's status through the API every 250 ms until stopped: every value seen, in order, once each. */
-  const watchStatus = (app: string) => {
-    const seen: string[] = [];
-    let on = true;
-    const done = (async () => {
-      while (on) {
-        const status = (await apiApp(app)).status;
-        if (seen.at(-1) !== status) seen.push(status);
-        await sleep(250);
-      }
-    })();
-    return async () => {
-      on = false;
-      await done;
-      return seen;
-    };
-  };
+  /** Samples the app's status through the API every 250 ms until stopped. */
+  const watchStatus = (app: string) => sample(async () => (await apiApp(app)).status, 250);
 
   describe("a web app without a disk", () => {
     let redeployMs = 0;
