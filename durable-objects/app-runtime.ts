@@ -546,7 +546,7 @@ export class AppRuntime extends DurableObject<Env> {
         const next = this.successorOn(instance.node, staying);
         if (next) successors.set(instance.processId, next.processId);
       }
-      await this.record(staying, {}, successors);
+      await this.record(staying, {}, new Set(successors.keys()));
       for (const instance of surplus) await this.retire(instance, DRAIN_SECONDS, successors.get(instance.processId));
       if (target.deploy) await noteProgress(this.db, target.deploy, `the previous release drains for ${DRAIN_SECONDS} s, then stops`);
     }
@@ -734,12 +734,11 @@ export class AppRuntime extends DurableObject<Env> {
     const replaced = instances.length > wanted ? (stale[0] ?? null) : null;
     const serving = replaced ? instances.filter((i) => i !== replaced) : instances;
     // On one node the old process hands its requests to the new one at once (ProcessStop's successor).
-    const successor = replaced?.node === joined.node ? joined.processId : undefined;
-    const forwarded = new Map(replaced && successor ? [[replaced.processId, successor]] : []);
+    const successor = replaced ? this.successorOn(replaced.node, serving)?.processId : undefined;
     await this.record(
       serving,
       { activeDeploymentId: pending.deploymentId, pendingChanges: pendingChanges.length > 0 ? pendingChanges : null, updatedAt: Date.now() },
-      forwarded,
+      new Set(replaced && successor ? [replaced.processId] : []),
     );
     if (pending.reason === "deploy") {
       const onNew = target ? serving.filter((i) => isCurrent(i, target)).length : 1;
@@ -767,7 +766,7 @@ export class AppRuntime extends DurableObject<Env> {
    * processes leaving the row whose node is about to send their requests to
    * a successor (retire's).
    */
-  private async record(instances: Instance[], also: Partial<AppRow> = {}, forwarded: ReadonlyMap<string, string> = new Map()): Promise<void> {
+  private async record(instances: Instance[], also: Partial<AppRow> = {}, forwarded: ReadonlySet<string> = new Set()): Promise<void> {
     const appId = this.appId;
     this.noteStaleCopies(instances, forwarded);
     this.ctx.storage.kv.put("instances", instances);
@@ -792,18 +791,21 @@ export class AppRuntime extends DurableObject<Env> {
    * that does not send a request to the processes now recorded
    * (`edgesStaleUntil`, {@link settleAt}): a process taken out of the row
    * may be named by copies for {@link EDGE_APP_TTL_MS} unless its node
-   * forwards its requests to its successor (`forwarded`: removed process →
-   * successor); a row that had no process may be copied as such for
+   * forwards its requests to its successor (`forwarded`: such removed
+   * processes); a row that had no process may be copied as such for
    * {@link EDGE_IDLE_APP_TTL_MS} after it gains one.
    */
-  private noteStaleCopies(instances: Instance[], forwarded: ReadonlyMap<string, string>): void {
-    const kv = this.ctx.storage.kv;
+  private noteStaleCopies(instances: Instance[], forwarded: ReadonlySet<string>): void {
     const before = this.instances;
     const kept = new Set(instances.map((i) => i.processId));
-    let until = 0;
-    if (before.some((i) => !kept.has(i.processId) && !forwarded.has(i.processId))) until = Date.now() + SETTLE_MS;
-    else if (before.length === 0 && instances.length > 0) until = Date.now() + EDGE_IDLE_APP_TTL_MS + SETTLE_MARGIN_MS;
-    if (until > (kv.get<number>("edgesStaleUntil") ?? 0)) kv.put("edgesStaleUntil", until);
+    if (before.some((i) => !kept.has(i.processId) && !forwarded.has(i.processId))) this.staleFor(SETTLE_MS);
+    else if (before.length === 0 && instances.length > 0) this.staleFor(EDGE_IDLE_APP_TTL_MS + SETTLE_MARGIN_MS);
+  }
+
+  /** Edges' copies of the app row may be stale for `ms` from now (`edgesStaleUntil` only moves later). */
+  private staleFor(ms: number): void {
+    const until = Date.now() + ms;
+    if (until > (this.ctx.storage.kv.get<number>("edgesStaleUntil") ?? 0)) this.ctx.storage.kv.put("edgesStaleUntil", until);
   }
 
   /**
@@ -926,9 +928,7 @@ export class AppRuntime extends DurableObject<Env> {
     const stopped =
       node && !(await lostNode(this.env, instance.node)) ? await stopProcess(this.config, node, instance.processId, drainSeconds, successor).catch(() => null) : null;
     // Not told of its successor: edges' copies naming it are stale until they expire (record counted on the forward).
-    if (successor !== undefined && !stopped?.ok) {
-      this.ctx.storage.kv.put("edgesStaleUntil", Math.max(this.ctx.storage.kv.get<number>("edgesStaleUntil") ?? 0, Date.now() + SETTLE_MS));
-    }
+    if (successor !== undefined && !stopped?.ok) this.staleFor(SETTLE_MS);
     // A node that left the fleet cannot be told. A lost one is told when it returns (its heartbeat's answer names
     // what no app runs there any more: fleet.ts), or by this stop, tried again until it is delivered.
     if (!node || stopped?.ok) return;

@@ -63,7 +63,7 @@ const MAX_MANIFESTS = 64;
 /** What a client is told to wait while an app (re)starts. */
 const STARTING_RETRY_AFTER_SECONDS = 2;
 
-const appCache = new Map<string, { app: HostedApp | null; at: number }>();
+const appCache = new Map<string, { app: HostedApp | null; until: number }>();
 /** Hosts cached at once, per isolate: a flood of made-up hosts cannot grow it without bound. */
 const MAX_CACHED_HOSTS = 10_000;
 const manifestCache = new Map<string, Manifest>();
@@ -95,13 +95,13 @@ function cacheTtl(app: HostedApp | null): number {
 }
 
 /**
- * The app of a host, trusted per isolate for {@link EDGE_APP_TTL_MS} unless `fresh` asks for D1's current row:
+ * The app of a host, trusted per isolate for {@link cacheTtl} unless `fresh` asks for D1's current row:
  * one read either way, a custom domain's joined to its app in the same statement.
  */
 async function siteApp(env: Env, host: SiteHost, now: number, fresh = false): Promise<HostedApp | null> {
   const key = "name" in host ? host.name : `domain:${host.domain}`;
   const cached = appCache.get(key);
-  if (!fresh && cached && now - cached.at < cacheTtl(cached.app)) return cached.app;
+  if (!fresh && cached && now < cached.until) return cached.app;
   const columns = {
     id: apps.id,
     accountId: apps.accountId,
@@ -132,7 +132,7 @@ async function siteApp(env: Env, host: SiteHost, now: number, fresh = false): Pr
           .where(and(eq(domains.hostname, host.domain), eq(domains.status, "active")))
           .get()) ?? null);
   if (appCache.size >= MAX_CACHED_HOSTS) appCache.delete(appCache.keys().next().value!);
-  appCache.set(key, { app, at: now });
+  appCache.set(key, { app, until: now + cacheTtl(app) });
   return app;
 }
 

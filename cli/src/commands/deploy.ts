@@ -265,19 +265,19 @@ export async function followBuild(client: ApiClient, app: string, id: string, wr
 }
 
 /**
- * Narrates a deployment of an app that runs once its release exists (after a
- * build, or at once for a configuration change): what the control plane did
- * (its `progress`) and the new process's own output and phases (its lines of
- * the runtime log), until the deployment is ready (every request goes to the
- * new release), failed or cancelled.
- */
-/**
  * Whether a deployment whose build is over has a rollout to narrate: one under
  * way, or one that already ended (a release that starts and switches within
  * a poll of the build's end) with its process's output and progress unshown.
  */
 export const hasRollout = (deployment: Deployment) => deployment.status === "deploying" || deployment.processId !== null;
 
+/**
+ * Narrates a deployment of an app that runs once its release exists (after a
+ * build, or at once for a configuration change): what the control plane did
+ * (its `progress`) and the new process's own output and phases (its lines of
+ * the runtime log), until the deployment is ready (every request goes to the
+ * new release), failed or cancelled.
+ */
 export async function followRollout(client: ApiClient, app: string, id: string, write: (text: string) => void): Promise<Deployment> {
   const call = aboutDeployments(`follow deployment ${id}`, app);
   const route = path`/v1/apps/${app}/deployments/${id}`;
