@@ -189,8 +189,9 @@ function routes({ jobs, disks, leases, lease, processes }: BuilderServices): Rou
     {
       method: "POST",
       pattern: /^\/v1\/jobs\/([^/]+)\/cancel$/,
-      async handle({ params, response }) {
-        const status = await jobs.cancel(params[0] ?? "");
+      async handle({ params, url, response }) {
+        // `?unstarted=true`: only a job whose command has not started (a staged run); a running one is left.
+        const status = await jobs.cancel(params[0] ?? "", { unstarted: url.searchParams.get("unstarted") === "true" });
         if (status) sendJson(response, 200, status);
         else jobNotFound(response);
       },

@@ -18,6 +18,8 @@ export interface BuilderConfig {
   /** Absolute; holds `jobs/` and `disks/`. */
   dataDir: string;
   maxConcurrentJobs: number;
+  /** Runs made ready ahead of their second at once (jobs/manager.ts); 0 makes every run at its second. */
+  maxStagedJobs: number;
   /**
    * Jobs one tenant (account) runs at once when its submission names no limit
    * (the Worker sends its plan's). Whatever the limit, a tenant never gets
@@ -86,6 +88,7 @@ const EnvSchema = z.object({
   BUILDER_DATA_DIR: z.string().min(1).default(".svc/builder"),
   BUILDER_MAX_CONCURRENT_JOBS: z.coerce.number().int().min(1).max(1024).default(8),
   BUILDER_TENANT_MAX_CONCURRENT_JOBS: z.coerce.number().int().min(1).max(1024).optional(),
+  BUILDER_MAX_STAGED_JOBS: z.coerce.number().int().min(0).max(1024).default(256),
   BUILDER_TENANT_UID_BASE: z.coerce.number().int().min(1000).max(4_000_000_000).default(2_000_000),
   BUILDER_TENANT_REGISTRY: z.string().min(1).default(DEFAULT_TENANT_REGISTRY),
   BUILDER_BUILD_SCRATCH_MB: z.coerce.number().int().min(64).max(1_048_576).default(4096),
@@ -138,6 +141,7 @@ export function loadConfig(
       port: values.BUILDER_PORT,
       dataDir: resolve(cwd, values.BUILDER_DATA_DIR),
       maxConcurrentJobs: values.BUILDER_MAX_CONCURRENT_JOBS,
+      maxStagedJobs: values.BUILDER_MAX_STAGED_JOBS,
       // Half the slots by default: one account alone never fills the builder.
       tenantConcurrency: values.BUILDER_TENANT_MAX_CONCURRENT_JOBS ?? Math.ceil(values.BUILDER_MAX_CONCURRENT_JOBS / 2),
       tenantUidBase: process.getuid?.() === 0 ? values.BUILDER_TENANT_UID_BASE : null,

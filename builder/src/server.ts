@@ -107,6 +107,7 @@ if (config.join) {
 const jobs = await JobManager.open({
   dataDir: config.dataDir,
   maxConcurrent: config.maxConcurrentJobs,
+  maxStaged: config.maxStagedJobs,
   tenantConcurrency: config.tenantConcurrency,
   credentials,
   disks,

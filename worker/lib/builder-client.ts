@@ -299,8 +299,10 @@ export async function getJob(config: Config, node: NodeRef, id: string): Promise
   return { ok: true, value: await answer(node, res, JobStatus, "a job's status") };
 }
 
-export async function cancelJob(config: Config, node: NodeRef, id: string): Promise<BuilderResult<JobStatus>> {
-  const res = await builderFetch(config, node, "POST", `/v1/jobs/${encodeURIComponent(id)}/cancel`, { what: `cancelling ${id}` });
+export async function cancelJob(config: Config, node: NodeRef, id: string, options: { unstarted?: boolean } = {}): Promise<BuilderResult<JobStatus>> {
+  // `unstarted`: only if its command has not started (a staged run); the status says which it was.
+  const query = options.unstarted ? "?unstarted=true" : "";
+  const res = await builderFetch(config, node, "POST", `/v1/jobs/${encodeURIComponent(id)}/cancel${query}`, { what: `cancelling ${id}` });
   if (!res.ok) return failure(node, res);
   return { ok: true, value: await answer(node, res, JobStatus, "a job's status") };
 }
@@ -348,6 +350,7 @@ export async function jobLogStream(config: Config, node: NodeRef, id: string, fo
 export function describeWait(status: Pick<JobStatus, "status" | "waiting">): string | null {
   const waiting = status.status === "queued" ? status.waiting : null;
   if (!waiting) return status.status === "queued" ? "waiting for a free slot on the builder" : null;
+  if (waiting.reason === "scheduled") return "staged on its node: the sandbox is made, the command starts at its second";
   const ahead = waiting.ahead > 0 ? `; ${waiting.ahead} of the account's jobs are queued ahead of it` : "";
   if (waiting.reason === "tenant_limit") {
     return `waiting for a slot: ${waiting.tenantRunning} of ${waiting.tenantLimit} concurrent jobs of the account's plan running${ahead}`;

@@ -43,6 +43,8 @@ export interface JobContext {
   log: JobLog;
   /** Aborted on cancel (reason "cancelled") and on shutdown (reason "shutdown"). */
   signal: AbortSignal;
+  /** A job made ready before its second: it may start its command once this resolves (null: at once). */
+  hold: Promise<void> | null;
 }
 
 /** How a job ended, plus what it produced (snapshots and restores). */
@@ -66,6 +68,8 @@ interface JobWork {
   tenantMaxQueued: number | undefined;
   /** Report the start of a job that had to wait through its callback, too. */
   startCallback: boolean;
+  /** Not before this time (epoch ms): made ready meanwhile when there is room (a run's `startAt`); null for at once. */
+  startAt: number | null;
   /**
    * The disk the job uses. An exclusive job (a restore) is refused while any
    * other job or an app process uses the disk, and every other job is refused
@@ -91,6 +95,14 @@ interface JobEntry {
   seq: number;
   /** Send the `running` status through the callback when it starts (it was answered `queued` and asked for this). */
   notifyStart: boolean;
+  /** Before its second (a staged run): what queues it then. */
+  due: NodeJS.Timeout | null;
+  /** A staged run whose sandbox is made (or being made): starts its command. */
+  release: (() => void) | null;
+  /** Its work is under way (a running job, or a staged run being made ready). */
+  executing: boolean;
+  /** It holds a slot (of the builder's and of its tenant's). */
+  counted: boolean;
   dir: string;
   /** Where the final status goes; kept on disk (callback.json) so a restarted builder can still report it. */
   callbackUrl: string | null;
@@ -113,6 +125,8 @@ export interface JobManagerOptions {
   dataDir: string;
   /** Slots: jobs running at once, all tenants together. */
   maxConcurrent: number;
+  /** Runs made ready ahead of their second at once (each holds a sandbox and a network namespace); those beyond are made at it. */
+  maxStaged: number;
   /** Jobs one tenant runs at once when its submission names no limit. */
   tenantConcurrency: number;
   credentials: NodeCredentials;
@@ -132,6 +146,9 @@ export interface JobManagerOptions {
   /** What package managers download, kept per account for its next builds (jobs/package-cache.ts); absent: nothing kept. */
   packageCaches?: PackageCaches;
 }
+
+/** Run network namespaces a staged run leaves free beyond the slots jobs may still take: for app processes starting meanwhile. */
+const STAGING_NETWORK_RESERVE = 16;
 
 const isFinal = (status: JobStatus["status"]) => status === "succeeded" || status === "failed" || status === "cancelled";
 
@@ -164,6 +181,9 @@ export class JobManager {
   /** Tenants with queued or running jobs; a tenant leaves once it has neither. */
   readonly #shares = new Map<string, TenantShare>();
   #admitted = 0;
+  /** Jobs before their second (`startAt`); those being made ready count in {@link #preparing}. */
+  readonly #staged = new Set<JobEntry>();
+  #preparing = 0;
   readonly #stopCallbacks = new AbortController();
   #running = 0;
   #closing = false;
@@ -192,12 +212,14 @@ export class JobManager {
   get load(): number {
     let queued = 0;
     for (const share of this.#shares.values()) queued += share.queue.length;
-    return this.#running + queued;
+    return this.#running + queued + this.#staged.size;
   }
 
   /**
    * Accepts a run job: it starts at once, or queues while the builder is at its
-   * limit; refused once shutting down, or while its disk is being restored.
+   * limit; refused once shutting down, or while its disk is being restored. One
+   * with a `startAt` to come is staged: its sandbox made now, its command
+   * started at that second ({@link #stage}).
    */
   submit(spec: JobSpec): Promise<Admission> {
     const { disks, host, tenants } = this.#options;
@@ -207,6 +229,7 @@ export class JobManager {
       callbackUrl: spec.callbackUrl,
       tenant: spec.tenant,
       ...fairShareOf(spec),
+      startAt: spec.startAt ?? null,
       disk: spec.disk ? { id: spec.disk.id, exclusive: false } : null,
       execute: async (context) => runJob({ ...context, spec, disks, host, user: await tenants.userOf(spec.tenant) }),
     });
@@ -223,6 +246,7 @@ export class JobManager {
       callbackUrl: spec.callbackUrl,
       tenant: spec.tenant,
       ...fairShareOf(spec),
+      startAt: null,
       disk: null,
       execute: async (context) =>
         runBuild({
@@ -252,6 +276,7 @@ export class JobManager {
       callbackUrl: spec.callbackUrl,
       tenant: spec.tenant ?? (await disks.tenantOf(spec.diskId)) ?? UNKNOWN_TENANT,
       ...fairShareOf(spec),
+      startAt: null,
       disk: { id: spec.diskId, exclusive: false },
       execute: (context) => snapshotJob({ ...context, spec, disks, credentials }),
     });
@@ -269,6 +294,7 @@ export class JobManager {
       callbackUrl: spec.callbackUrl,
       tenant: spec.tenant ?? (await disks.tenantOf(spec.diskId)) ?? UNKNOWN_TENANT,
       ...fairShareOf(spec),
+      startAt: null,
       disk: { id: spec.diskId, exclusive: true },
       execute: async (context) => restoreJob({ ...context, spec, disks, user: await disks.owner(spec.diskId) }),
     });
@@ -324,6 +350,10 @@ export class JobManager {
       limit,
       seq: this.#admitted++,
       notifyStart: false,
+      due: null,
+      release: null,
+      executing: false,
+      counted: false,
       dir,
       callbackUrl: work.callbackUrl ?? null,
       work,
@@ -338,8 +368,11 @@ export class JobManager {
     this.#jobs.set(id, entry);
     if (work.key !== undefined) this.#byKey.set(work.key, entry);
     if (entry.callbackUrl) await writeFile(join(dir, "callback.json"), JSON.stringify({ url: entry.callbackUrl }), { mode: 0o600 });
-    this.#shareOf(work.tenant).queue.push(entry);
-    this.#pump();
+    if (work.startAt !== null && work.startAt > Date.now()) this.#stage(entry, work.startAt);
+    else {
+      this.#shareOf(work.tenant).queue.push(entry);
+      this.#pump();
+    }
     if (entry.status.status === "queued") {
       // Only a job answered `queued` has a start the Worker has not heard of.
       entry.notifyStart = work.startCallback && entry.callbackUrl !== null;
@@ -377,6 +410,50 @@ export class JobManager {
     return share;
   }
 
+  /**
+   * A run sent ahead of its second: it joins its tenant's queue at `startAt`,
+   * and meanwhile, when there is room, its work begins with a hold: the
+   * sandbox is made, the source unpacked, and the command waits for the slot
+   * {@link #pump} gives it (so at the second only its exec is left). Room: at
+   * most `maxStaged` at once, and run network namespaces left for every slot
+   * jobs may still take plus {@link STAGING_NETWORK_RESERVE}.
+   */
+  #stage(entry: JobEntry, startAt: number): void {
+    this.#staged.add(entry);
+    // A timer may fire up to a millisecond early; the second is never anticipated.
+    const arm = () => {
+      entry.due = setTimeout(() => {
+        if (Date.now() < startAt) return arm();
+        entry.due = null;
+        this.#staged.delete(entry);
+        this.#shareOf(entry.tenant).queue.push(entry);
+        this.#pump();
+      }, startAt - Date.now());
+    };
+    arm();
+    const network = this.#options.host.network;
+    const room =
+      this.#preparing < this.#options.maxStaged &&
+      (network === null || network.available > this.#options.maxConcurrent - this.#running + STAGING_NETWORK_RESERVE);
+    if (!room) return;
+    this.#preparing++;
+    const hold = new Promise<void>((resolve) => {
+      entry.release = resolve;
+    });
+    void this.#execute(entry, hold);
+  }
+
+  /** Takes a job that has not started out of the waiting (before its second, or queued). */
+  #unqueue(entry: JobEntry): void {
+    if (entry.due) clearTimeout(entry.due);
+    entry.due = null;
+    this.#staged.delete(entry);
+    const share = this.#shares.get(entry.tenant);
+    const at = share ? share.queue.indexOf(entry) : -1;
+    if (at >= 0) share!.queue.splice(at, 1);
+    this.#settle(entry.tenant);
+  }
+
   /** Forgets a tenant with nothing queued or running. */
   #settle(tenant: string): void {
     const share = this.#shares.get(tenant);
@@ -395,16 +472,23 @@ export class JobManager {
     return entry ? this.#snapshot(entry) : null;
   }
 
-  /** Cancels a queued or running job and answers once it has ended; a finished job is left as it was. */
-  async cancel(id: string): Promise<JobStatus | null> {
+  /**
+   * Cancels a queued or running job and answers once it has ended; a finished
+   * job is left as it was. `unstarted`: only a job whose command has not
+   * started (a run staged for its second whose definition changed); a running
+   * one is left running.
+   */
+  async cancel(id: string, options: { unstarted?: boolean } = {}): Promise<JobStatus | null> {
     const entry = this.#entry(id);
     if (!entry) return null;
     if (entry.status.status === "queued") {
-      const share = this.#shares.get(entry.tenant);
-      share?.queue.splice(share.queue.indexOf(entry), 1);
-      this.#settle(entry.tenant);
-      await this.#finish(entry, { exitCode: null, signal: null, reason: "cancelled", error: "cancelled", peakMemoryBytes: 0 });
-    } else if (entry.status.status === "running") {
+      this.#unqueue(entry);
+      // A staged run being made ready ends through its work (its sandbox is killed unstarted).
+      if (entry.executing) {
+        entry.abort.abort("cancelled");
+        await entry.finished;
+      } else await this.#finish(entry, { exitCode: null, signal: null, reason: "cancelled", error: "cancelled", peakMemoryBytes: 0 });
+    } else if (entry.status.status === "running" && !options.unstarted) {
       entry.abort.abort("cancelled");
       await entry.finished;
     }
@@ -440,10 +524,14 @@ export class JobManager {
       error: "builder shut down before the job started",
       peakMemoryBytes: 0,
     };
-    const queued = [...this.#shares.values()].flatMap((share) => share.queue.splice(0));
+    const queued = [...[...this.#shares.values()].flatMap((share) => share.queue.splice(0)), ...this.#staged];
+    const preparing: JobEntry[] = [];
     for (const entry of queued) {
-      this.#settle(entry.tenant);
-      await this.#finish(entry, outcome);
+      this.#unqueue(entry);
+      if (entry.executing) {
+        entry.abort.abort("shutdown");
+        preparing.push(entry);
+      } else await this.#finish(entry, outcome);
     }
     const running = () => [...this.#jobs.values()].filter((entry) => entry.status.status === "running");
     const within = (ms: number, work: Promise<unknown>) =>
@@ -451,7 +539,7 @@ export class JobManager {
     if (graceMs > 0 && running().length > 0) await within(graceMs, Promise.all(running().map((entry) => entry.finished)));
     const interrupted = running();
     for (const entry of interrupted) entry.abort.abort("shutdown");
-    await within(SHUTDOWN_WAIT_MS, Promise.all(interrupted.map((entry) => entry.finished)));
+    await within(SHUTDOWN_WAIT_MS, Promise.all([...interrupted, ...preparing].map((entry) => entry.finished)));
     await within(SHUTDOWN_WAIT_MS, Promise.all(this.#deliveries));
     this.#stopCallbacks.abort();
   }
@@ -475,6 +563,7 @@ export class JobManager {
   #waiting(entry: JobEntry): JobStatus["waiting"] {
     if (entry.status.status !== "queued") return null;
     const share = this.#shares.get(entry.tenant);
+    if (this.#staged.has(entry)) return { reason: "scheduled", tenantRunning: share?.running ?? 0, tenantLimit: entry.limit, ahead: 0 };
     const ahead = share ? share.queue.indexOf(entry) : -1;
     if (!share || ahead < 0) return null;
     return {
@@ -493,10 +582,17 @@ export class JobManager {
       const entry = share.queue.shift()!;
       share.running++;
       this.#running++;
+      entry.counted = true;
       entry.status.status = "running";
       entry.status.startedAt = new Date().toISOString();
       if (entry.notifyStart) this.#report(entry);
-      void this.#execute(entry);
+      // A staged run's sandbox waits for this word; any other job's work begins now.
+      const release = entry.release;
+      if (release) {
+        entry.release = null;
+        this.#preparing--;
+        release();
+      } else void this.#execute(entry, null);
     }
   }
 
@@ -516,15 +612,16 @@ export class JobManager {
     return best;
   }
 
-  async #execute(entry: JobEntry): Promise<void> {
+  async #execute(entry: JobEntry, hold: Promise<void> | null): Promise<void> {
     const work = entry.work!;
+    entry.executing = true;
     let outcome: JobOutcome;
     let recorded: Promise<void> = Promise.resolve();
     try {
       entry.log = await JobLog.open(join(entry.dir, "log"), () => entry.changes.notify());
       // Recording "running" (so a restart can tell the job was cut short) need not delay the command.
       recorded = this.#persist(entry);
-      outcome = await work.execute({ id: entry.status.id, jobDir: entry.dir, log: entry.log, signal: entry.abort.signal });
+      outcome = await work.execute({ id: entry.status.id, jobDir: entry.dir, log: entry.log, signal: entry.abort.signal, hold });
     } catch (error) {
       const message = error instanceof Error ? error.message : String(error);
       console.error(`builder: job ${entry.status.id} failed inside the builder: ${message}`);
@@ -533,9 +630,17 @@ export class JobManager {
     }
     await entry.log?.close().catch((error: unknown) => console.error(`builder: closing log failed: ${String(error)}`));
     await recorded;
-    this.#running--;
-    const share = this.#shares.get(entry.tenant);
-    if (share) share.running--;
+    // Ended before its second (it could not be made ready, or was cancelled): it never took a slot.
+    if (entry.release) {
+      entry.release = null;
+      this.#preparing--;
+    }
+    this.#unqueue(entry);
+    if (entry.counted) {
+      this.#running--;
+      const share = this.#shares.get(entry.tenant);
+      if (share) share.running--;
+    }
     this.#settle(entry.tenant);
     await this.#finish(entry, outcome);
     this.#pump();
@@ -619,6 +724,10 @@ export class JobManager {
         limit: 1,
         seq: 0,
         notifyStart: false,
+        due: null,
+        release: null,
+        executing: false,
+        counted: false,
         dir,
         callbackUrl: typeof callback === "string" ? callback : null,
         work: null,

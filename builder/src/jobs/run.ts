@@ -25,6 +25,8 @@ export interface RunJobInput {
   user: JobUser;
   /** Aborting cancels the job (reason "shutdown" when the builder stops). */
   signal: AbortSignal;
+  /** A run staged before its second: everything is made ready now, the command starts when this resolves (its time limit from then). */
+  hold: Promise<void> | null;
 }
 
 /**
@@ -71,7 +73,9 @@ export async function runJob(input: RunJobInput): Promise<SandboxOutcome> {
       source,
       network: "egress",
       tools: null,
-      timeoutMs: Math.max(1, deadline - Date.now()),
+      // Staged, what came before the second (the source's download) does not count against the limit.
+      timeoutMs: input.hold ? spec.timeoutSeconds * 1000 : Math.max(1, deadline - Date.now()),
+      ...(input.hold ? { hold: input.hold } : {}),
       memoryLimitBytes,
       disk,
       log,

@@ -31,14 +31,15 @@ export const JobStatus = z.object({
   /** Null while queued. */
   startedAt: z.iso.datetime().nullable(),
   /**
-   * While queued, why: the tenant runs as many jobs as it may (`tenant_limit`),
-   * or every slot of the builder is busy (`builder_full`); `ahead` counts the
+   * While queued, why: its second has not come (`scheduled`: a run sent ahead,
+   * made ready meanwhile), the tenant runs as many jobs as it may
+   * (`tenant_limit`), or every slot of the builder is busy (`builder_full`); `ahead` counts the
    * tenant's own jobs queued before this one. Null otherwise (absent in records
    * written before tenants had limits).
    */
   waiting: z
     .object({
-      reason: z.enum(["tenant_limit", "builder_full"]),
+      reason: z.enum(["scheduled", "tenant_limit", "builder_full"]),
       tenantRunning: z.int().nonnegative(),
       tenantLimit: z.int().positive(),
       ahead: z.int().nonnegative(),

@@ -88,6 +88,9 @@ export function mountPathProblem(mountPath: string): string | null {
   return taken ? `${taken} belongs to the job's sandbox; choose another path, e.g. /data` : null;
 }
 
+/** How far ahead of its second a run may be sent ({@link JobSpec}'s `startAt`). */
+export const STAGE_AHEAD_MAX_MS = 5 * 60_000;
+
 /** A job to run: what the Worker posts to `POST /v1/jobs`. */
 export const JobSpec = z.object({
   key: key.optional(),
@@ -121,6 +124,19 @@ export const JobSpec = z.object({
     .optional(),
   timeoutSeconds: z.int().min(1).max(43_200),
   memoryMb: z.int().min(16).max(65_536),
+  /**
+   * The run's second (epoch ms), for a run sent ahead of it (a cron job's, issue
+   * 33): the builder makes its sandbox now (cgroups, network, mounts, source)
+   * and starts the command at that time, or once a slot is free after it, never
+   * before; its time limit counts from then. Until then it is `queued`
+   * (waiting `scheduled`) and a cancel ends it unstarted. At most
+   * {@link STAGE_AHEAD_MAX_MS} ahead; a time past is now.
+   */
+  startAt: z
+    .int()
+    .positive()
+    .refine((at) => at <= Date.now() + STAGE_AHEAD_MAX_MS, `must be at most ${STAGE_AHEAD_MAX_MS / 60_000} minutes ahead`)
+    .optional(),
   /** Receives the final {@link JobStatus}, signed, when the job ends. */
   callbackUrl: httpUrl.optional(),
   /** Opaque to the builder; echoed in every status so callbacks can be routed. */

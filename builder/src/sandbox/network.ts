@@ -175,6 +175,11 @@ export class RunNetwork {
     })().catch((error: unknown) => console.error(`builder: could not prepare run network namespaces: ${String(error)}`));
   }
 
+  /** Namespaces that could still be lent now: those free, and those the /24 still has room to make. */
+  get available(): number {
+    return this.#free.length + MAX_SLOTS - this.#created;
+  }
+
   /** A namespace for one run: a free one, or a new one while the /24 has room. */
   async acquire(): Promise<NetworkSlot> {
     const taken = this.#free.pop() ?? (await this.#create());

@@ -371,6 +371,13 @@ export interface SandboxOptions {
   /** After an abort, how long the processes get between SIGTERM and SIGKILL; 2 s when absent. */
   killGraceMs?: number;
   /**
+   * A run staged before its second (jobs/manager.ts): the sandbox is made and
+   * the source unpacked now, then the prelude waits on fd 6 until this
+   * resolves (the second came and a slot is free), and only the command's exec
+   * is left. The time limit counts from then.
+   */
+  hold?: Promise<void>;
+  /**
    * Called once the command has started (the sandbox is made, the prelude
    * handed over), with its address on the run network (null without one) and
    * bubblewrap's pid: a long-running process is reached (health check,
@@ -416,15 +423,19 @@ function jobEnvironment(options: SandboxOptions): Record<string, string> {
 
 /**
  * Runs inside the sandbox before the command: reports that the sandbox exists,
- * unpacks the source, starts the registry relay (builds), reports the start,
- * and replaces itself with the command. fd 5 carries those reports to the
- * builder and is closed before any user code runs.
+ * unpacks the source, starts the registry relay (builds), for a staged run
+ * reports that and waits for the builder's word on fd 6 (EOF, the builder gone
+ * or the run cancelled, ends it unstarted), reports the start, and replaces
+ * itself with the command. fd 5 carries those reports to the builder; 5 and 6
+ * are closed before any user code runs.
  */
 const PRELUDE = [
   "exec 4<&-",
   "printf 'sandbox\\n' >&5",
   `if [ -n "$2" ]; then /usr/bin/tar -xzf ${SANDBOX_SOURCE_PATH} -C ${SANDBOX_WORK_DIR} --no-same-owner || { printf 'source\\n' >&5; exit 125; }; fi`,
   `if [ -n "$3" ]; then PATH=${DEFAULT_PATH} mkfifo /tmp/.svc-relay && { PATH=${DEFAULT_PATH} node -e "$3" >/tmp/.svc-relay & read -r svc_relay </tmp/.svc-relay; /bin/rm -f /tmp/.svc-relay; }; fi`,
+  `if [ -n "$4" ]; then printf 'staged\\n' >&5; read -r svc_go <&6 || exit 125; fi`,
+  "exec 6<&-",
   "printf 'started\\n' >&5",
   "exec 5>&-",
   'exec /bin/sh -c "$1"',
@@ -520,6 +531,7 @@ function commandArguments(options: SandboxOptions): string[] {
     options.command,
     options.source ? "1" : "",
     options.network === "registry" ? FORWARDER_SOURCE : "",
+    options.hold ? "1" : "",
   ];
 }
 
@@ -572,8 +584,8 @@ class PreludeReports {
     stderr?.on("data", tap);
   }
 
-  /** `sandbox` (it exists), `source` (unpacking failed), `started` (the command runs). */
-  has(report: "sandbox" | "source" | "started"): boolean {
+  /** `sandbox` (it exists), `source` (unpacking failed), `staged` (made, waiting for its start), `started` (the command runs). */
+  has(report: "sandbox" | "source" | "staged" | "started"): boolean {
     return this.#text.split("\n").includes(report);
   }
 
@@ -630,7 +642,7 @@ export async function runInSandbox(options: SandboxOptions): Promise<SandboxOutc
     child = spawn(argv[0]!, argv.slice(1), {
       cwd: "/",
       env: { PATH: "/usr/bin:/bin" },
-      stdio: ["ignore", "pipe", "pipe", "ignore", "pipe", "pipe"],
+      stdio: ["ignore", "pipe", "pipe", "ignore", "pipe", "pipe", options.hold ? "pipe" : "ignore"],
     });
   } catch (error) {
     slot?.release();
@@ -689,7 +701,19 @@ export async function runInSandbox(options: SandboxOptions): Promise<SandboxOutc
     killing = killSandbox(graceMs);
   };
 
-  const timeout = options.timeoutMs === null ? undefined : setTimeout(() => terminate("timeout", KILL_GRACE_MS), options.timeoutMs);
+  let timeout: NodeJS.Timeout | undefined;
+  const startClock = () => {
+    if (running && options.timeoutMs !== null) timeout = setTimeout(() => terminate("timeout", KILL_GRACE_MS), options.timeoutMs);
+  };
+  if (options.hold) {
+    // The word to start: one line on fd 6. Until then the prelude waits, and the time limit has not begun.
+    const go = pipes[6] as Writable;
+    go.on("error", () => undefined);
+    void options.hold.then(() => {
+      startClock();
+      go.end("go\n");
+    });
+  } else startClock();
   const onAbort = () => terminate(options.signal.reason === "shutdown" ? "shutdown" : "cancelled", options.killGraceMs ?? KILL_GRACE_MS);
   if (options.signal.aborted) onAbort();
   else options.signal.addEventListener("abort", onAbort, { once: true });
@@ -746,6 +770,7 @@ export async function runInSandbox(options: SandboxOptions): Promise<SandboxOutc
   await Promise.race([outputClosed, sleep(OUTPUT_DRAIN_MS)]);
   stdout?.destroy();
   stderr?.destroy();
+  (pipes[6] as Writable | null | undefined)?.destroy();
   await Promise.all([memoryWatch, diskWatch]);
   slot?.release();
 
