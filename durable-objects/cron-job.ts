@@ -45,6 +45,8 @@ type RunRow = {
   builder_job_id: string | null;
   /** The node the run was sent to (null in rows from before the fleet). */
   node_id: string | null;
+  /** The submission's idempotency key at the builder (null in rows from before staging: `<cron id>/<job name>`). */
+  builder_key: string | null;
   log_key: string | null;
 };
 
@@ -58,6 +60,12 @@ const DISPATCH_GRACE_MS = 60_000;
 const LOST_CONTACT_GRACE_MS = 5 * 60_000;
 /** The alarm is this late (or missing) before the job's detail calls it late. */
 export const LATE_AFTER_MS = 2 * 60_000;
+/**
+ * A scheduled run of a job without a disk is sent to its node this long before
+ * its second (issue 33): the node makes its sandbox meanwhile, and at the second
+ * only the command's exec is left (builder/src/jobs/manager.ts, staging).
+ */
+export const STAGE_LEAD_MS = 30_000;
 
 /** Why a manual run was refused before it existed anywhere. */
 type Refusal = { code: "TOO_MANY_JOBS" | "NODE_UNREACHABLE" | "BUILDER_UNAVAILABLE"; message: string };
@@ -140,6 +148,7 @@ export class CronJob extends DurableObject<Env> {
       ["waiting", "TEXT"],
       ["queued_at", "INTEGER"],
       ["node_id", "TEXT"],
+      ["builder_key", "TEXT"],
     ] as const) {
       if (!columns.has(column)) ctx.storage.sql.exec(`ALTER TABLE runs ADD COLUMN ${column} ${type}`);
     }
@@ -178,15 +187,20 @@ export class CronJob extends DurableObject<Env> {
     if (job.enabled && this.job()?.enabled === false) this.kv.delete("failures");
     this.kv.put("job", job);
     if (target) this.storeTarget(target);
+    // A run already sent for its second carries the old definition: taken back, and sent again as it is now.
+    await this.unstage();
     return this.reschedule();
   }
 
   /** A newer copy of the app's target (older pushes, arriving late, are ignored). */
   async setTarget(target: CronTarget): Promise<void> {
-    const wasStopped = this.target()?.stopped === true;
+    const before = this.target();
     this.storeTarget(target);
+    if (this.target()?.version === before?.version) return;
+    // A run already sent for its second carries the old environment, release or disk: taken back and sent again.
+    const unstaged = await this.unstage();
     // An app stopping or starting again is what arms or disarms its jobs' alarms.
-    if ((this.target()?.stopped === true) !== wasStopped && this.job()) await this.reschedule();
+    if ((unstaged || (this.target()?.stopped === true) !== (before?.stopped === true)) && this.job()) await this.reschedule();
   }
 
   private storeTarget(target: CronTarget): void {
@@ -217,7 +231,7 @@ export class CronJob extends DurableObject<Env> {
     const now = Date.now();
     const jobName = `manual-${randomBase62(6).toLowerCase()}-${Math.floor(now / 1000)}`;
     this.insertRun(jobName, "manual", now);
-    const refused = await this.dispatch(job, { ...target, plan }, jobName, PLAN_LIMITS[plan].manualRunQueueLimit);
+    const refused = await this.dispatch(job, { ...target, plan }, jobName, { maxQueued: PLAN_LIMITS[plan].manualRunQueueLimit });
     if (refused) {
       // Refused before it existed anywhere: no run to list, as for a stopped app.
       this.ctx.storage.sql.exec("DELETE FROM runs WHERE job_name = ? AND builder_job_id IS NULL", jobName);
@@ -317,6 +331,7 @@ export class CronJob extends DurableObject<Env> {
 
   /** Disarms and forgets everything; a stale alarm afterwards finds nothing to do. */
   async destroy(): Promise<void> {
+    await this.unstage();
     await this.ctx.storage.deleteAlarm();
     await this.ctx.storage.deleteAll();
   }
@@ -329,21 +344,34 @@ export class CronJob extends DurableObject<Env> {
       return;
     }
     const due = this.kv.get<number>("scheduledFor");
-    const dispatchedAt = due !== undefined && due <= Date.now() ? await this.fire(job, due) : null;
+    const staged = this.kv.get<number>("stagedFor");
+    let ran: number | undefined;
+    let dispatchedAt: number | null = null;
+    if (staged !== undefined && staged <= Date.now()) {
+      // A run sent ahead: at its second only the bookkeeping is left (its node starts it on its own).
+      ran = staged;
+      dispatchedAt = this.atSecond(job, staged);
+      if (dispatchedAt !== null) await this.replacePrevious(job, `${job.name}-${Math.floor(staged / 1000)}`);
+    } else if (due !== undefined && due <= Date.now()) {
+      ran = due;
+      dispatchedAt = await this.fire(job, due);
+    }
+    const skipped = this.kv.get<number>("stageSkipped");
+    if (due !== undefined && due > Date.now() && due !== staged && due !== skipped && due - Date.now() <= STAGE_LEAD_MS) await this.stage(job, due);
     const pollAt = this.kv.get<number>("pollAt");
     if (pollAt !== undefined && pollAt <= Date.now()) await this.pollRunning();
     // From the definition stored now: an update that landed while this alarm ran wins.
     await this.reschedule();
-    if (dispatchedAt !== null && due !== undefined) {
+    if (dispatchedAt !== null && ran !== undefined) {
       await this.recordInD1(this.job() ?? job);
       await this.trimHistory();
-      // One structured line per scheduled run: how late the builder had it, and what it cost D1.
+      // One structured line per scheduled run: how late the builder had it (negative: sent ahead), and what it cost D1.
       console.log(
         JSON.stringify({
           event: "cron.run",
           cronId: job.id,
-          jobName: `${job.name}-${Math.floor(due / 1000)}`,
-          dispatchLagMs: dispatchedAt - due,
+          jobName: `${job.name}-${Math.floor(ran / 1000)}`,
+          dispatchLagMs: dispatchedAt - ran,
           d1Queries: this.d1Queries,
         }),
       );
@@ -358,16 +386,25 @@ export class CronJob extends DurableObject<Env> {
     return this.ctx.storage.sql.exec<RunRow>("SELECT * FROM runs WHERE status = 'running' ORDER BY seq").toArray();
   }
 
-  /** Inserts a `running` run, `queued` until the builder says it started; false when one of that name exists (a duplicate alarm delivery). */
+  /**
+   * Inserts a `running` run, `queued` until the builder says it started; false
+   * when one of that name exists (a duplicate alarm delivery). Its key at the
+   * builder is `<cron id>/<job name>`, with the count of earlier sends taken
+   * back (a staged run whose job changed) after it: a key names one submission.
+   */
   private insertRun(jobName: string, trigger: RunRow["trigger"], scheduledAt: number): boolean {
     const now = Date.now();
+    const job = this.job();
+    const taken = this.kv.get<number>(`unstaged:${jobName}`);
+    const key = `${job?.id ?? ""}/${jobName}${taken ? `/${taken}` : ""}`;
     const cursor = this.ctx.storage.sql.exec(
-      "INSERT INTO runs (job_name, trigger, status, phase, scheduled_at, queued_at, started_at) VALUES (?, ?, 'running', 'queued', ?, ?, ?) ON CONFLICT (job_name) DO NOTHING",
+      "INSERT INTO runs (job_name, trigger, status, phase, scheduled_at, queued_at, started_at, builder_key) VALUES (?, ?, 'running', 'queued', ?, ?, ?, ?) ON CONFLICT (job_name) DO NOTHING",
       jobName,
       trigger,
       scheduledAt,
       now,
       now,
+      key,
     );
     return cursor.rowsWritten > 0;
   }
@@ -387,7 +424,11 @@ export class CronJob extends DurableObject<Env> {
       );
       return;
     }
-    const startedAt = status.startedAt === null ? Date.now() : Date.parse(status.startedAt);
+    this.noteStarted(jobName, status.startedAt === null ? Date.now() : Date.parse(status.startedAt));
+  }
+
+  /** The builder's start of a run still recorded as queued (its `running` status, or its end's, when that came first). */
+  private noteStarted(jobName: string, startedAt: number): void {
     this.ctx.storage.sql.exec(
       "UPDATE runs SET phase = 'running', waiting = NULL, started_at = max(coalesce(queued_at, started_at), ?) WHERE job_name = ? AND status = 'running' AND phase = 'queued'",
       startedAt,
@@ -409,7 +450,12 @@ export class CronJob extends DurableObject<Env> {
     const next = job && active ? (nextRuns(job.schedule, job.timezone, now, 1)[0] ?? null) : null;
     if (next === null) this.kv.delete("scheduledFor");
     else this.kv.put("scheduledFor", next);
-    const running = this.runningRows();
+    const staged = this.kv.get<number>("stagedFor");
+    // The next run is sent ahead when it can be; one sent already wakes the job at its second.
+    const ahead = next !== null && next !== staged && next !== this.kv.get<number>("stageSkipped") && job !== undefined && this.stageable(job);
+    const send = next === null ? null : ahead ? Math.max(now, next - STAGE_LEAD_MS) : next;
+    // A run sent ahead is asked about from its second (before it, the node has nothing to tell).
+    const running = this.runningRows().map((r) => ({ ...r, from: Math.max(now, r.scheduled_at) }));
     // Keep a poll already planned (re-arming must not push it back), else plan the next one.
     const planned = this.kv.get<number>("pollAt");
     const pollAt =
@@ -417,10 +463,10 @@ export class CronJob extends DurableObject<Env> {
         ? null
         : planned !== undefined && planned > now
           ? planned
-          : now + (running.some((r) => now - r.started_at < FAST_POLL_WINDOW_MS) ? FAST_POLL_MS : SLOW_POLL_MS);
+          : Math.min(...running.map((r) => r.from + (r.from - r.started_at < FAST_POLL_WINDOW_MS ? FAST_POLL_MS : SLOW_POLL_MS)));
     if (pollAt === null) this.kv.delete("pollAt");
     else this.kv.put("pollAt", pollAt);
-    const wake = Math.min(next ?? Number.POSITIVE_INFINITY, pollAt ?? Number.POSITIVE_INFINITY);
+    const wake = Math.min(send ?? Number.POSITIVE_INFINITY, staged ?? Number.POSITIVE_INFINITY, pollAt ?? Number.POSITIVE_INFINITY);
     if (Number.isFinite(wake)) await this.ctx.storage.setAlarm(wake);
     else await this.ctx.storage.deleteAlarm();
     return next;
@@ -438,10 +484,77 @@ export class CronJob extends DurableObject<Env> {
     // The only wait before the command starts is the builder's answer; the rest is bookkeeping after.
     await this.dispatch(job, target, jobName);
     const dispatchedAt = Date.now();
-    if (job.concurrencyPolicy === "replace") {
-      for (const row of running) await this.stopRun(job, row, "replaced by the next scheduled run");
-    }
+    await this.replacePrevious(job, jobName);
     return dispatchedAt;
+  }
+
+  /** Under `replace`, the runs still going when `jobName` is due are stopped. */
+  private async replacePrevious(job: CronDefinition, jobName: string): Promise<void> {
+    if (job.concurrencyPolicy !== "replace") return;
+    for (const row of this.runningRows()) if (row.job_name !== jobName) await this.stopRun(job, row, "replaced by the next scheduled run");
+  }
+
+  /** Whether the job's next run may be sent ahead: it runs, on an app that runs, without a disk (whose lease and moves are settled at the second), and `forbid` has nothing running. */
+  private stageable(job: CronDefinition): boolean {
+    const target = this.target();
+    if (!job.enabled || !target || target.stopped || target.disk) return false;
+    return job.concurrencyPolicy !== "forbid" || this.runningRows().length === 0;
+  }
+
+  /**
+   * Sends the run due at `due` to its node now, to start at that second
+   * (the node stages it). Anything in the way (no node, a refusal) leaves it to
+   * be sent at the second as any other run.
+   */
+  private async stage(job: CronDefinition, due: number): Promise<void> {
+    const target = this.target();
+    if (!target || !this.stageable(job)) return;
+    const jobName = `${job.name}-${Math.floor(due / 1000)}`;
+    this.kv.put("stagedFor", due);
+    // Its row exists: this is a repeated delivery of the alarm that sent it.
+    if (!this.insertRun(jobName, "schedule", due)) return;
+    this.kv.put("stagedAt", Date.now());
+    const refused = await this.dispatch(job, target, jobName, { startAt: due });
+    if (!refused) return;
+    this.ctx.storage.sql.exec("DELETE FROM runs WHERE job_name = ? AND builder_job_id IS NULL", jobName);
+    this.kv.delete("stagedFor");
+    // Not tried again before the second (each try would cost a placement): sent then, as any run.
+    this.kv.put("stageSkipped", due);
+    console.log(JSON.stringify({ event: "cron.stage_skipped", cronId: job.id, jobName, reason: refused.message }));
+  }
+
+  /** The second of a run sent ahead: its node starts it; what is left is the record. Returns when it was sent. */
+  private atSecond(job: CronDefinition, due: number): number | null {
+    this.kv.delete("stagedFor");
+    const jobName = `${job.name}-${Math.floor(due / 1000)}`;
+    this.kv.delete(`unstaged:${jobName}`);
+    if (!this.row(jobName)) return null;
+    this.kv.put("lastRunAt", due);
+    return this.kv.get<number>("stagedAt") ?? due;
+  }
+
+  /**
+   * Takes back a run sent ahead whose second has not come (the job or its app
+   * changed, or the job is going): its node cancels it only if its command has
+   * not started, and the run is forgotten, to be sent again as things are now.
+   * One its node cannot be asked about, or that has started, runs as it was
+   * sent: a change reaches the runs after it. True when one was taken back.
+   */
+  private async unstage(): Promise<boolean> {
+    const due = this.kv.get<number>("stagedFor");
+    const job = this.job();
+    if (due === undefined || !job) return false;
+    const row = this.ctx.storage.sql
+      .exec<RunRow>("SELECT * FROM runs WHERE scheduled_at = ? AND trigger = 'schedule' AND status = 'running'", due)
+      .toArray()[0];
+    if (!row?.builder_job_id || due <= Date.now()) return false;
+    const node = await this.nodeOf(row);
+    const cancelled = node ? await cancelJob(this.config, node, row.builder_job_id, { unstarted: true }).catch(() => null) : null;
+    if (!cancelled?.ok || cancelled.value.status !== "cancelled" || cancelled.value.startedAt !== null) return false;
+    this.ctx.storage.sql.exec("DELETE FROM runs WHERE job_name = ?", row.job_name);
+    this.kv.put(`unstaged:${row.job_name}`, (this.kv.get<number>(`unstaged:${row.job_name}`) ?? 0) + 1);
+    this.kv.delete("stagedFor");
+    return true;
   }
 
   /**
@@ -453,10 +566,12 @@ export class CronJob extends DurableObject<Env> {
    * says why (the account has that many jobs waiting, or no node takes work
    * now) and the run's row is gone; a scheduled run fails with the reason.
    */
-  private async dispatch(job: CronDefinition, target: CronTarget, jobName: string, maxQueued?: number): Promise<Refusal | null> {
+  private async dispatch(job: CronDefinition, target: CronTarget, jobName: string, options: { maxQueued?: number; startAt?: number } = {}): Promise<Refusal | null> {
     const config = this.config;
     const { disk } = target;
-    const manual = maxQueued !== undefined;
+    const { maxQueued, startAt } = options;
+    // A manual run is refused before it exists; a run sent ahead is sent again at its second instead.
+    const manual = maxQueued !== undefined || startAt !== undefined;
     const messageOf = (err: unknown) => (err instanceof Error ? err.message : String(err));
     const fail = async (error: string) => {
       await this.complete(jobName, { status: "failed", exitCode: null, error, log: logLine(`error: ${error}`) });
@@ -479,9 +594,10 @@ export class CronJob extends DurableObject<Env> {
       }
       try {
         this.ctx.storage.sql.exec("UPDATE runs SET node_id = ? WHERE job_name = ?", node.id, jobName);
-        const submitted = await submitJob(config, node, await this.spec(job, target, jobName, maxQueued));
+        const submitted = await submitJob(config, node, await this.spec(job, target, jobName, maxQueued, startAt));
         if (!submitted.ok) {
           if (manual && submitted.code === "TENANT_QUEUE_FULL") return { code: "TOO_MANY_JOBS", message: submitted.message };
+          if (startAt !== undefined) return { code: "BUILDER_UNAVAILABLE", message: submitted.message };
           return fail(`the builder refused the run: ${submitted.message}`);
         }
         this.ctx.storage.sql.exec("UPDATE runs SET builder_job_id = ? WHERE job_name = ?", submitted.value.id, jobName);
@@ -505,11 +621,12 @@ export class CronJob extends DurableObject<Env> {
   }
 
   /** What the builder is asked to run: the command with the app's env vars, disk and source, within the account's share. */
-  private async spec(job: CronDefinition, target: CronTarget, jobName: string, maxQueued: number | undefined): Promise<JobSpec> {
+  private async spec(job: CronDefinition, target: CronTarget, jobName: string, maxQueued: number | undefined, startAt: number | undefined): Promise<JobSpec> {
     const config = this.config;
     const { disk } = target;
     return {
-      key: `${job.id}/${jobName}`,
+      key: this.row(jobName)?.builder_key ?? `${job.id}/${jobName}`,
+      ...(startAt === undefined ? {} : { startAt }),
       tenant: job.accountId,
       command: job.command,
       // A release's commands (`npm run report`, a venv's scripts) are on the PATH, unless the app sets its own.
@@ -547,7 +664,7 @@ export class CronJob extends DurableObject<Env> {
         ? null
         : row.builder_job_id
           ? await getJob(this.config, node, row.builder_job_id).catch(() => null)
-          : await findJob(this.config, node, `${job.id}/${row.job_name}`).catch(() => null);
+          : await findJob(this.config, node, row.builder_key ?? `${job.id}/${row.job_name}`).catch(() => null);
       const lost = !found?.ok && row.node_id ? await lostNode(this.env, row.node_id) : null;
       if (lost) {
         const target = this.target();
@@ -593,6 +710,8 @@ export class CronJob extends DurableObject<Env> {
   }
 
   private async completeFromBuilder(job: CronDefinition, row: RunRow, status: JobStatus, why?: string): Promise<void> {
+    // Its start's own news may not have come (a run sent ahead ends quickly after its second): the end says when.
+    if (status.startedAt !== null) this.noteStarted(row.job_name, Date.parse(status.startedAt));
     const node = await this.nodeOf(row);
     const log = node ? await jobLog(this.config, node, status.id).catch(() => null) : null;
     const finishedFor = status.finishedAt === null ? 0 : Date.now() - Date.parse(status.finishedAt);

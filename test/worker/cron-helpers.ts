@@ -14,7 +14,7 @@ export type Cron = {
   nextRun?: string | null;
   nextRuns?: string[];
 };
-export type Run = { jobName: string; status: string; startedAt: string; finishedAt: string | null; exitCode: number | null; error: string | null };
+export type Run = { jobName: string; status: string; phase?: string | null; waiting?: string | null; startedAt: string; finishedAt: string | null; exitCode: number | null; error: string | null };
 
 export const uniqueName = (prefix: string) => `${prefix}-${crypto.randomUUID().slice(0, 8)}`;
 

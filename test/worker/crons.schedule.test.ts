@@ -1,9 +1,10 @@
 import { runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
+import { STAGE_LEAD_MS } from "../../durable-objects/cron-job";
 import { nextRuns } from "../../worker/lib/cron";
 import { call, json, newAccount } from "./helpers";
-import { deliverAlarm, newApp, newCron, runs, stubOf, waitForRun } from "./cron-helpers";
+import { deliverAlarm, logsOf, newApp, newCron, runs, stubOf, waitForRun } from "./cron-helpers";
 
 const at = (isoTime: string) => Date.parse(isoTime);
 const isoAll = (times: number[]) => times.map((t) => new Date(t).toISOString());
@@ -87,8 +88,9 @@ describe("next-run math", () => {
     const app = await newApp(key);
     const cron = await newCron(key, { appId: app.id, schedule: "30 6 * * *", command: "true", timezone: "Asia/Kolkata" });
     const alarm = await runInDurableObject(stubOf(cron.id), (_i, state) => state.storage.getAlarm());
-    // 06:30 in Kolkata (UTC+05:30, no DST) is 01:00 UTC.
-    expect([new Date(alarm!).getUTCHours(), new Date(alarm!).getUTCMinutes()]).toEqual([1, 0]);
+    // 06:30 in Kolkata (UTC+05:30, no DST) is 01:00 UTC; the alarm sends the run to its node ahead of it.
+    const second = new Date(alarm! + STAGE_LEAD_MS);
+    expect([second.getUTCHours(), second.getUTCMinutes()]).toEqual([1, 0]);
   });
 });
 
@@ -115,10 +117,68 @@ describe("CronJob alarm", () => {
     const cron = await newCron(key, { appId: app.id, schedule: "* * * * *", command: "true" });
     const anHourAgo = Math.floor(Date.now() / 60_000) * 60_000 - 3_600_000;
     await deliverAlarm(cron.id, anHourAgo);
-    expect((await runs(key, cron.id)).length).toBe(1);
+    // Runs due by now (the next minute's may already be sent ahead to its node).
+    const due = (await runs(key, cron.id)).filter((r) => Number(r.jobName.split("-").at(-1)) * 1000 <= Date.now());
+    expect(due.map((r) => r.jobName)).toEqual([`${cron.name}-${anHourAgo / 1000}`]);
     const alarm = await runInDurableObject(stubOf(cron.id), (_i, state) => state.storage.getAlarm());
     expect(alarm).toBeGreaterThan(Date.now());
     expect(alarm! - Date.now()).toBeLessThanOrEqual(60_000);
+  });
+
+  it("sends a run to its node ahead of its second: made ready there (queued, staged), started at the second, not before, once", async () => {
+    const { adminKey: key } = await newAccount();
+    const app = await newApp(key);
+    const cron = await newCron(key, { appId: app.id, schedule: "0 0 1 1 *", command: "echo ran" });
+    const due = Math.ceil((Date.now() + 2_000) / 1000) * 1000;
+    const jobName = `${cron.name}-${due / 1000}`;
+    // The alarm 30 s (here 2-3 s) before the second sends the run; a repeated delivery sends nothing more.
+    await deliverAlarm(cron.id, due);
+    await deliverAlarm(cron.id, due);
+    const staged = await runs(key, cron.id);
+    expect(staged.map((r) => r.jobName)).toEqual([jobName]);
+    expect(staged[0]).toMatchObject({ status: "running", phase: "queued", waiting: expect.stringContaining("staged on its node") });
+    // Woken at its second for the record, then asked about.
+    const alarm = await runInDurableObject(stubOf(cron.id), (_i, state) => state.storage.getAlarm());
+    expect(alarm).toBe(due);
+    await new Promise((r) => setTimeout(r, due - Date.now() + 50));
+    await runDurableObjectAlarm(stubOf(cron.id));
+    const run = await waitForRun(key, cron.id, jobName);
+    expect(run.status).toBe("success");
+    expect(Date.parse(run.startedAt)).toBeGreaterThanOrEqual(due);
+    const log = await logsOf(key, cron.id, jobName);
+    const out = /^(\S+) out ran$/m.exec(log);
+    expect(out, log).not.toBeNull();
+    expect(Date.parse(out![1]!)).toBeGreaterThanOrEqual(due);
+    expect((await runs(key, cron.id)).map((r) => r.jobName)).toEqual([jobName]);
+    const detail = (await json<{ data: { lastRun: string } }>(await call(`/v1/crons/${cron.id}`, { key }))).data;
+    expect(Date.parse(detail.lastRun)).toBe(due);
+  });
+
+  it("takes a run sent ahead back when the job changes, the app's environment changes, or the job is deleted before its second: it never starts", async () => {
+    const { adminKey: key } = await newAccount();
+    const app = await newApp(key);
+    const changes: [string, (cronId: string) => Promise<unknown>][] = [
+      ["the command changed", (id) => call(`/v1/crons/${id}`, { method: "PATCH", key, body: { command: "echo new" } })],
+      ["an env var set", () => call(`/v1/apps/${app.id}/env`, { method: "PATCH", key, body: { vars: { GREETING: "hi" } } })],
+      ["the job deleted", (id) => call(`/v1/crons/${id}`, { method: "DELETE", key })],
+    ];
+    for (const [what, change] of changes) {
+      const cron = await newCron(key, { appId: app.id, schedule: "0 0 1 1 *", command: "echo old" });
+      const due = Math.ceil((Date.now() + 4_000) / 1000) * 1000;
+      await deliverAlarm(cron.id, due);
+      expect((await runs(key, cron.id)).map((r) => r.phase), what).toEqual(["queued"]);
+      const res = (await change(cron.id)) as Response;
+      expect(res.status, what).toBeLessThan(300);
+      await new Promise((r) => setTimeout(r, due - Date.now() + 1_000));
+      if (what !== "the job deleted") {
+        expect(await runs(key, cron.id), what).toEqual([]);
+        await runDurableObjectAlarm(stubOf(cron.id));
+        expect(await runs(key, cron.id), what).toEqual([]);
+      }
+      // Nothing ran at that second on the node either.
+      const ran = await runInDurableObject(stubOf(cron.id), (_i, state) => state.storage.kv.get<string>("stagedFor"));
+      expect(ran, what).toBeUndefined();
+    }
   });
 
   it("skips a disabled job and a stopped app without recording a run, and arms no alarm for them (a stray delivery is all it costs)", async () => {
