@@ -23,8 +23,12 @@ import { benchStack, fmt, percentile } from "./load";
  * sandboxes and PID 1: with two cores, N runs cannot all start sooner than
  * N × that / 2. After each minute, the floor issue 21 measures against: the
  * same number of bare bubblewrap sandboxes run `date`, as many at once as
- * there are cores, the p99 lag as a ratio of it, and the machine's CPU per
- * bare sandbox against ours per run.
+ * there are cores (before the jobs exist and again after their minute; the
+ * faster is held to), the p99 lag as a ratio of it, and the machine's CPU per
+ * bare sandbox against ours per run. Runs of jobs without a disk are sent to
+ * the node 30 s before their second and staged there (issue 33): the CPU per
+ * run counts from the minute, so it leaves that staging out; the "reached the
+ * builder" times are then negative.
  *
  *     npx tsx bench/cron-lag.ts [counts…]      (default 200 1000)
  */
@@ -278,6 +282,8 @@ try {
     { name: `${SPREAD_ACCOUNTS} accounts`, tenants: spread },
   ];
   for (const count of counts) for (const shape of shapes) {
+    // The floor is measured before the jobs exist and again after their minute; the faster of the two is the one held to.
+    const floorBefore = await bareSandboxes(count);
     const result = await scenario(shape.tenants, count, `m${count}-${shape.tenants.length}`);
     console.log(line(`${count} jobs, ${shape.name}`, result));
     const split = (values: number[]) => `p50 ${fmt(percentile(values, 50), 0)} ms, p99 ${fmt(percentile(values, 99), 0)} ms`;
@@ -287,10 +293,12 @@ try {
     console.log(
       `    ratio to baseline: p50 ${fmt(percentile(result.lags, 50) / percentile(baseline.lags, 50), 2)}x, max ${fmt((result.lags.at(-1) ?? 0) / (baseline.lags.at(-1) ?? 1), 2)}x`,
     );
-    // The floor, measured right after the minute's runs on the same machine: the target is p99 <= 1.0x of it.
-    const floor = await bareSandboxes(count);
+    // The floor, measured right after the minute's runs on the same machine too: the target is p99 <= 1.0x of it (1.5x, issue 33).
+    const floorAfter = await bareSandboxes(count);
+    const floor = floorBefore.ms <= floorAfter.ms ? floorBefore : floorAfter;
     console.log(
-      `    floor: ${count} bare bwrap sandboxes, ${availableParallelism()} at once: ${fmt(floor.ms, 0)} ms; p99 lag ${fmt(percentile(result.lags, 99) / floor.ms, 2)}x the floor (target <= 1.00); ` +
+      `    floor: ${count} bare bwrap sandboxes, ${availableParallelism()} at once: ${fmt(floorBefore.ms, 0)} ms before the jobs, ${fmt(floorAfter.ms, 0)} ms after their minute; ` +
+        `p99 lag ${fmt(percentile(result.lags, 99) / floor.ms, 2)}x the faster (target <= 1.00, issue 33 <= 1.50); ` +
         `CPU per sandbox ${fmt(floor.cpuPerSandbox)} ms of the machine, a run ${fmt(result.cpuPerRun.machine / floor.cpuPerSandbox, 2)}x that`,
     );
     for (const [reason, jobs] of result.notStarted) console.log(`    ! ${jobs} jobs: ${reason}`);

@@ -669,7 +669,10 @@ export class CronJob extends DurableObject<Env> {
       if (lost) {
         const target = this.target();
         // A run the lost node never started is safe to send again; one it started may have done part of its work.
-        if (row.phase === "queued" && target && !target.stopped) await this.dispatch(job, target, row.job_name);
+        // One sent ahead whose second has not come goes to another node for that same second.
+        if (row.phase === "queued" && target && !target.stopped) {
+          await this.dispatch(job, target, row.job_name, row.scheduled_at > Date.now() ? { startAt: row.scheduled_at } : {});
+        }
         else {
           const error = `node lost: ${lost.name} stopped answering while the run was running; it was not started again (it may have done part of its work)`;
           await this.complete(row.job_name, { status: "failed", exitCode: null, error, log: logLine(`error: ${error}`) });

@@ -59,12 +59,17 @@ export async function nodeJobs(dataDirs: Map<string, string>): Promise<NodeJob[]
   return jobs;
 }
 
-/** Cron runs (by their idempotency key, cron and job name) that more than one node job started: executed twice. */
+/**
+ * Cron runs (by cron and job name: a run taken back and sent again has a new
+ * idempotency key) that more than one node job started: executed twice.
+ */
 export function runsExecutedTwice(jobs: NodeJob[]): string[] {
   const started = new Map<string, string[]>();
   for (const job of jobs) {
-    if (job.labels.kind !== "cron" || job.startedAt === null || job.key === null) continue;
-    started.set(job.key, [...(started.get(job.key) ?? []), `${job.node}/${job.id}`]);
+    const { kind, cronId, jobName } = job.labels;
+    if (kind !== "cron" || job.startedAt === null || !cronId || !jobName) continue;
+    const run = `${cronId}/${jobName}`;
+    started.set(run, [...(started.get(run) ?? []), `${job.node}/${job.id}`]);
   }
   return [...started].filter(([, ran]) => ran.length > 1).map(([key, ran]) => `${key} on ${ran.join(", ")}`);
 }

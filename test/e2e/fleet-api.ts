@@ -91,6 +91,12 @@ export function fleetApi(stack: LocalStack & { stateDir: string }) {
       const log = await readFile(join(stack.stateDir, "wrangler.log"), "utf8").catch(() => "");
       const lines = log.split("\n").filter((l) => /fleet|disk\.|node\.|app\.|error|Error|restart|crash|exited/i.test(l));
       console.log(`wrangler.log (fleet, disk, app, node, error and restart lines):\n${lines.slice(-80).join("\n")}`);
+      // What each node said of shipping its apps' logs and of its callbacks (a log that did not outlive its node).
+      for (const name of (await readdir(stack.stateDir)).filter((f) => /^builder(-\d+)?\.log$/.test(f))) {
+        const text = await readFile(join(stack.stateDir, name), "utf8").catch(() => "");
+        const said = text.split("\n").filter((l) => /log shipment|shipping app logs|callback|failed|error/i.test(l));
+        console.log(`${name} (shipping, callback and error lines):\n${said.slice(-30).join("\n")}`);
+      }
     },
   };
 }
