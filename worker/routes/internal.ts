@@ -35,7 +35,14 @@ export const internalRoutes = new Hono<InternalEnv>();
 const requireBuilderSignature: MiddlewareHandler<InternalEnv> = async (c, next) => {
   const config = c.get("config");
   const nodeId = c.req.header(HEADER_NODE) ?? LONE_BUILDER_ID;
-  const member = NODE_ID_PATTERN.test(nodeId) ? await nodeRef(c.env, nodeId).catch(() => null) : null;
+  // Only "no such node" makes it a stranger: the fleet's view failing to load is an error the node retries
+  // (its log shipper drops a shipment refused with 4xx, so a transient failure must not read as one).
+  const member = NODE_ID_PATTERN.test(nodeId)
+    ? await nodeRef(c.env, nodeId).catch((error: unknown) => {
+        if (error instanceof ApiError && error.code === "NODE_NOT_FOUND") return null;
+        throw error;
+      })
+    : null;
   const body = await c.req.text();
   const url = new URL(c.req.url);
   const verdict = !config.BUILDER_SECRET

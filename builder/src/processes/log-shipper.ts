@@ -108,8 +108,9 @@ export class LogShipper {
         signal: AbortSignal.timeout(SHIP_DEADLINE_MS),
       });
       await response.body?.cancel();
-      if (response.status >= 500) throw new Error(`HTTP ${response.status}`);
-      // Refused as it is (4xx): sent again it would be refused again; the lines stay on this node only.
+      // 401 too: an isolate's view of the fleet may lag a node's (re)join; kept for the next round, within the bound.
+      if (response.status >= 500 || response.status === 401 || response.status === 429) throw new Error(`HTTP ${response.status}`);
+      // Refused as it is (400, 413): sent again it would be refused again; the lines stay on this node only.
       if (!response.ok) console.error(`builder: the control plane refused a log shipment of ${bytes} bytes (HTTP ${response.status}); the lines stay on this node`);
       this.#failing = false;
     } catch (error) {
