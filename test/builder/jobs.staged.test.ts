@@ -108,3 +108,39 @@ describe("a run sent ahead of its second", () => {
     await followLog(builder, past.id);
   });
 });
+
+describe("staging beyond its bound (BUILDER_MAX_STAGED_JOBS=1)", () => {
+  let small: BuilderProcess;
+  let smallDir: string;
+  beforeAll(async () => {
+    smallDir = await mkdtemp(join(tmpdir(), "svc-builder-staged-small-"));
+    small = await startBuilder({ dataDir: smallDir, env: { BUILDER_MAX_CONCURRENT_JOBS: "4", BUILDER_MAX_STAGED_JOBS: "1" } });
+  });
+  afterAll(async () => {
+    await small?.stop();
+    await rm(smallDir, { recursive: true, force: true });
+  });
+
+  it("runs it could not make ahead are made at their second and run once each, never before it; one cancelled while unmade never runs", async () => {
+    const tag = `bound-${Date.now()}`;
+    const startAt = Date.now() + 2_000;
+    const jobs = [];
+    for (let i = 0; i < 4; i++) jobs.push(await submitJob(small, { command: `echo ${tag}-${i}`, startAt }));
+    // One is made ahead (the bound); the others wait unmade.
+    await expect.poll(() => alive(`${tag}-0`), { timeout: 1_500, interval: 50 }).toBe(true);
+    expect([1, 2, 3].some((i) => alive(`${tag}-${i}`))).toBe(false);
+    const cancel = await signedFetch(small, `/v1/jobs/${jobs[3]!.id}/cancel?unstarted=true`, { method: "POST" });
+    expect(JobStatus.parse(await cancel.json())).toMatchObject({ status: "cancelled", startedAt: null });
+    for (const [i, job] of jobs.entries()) {
+      const log = await followLog(small, job.id);
+      const done = await jobStatus(small, job.id);
+      if (i === 3) {
+        expect(outLines(log)).toEqual([]);
+        continue;
+      }
+      expect(done.status, log).toBe("succeeded");
+      expect(outLines(log).map((line) => line.text)).toEqual([`${tag}-${i}`]);
+      expect(outLines(log)[0]!.at).toBeGreaterThanOrEqual(startAt);
+    }
+  });
+});

@@ -138,7 +138,9 @@ only("two accounts on one builder", () => {
       'echo "tmp-fill=$(head -c 1000000000 /dev/zero > /tmp/fill 2>&1; echo $?)"; rm -f /tmp/fill',
       'echo "uid=$(id -u)"',
       // Last: a fork bomb, contained by the job's process limit; the run ends (and the kernel ends the rest) after it.
-      "( bomb() { bomb | bomb & }; bomb ) 2>/dev/null; sleep 3; echo bomb=contained",
+      // Its wait is forked before it: while the bomb holds every process the limit allows, the shell can fork
+      // nothing (dash exits on a failed fork), and `wait` and `echo` are builtins.
+      "sleep 3 & pause=$!; ( bomb() { bomb | bomb & }; bomb ) 2>/dev/null; wait $pause; echo bomb=contained",
     ].join("\n");
     const attacked = await startRun(attacker, attackerApp, "attack", attack);
     const attackRun = await finished(attacker, attacked.id, attacked.jobName);

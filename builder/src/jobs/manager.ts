@@ -45,6 +45,8 @@ export interface JobContext {
   signal: AbortSignal;
   /** A job made ready before its second: it may start its command once this resolves (null: at once). */
   hold: Promise<void> | null;
+  /** Called once a held job is made ready (its sandbox waits for `hold`). */
+  onStaged: () => void;
 }
 
 /** How a job ended, plus what it produced (snapshots and restores). */
@@ -97,8 +99,12 @@ interface JobEntry {
   notifyStart: boolean;
   /** Before its second (a staged run): what queues it then. */
   due: NodeJS.Timeout | null;
-  /** A staged run whose sandbox is made (or being made): starts its command. */
+  /** A staged run whose sandbox is made, being made or to be made: starts its command. */
   release: (() => void) | null;
+  /** What that command waits for. */
+  hold: Promise<void> | null;
+  /** While its sandbox is being made: ends that (made, or the job ended first), letting the next be made. */
+  made: (() => void) | null;
   /** Its work is under way (a running job, or a staged run being made ready). */
   executing: boolean;
   /** It holds a slot (of the builder's and of its tenant's). */
@@ -149,6 +155,13 @@ export interface JobManagerOptions {
 
 /** Run network namespaces a staged run leaves free beyond the slots jobs may still take: for app processes starting meanwhile. */
 const STAGING_NETWORK_RESERVE = 16;
+/**
+ * Staged runs whose sandboxes are made at once: a minute's burst of hundreds
+ * is made a few at a time, soonest second first, so that making them never
+ * keeps the builder from answering (a submission unanswered for 1 s marks the
+ * node unreachable).
+ */
+const STAGING_AT_ONCE = 2;
 
 const isFinal = (status: JobStatus["status"]) => status === "succeeded" || status === "failed" || status === "cancelled";
 
@@ -184,6 +197,9 @@ export class JobManager {
   /** Jobs before their second (`startAt`); those being made ready count in {@link #preparing}. */
   readonly #staged = new Set<JobEntry>();
   #preparing = 0;
+  /** Staged runs whose sandboxes are still to be made, soonest second first; {@link #making} are being made. */
+  readonly #toMake: { entry: JobEntry; startAt: number }[] = [];
+  #making = 0;
   readonly #stopCallbacks = new AbortController();
   #running = 0;
   #closing = false;
@@ -352,6 +368,8 @@ export class JobManager {
       notifyStart: false,
       due: null,
       release: null,
+      hold: null,
+      made: null,
       executing: false,
       counted: false,
       dir,
@@ -434,13 +452,30 @@ export class JobManager {
     const network = this.#options.host.network;
     const room =
       this.#preparing < this.#options.maxStaged &&
-      (network === null || network.available > this.#options.maxConcurrent - this.#running + STAGING_NETWORK_RESERVE);
+      // Those still to be made (and being made) will take theirs.
+      (network === null || network.available - this.#toMake.length - this.#making > this.#options.maxConcurrent - this.#running + STAGING_NETWORK_RESERVE);
     if (!room) return;
     this.#preparing++;
-    const hold = new Promise<void>((resolve) => {
+    entry.hold = new Promise<void>((resolve) => {
       entry.release = resolve;
     });
-    void this.#execute(entry, hold);
+    const at = this.#toMake.findIndex((other) => other.startAt > startAt);
+    this.#toMake.splice(at === -1 ? this.#toMake.length : at, 0, { entry, startAt });
+    this.#makeNext();
+  }
+
+  /** Begins making the next staged runs' sandboxes, {@link STAGING_AT_ONCE} at a time. */
+  #makeNext(): void {
+    while (this.#making < STAGING_AT_ONCE && this.#toMake.length > 0) {
+      const { entry } = this.#toMake.shift()!;
+      this.#making++;
+      entry.made = () => {
+        entry.made = null;
+        this.#making--;
+        this.#makeNext();
+      };
+      void this.#execute(entry, entry.hold);
+    }
   }
 
   /** Takes a job that has not started out of the waiting (before its second, or queued). */
@@ -448,6 +483,12 @@ export class JobManager {
     if (entry.due) clearTimeout(entry.due);
     entry.due = null;
     this.#staged.delete(entry);
+    const unmade = this.#toMake.findIndex((item) => item.entry === entry);
+    if (unmade !== -1) {
+      this.#toMake.splice(unmade, 1);
+      entry.release = null;
+      this.#preparing--;
+    }
     const share = this.#shares.get(entry.tenant);
     const at = share ? share.queue.indexOf(entry) : -1;
     if (at >= 0) share!.queue.splice(at, 1);
@@ -586,13 +627,16 @@ export class JobManager {
       entry.status.status = "running";
       entry.status.startedAt = new Date().toISOString();
       if (entry.notifyStart) this.#report(entry);
-      // A staged run's sandbox waits for this word; any other job's work begins now.
+      // A staged run's sandbox waits for this word (one not begun yet is made now, as any job); any other job's work begins now.
       const release = entry.release;
+      const unmade = this.#toMake.findIndex((item) => item.entry === entry);
+      if (unmade !== -1) this.#toMake.splice(unmade, 1);
       if (release) {
         entry.release = null;
         this.#preparing--;
-        release();
-      } else void this.#execute(entry, null);
+      }
+      if (release && unmade === -1) release();
+      else void this.#execute(entry, null);
     }
   }
 
@@ -621,7 +665,7 @@ export class JobManager {
       entry.log = await JobLog.open(join(entry.dir, "log"), () => entry.changes.notify());
       // Recording "running" (so a restart can tell the job was cut short) need not delay the command.
       recorded = this.#persist(entry);
-      outcome = await work.execute({ id: entry.status.id, jobDir: entry.dir, log: entry.log, signal: entry.abort.signal, hold });
+      outcome = await work.execute({ id: entry.status.id, jobDir: entry.dir, log: entry.log, signal: entry.abort.signal, hold, onStaged: () => entry.made?.() });
     } catch (error) {
       const message = error instanceof Error ? error.message : String(error);
       console.error(`builder: job ${entry.status.id} failed inside the builder: ${message}`);
@@ -635,6 +679,7 @@ export class JobManager {
       entry.release = null;
       this.#preparing--;
     }
+    entry.made?.();
     this.#unqueue(entry);
     if (entry.counted) {
       this.#running--;
@@ -726,6 +771,8 @@ export class JobManager {
         notifyStart: false,
         due: null,
         release: null,
+        hold: null,
+        made: null,
         executing: false,
         counted: false,
         dir,

@@ -377,6 +377,8 @@ export interface SandboxOptions {
    * is left. The time limit counts from then.
    */
   hold?: Promise<void>;
+  /** Called once a held sandbox is made and waits for its start (the prelude's `staged` report). */
+  onStaged?: () => void;
   /**
    * Called once the command has started (the sandbox is made, the prelude
    * handed over), with its address on the run network (null without one) and
@@ -569,12 +571,13 @@ class PreludeReports {
   #text = "";
   #stderr = "";
 
-  constructor(reports: Readable, stderr: Readable | null, onStarted?: () => void) {
+  constructor(reports: Readable, stderr: Readable | null, on: { staged?: (() => void) | undefined; started?: (() => void) | undefined }) {
     reports.setEncoding("latin1");
     reports.on("data", (chunk: string) => {
-      const before = this.has("started");
+      const before = { staged: this.has("staged"), started: this.has("started") };
       this.#text += chunk;
-      if (!before && this.has("started")) onStarted?.();
+      if (!before.staged && this.has("staged")) on.staged?.();
+      if (!before.started && this.has("started")) on.started?.();
     });
     reports.on("error", () => undefined);
     const tap = (chunk: Buffer) => {
@@ -669,7 +672,10 @@ export async function runInSandbox(options: SandboxOptions): Promise<SandboxOutc
   const onStart = options.onStart;
   // With cgroups the kernel counts for the sandbox; without, its live processes are summed (CPU of those gone is not).
   const usage = (): ProcessUsage => cgroup?.usage() ?? membersUsage(sandboxMembers(rootPid));
-  const reports = new PreludeReports(pipes[5] as Readable, stderr, onStart && (() => onStart({ address: slot?.address ?? null, pid: rootPid, usage })));
+  const reports = new PreludeReports(pipes[5] as Readable, stderr, {
+    staged: options.onStaged,
+    started: onStart && (() => onStart({ address: slot?.address ?? null, pid: rootPid, usage })),
+  });
   const outputClosed = Promise.all([stdout, stderr].map((stream) => (stream ? streamClosed(stream) : Promise.resolve())));
   if (stdout) log.capture("out", stdout);
   if (stderr) log.capture("err", stderr);
