@@ -26,7 +26,7 @@ import { benchStack, fmt, percentile } from "./load";
  * there are cores (before the jobs exist and again after their minute; the
  * faster is held to), the p99 lag as a ratio of it, and the machine's CPU per
  * bare sandbox against ours per run. Runs of jobs without a disk are sent to
- * the node 30 s before their second and staged there (issue 33): the CPU per
+ * the node 10–30 s before their second and staged there (issue 33): the CPU per
  * run counts from the minute, so it leaves that staging out; the "reached the
  * builder" times are then negative.
  *

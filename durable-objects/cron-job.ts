@@ -61,11 +61,20 @@ const LOST_CONTACT_GRACE_MS = 5 * 60_000;
 /** The alarm is this late (or missing) before the job's detail calls it late. */
 export const LATE_AFTER_MS = 2 * 60_000;
 /**
- * A scheduled run of a job without a disk is sent to its node this long before
+ * A scheduled run of a job without a disk is sent to its node 10 to 30 s before
  * its second (issue 33): the node makes its sandbox meanwhile, and at the second
- * only the command's exec is left (builder/src/jobs/manager.ts, staging).
+ * only the command's exec is left (builder/src/jobs/manager.ts, staging). Each
+ * job has its own lead in that range (from its id), so a thousand jobs of one
+ * minute reach their node over 20 s, not in one burst a node cannot answer
+ * within its deadline.
  */
-export const STAGE_LEAD_MS = 30_000;
+export function stageLead(cronId: string): number {
+  let hash = 2166136261;
+  for (let i = 0; i < cronId.length; i++) hash = Math.imul(hash ^ cronId.charCodeAt(i), 16777619) >>> 0;
+  return STAGE_LEAD_MAX_MS - (hash % (STAGE_LEAD_MAX_MS - STAGE_LEAD_MIN_MS + 1));
+}
+const STAGE_LEAD_MIN_MS = 10_000;
+const STAGE_LEAD_MAX_MS = 30_000;
 
 /** Why a manual run was refused before it existed anywhere. */
 type Refusal = { code: "TOO_MANY_JOBS" | "NODE_UNREACHABLE" | "BUILDER_UNAVAILABLE"; message: string };
@@ -357,7 +366,7 @@ export class CronJob extends DurableObject<Env> {
       dispatchedAt = await this.fire(job, due);
     }
     const skipped = this.kv.get<number>("stageSkipped");
-    if (due !== undefined && due > Date.now() && due !== staged && due !== skipped && due - Date.now() <= STAGE_LEAD_MS) await this.stage(job, due);
+    if (due !== undefined && due > Date.now() && due !== staged && due !== skipped && due - Date.now() <= stageLead(job.id)) await this.stage(job, due);
     const pollAt = this.kv.get<number>("pollAt");
     if (pollAt !== undefined && pollAt <= Date.now()) await this.pollRunning();
     // From the definition stored now: an update that landed while this alarm ran wins.
@@ -453,7 +462,7 @@ export class CronJob extends DurableObject<Env> {
     const staged = this.kv.get<number>("stagedFor");
     // The next run is sent ahead when it can be; one sent already wakes the job at its second.
     const ahead = next !== null && next !== staged && next !== this.kv.get<number>("stageSkipped") && job !== undefined && this.stageable(job);
-    const send = next === null ? null : ahead ? Math.max(now, next - STAGE_LEAD_MS) : next;
+    const send = next === null ? null : ahead ? Math.max(now, next - stageLead(job.id)) : next;
     // A run sent ahead is asked about from its second (before it, the node has nothing to tell).
     const running = this.runningRows().map((r) => ({ ...r, from: Math.max(now, r.scheduled_at) }));
     // Keep a poll already planned (re-arming must not push it back), else plan the next one.

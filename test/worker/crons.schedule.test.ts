@@ -1,7 +1,7 @@
 import { runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
-import { STAGE_LEAD_MS } from "../../durable-objects/cron-job";
+import { stageLead } from "../../durable-objects/cron-job";
 import { nextRuns } from "../../worker/lib/cron";
 import { call, json, newAccount } from "./helpers";
 import { deliverAlarm, logsOf, newApp, newCron, runs, stubOf, waitForRun } from "./cron-helpers";
@@ -89,7 +89,7 @@ describe("next-run math", () => {
     const cron = await newCron(key, { appId: app.id, schedule: "30 6 * * *", command: "true", timezone: "Asia/Kolkata" });
     const alarm = await runInDurableObject(stubOf(cron.id), (_i, state) => state.storage.getAlarm());
     // 06:30 in Kolkata (UTC+05:30, no DST) is 01:00 UTC; the alarm sends the run to its node ahead of it.
-    const second = new Date(alarm! + STAGE_LEAD_MS);
+    const second = new Date(alarm! + stageLead(cron.id));
     expect([second.getUTCHours(), second.getUTCMinutes()]).toEqual([1, 0]);
   });
 });
