@@ -749,7 +749,11 @@ export class AppRuntime extends DurableObject<Env> {
     if (replaced) {
       if (pending.reason === "deploy") {
         const which = wanted > 1 ? `process ${replaced.processId} of the previous release` : "the previous release";
-        await noteProgress(this.db, pending.deploymentId, `${which} drains for ${DRAIN_SECONDS} s, then stops`);
+        // On one node its new requests already go to the new release: what is left is what it has in flight.
+        const drain = successor
+          ? `${which} hands its new requests to the new release and stops once those in flight end (at most ${DRAIN_SECONDS} s)`
+          : `${which} drains for ${DRAIN_SECONDS} s, then stops`;
+        await noteProgress(this.db, pending.deploymentId, drain);
       }
       await this.retire(replaced, DRAIN_SECONDS, successor);
     }

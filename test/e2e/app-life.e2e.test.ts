@@ -180,7 +180,7 @@ describe("an app's life: every change reaches it, every status is true, every fa
         redeployMs = Date.now() - started;
         const stale = await straightAfter(web, "hello nobody from v2");
         expectExit(second, 0, "redeploy");
-        expect(second.stdout).toMatch(/ svc the previous release drains for 5 s, then stops$/m);
+        expect(second.stdout).toMatch(/ svc the previous release hands its new requests to the new release and stops once those in flight end \(at most 5 s\)$/m);
         expect(stale).toEqual([]);
         // The new process is on the old one's node, which sends the old one's requests to it from the switch on: no
         // edge's copy can reach the previous release, so the redeploy does not wait for the copies to expire either.
