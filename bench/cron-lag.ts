@@ -46,9 +46,17 @@ const stack = await benchStack({ builderEnv: { BUILDER_MAX_CONCURRENT_JOBS: Stri
 type Tenant = { keys: string[]; turn: number; app: string };
 
 const api = async <T>(tenant: Tenant, method: string, path: string, body?: unknown): Promise<T> => {
-  for (;;) {
+  for (let attempt = 1; ; attempt++) {
     const headers = { Authorization: `Bearer ${tenant.keys[tenant.turn++ % tenant.keys.length]}`, "Content-Type": "application/json" };
-    const res = await fetch(`${stack.apiUrl}${path}`, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+    // Only reads are sent again after a dropped connection (wrangler's dev server resets one now and then under a burst).
+    const res = await fetch(`${stack.apiUrl}${path}`, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) }).catch((error: unknown) => {
+      if (method !== "GET" || attempt >= 5) throw error;
+      return null;
+    });
+    if (res === null) {
+      await new Promise((r) => setTimeout(r, 1000));
+      continue;
+    }
     if (res.status === 429) {
       await new Promise((r) => setTimeout(r, Number(res.headers.get("Retry-After") ?? 1) * 1000));
       continue;
