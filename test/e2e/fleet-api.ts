@@ -94,7 +94,7 @@ export function fleetApi(stack: LocalStack & { stateDir: string }) {
       // What each node said of shipping its apps' logs and of its callbacks (a log that did not outlive its node).
       for (const name of (await readdir(stack.stateDir)).filter((f) => /^builder(-\d+)?\.log$/.test(f))) {
         const text = await readFile(join(stack.stateDir, name), "utf8").catch(() => "");
-        const said = text.split("\n").filter((l) => /log shipment|shipping app logs|callback|failed|error/i.test(l));
+        const said = text.split("\n").filter((l) => /log shipment|shipping app logs|shipped the first lines|callback|failed|error/i.test(l));
         console.log(`${name} (shipping, callback and error lines):\n${said.slice(-30).join("\n")}`);
       }
     },

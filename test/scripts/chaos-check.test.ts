@@ -40,11 +40,13 @@ describe("the chaos run's checker", () => {
     dirs.push(dir);
     const job = async (node: string, id: string, key: string, startedAt: string | null) => {
       await mkdir(join(dir, node, "jobs", id), { recursive: true });
-      const status = { id, key, status: startedAt ? "succeeded" : "cancelled", startedAt, createdAt: "2026-11-28T10:00:00.000Z", labels: { kind: "cron" } };
+      // Labelled as the Worker labels a run; a run sent again after it was taken back has another key.
+      const [cronId, jobName] = key.split("/");
+      const status = { id, key, status: startedAt ? "succeeded" : "cancelled", startedAt, createdAt: "2026-11-28T10:00:00.000Z", labels: { kind: "cron", cronId, jobName } };
       await writeFile(join(dir, node, "jobs", id, "status.json"), JSON.stringify(status));
     };
     await job("local-1", "job_a", "cron_1/tick-1795000000", "2026-11-28T10:00:01.000Z");
-    await job("local-2", "job_b", "cron_1/tick-1795000000", "2026-11-28T10:00:09.000Z");
+    await job("local-2", "job_b", "cron_1/tick-1795000000/1", "2026-11-28T10:00:09.000Z");
     await job("local-1", "job_c", "cron_1/tick-1795000060", null);
     await job("local-3", "job_d", "cron_1/tick-1795000060", "2026-11-28T10:01:02.000Z");
     const jobs = await nodeJobs(new Map(["local-1", "local-2", "local-3"].map((node) => [node, join(dir, node)])));

@@ -156,28 +156,38 @@ describe("CronJob alarm", () => {
 
   it("takes a run sent ahead back when the job changes, the app's environment changes, or the job is deleted before its second: it never starts", async () => {
     const { adminKey: key } = await newAccount();
-    const app = await newApp(key);
+    // One app per change: an app's change reaches every job of the app.
+    const apps = [await newApp(key), await newApp(key), await newApp(key)];
     const changes: [string, (cronId: string) => Promise<unknown>][] = [
       ["the command changed", (id) => call(`/v1/crons/${id}`, { method: "PATCH", key, body: { command: "echo new" } })],
-      ["an env var set", () => call(`/v1/apps/${app.id}/env`, { method: "PATCH", key, body: { vars: { GREETING: "hi" } } })],
+      ["an env var set", () => call(`/v1/apps/${apps[1]!.id}/env`, { method: "PATCH", key, body: { vars: { GREETING: "hi" } } })],
       ["the job deleted", (id) => call(`/v1/crons/${id}`, { method: "DELETE", key })],
     ];
-    for (const [what, change] of changes) {
-      const cron = await newCron(key, { appId: app.id, schedule: "0 0 1 1 *", command: "echo old" });
-      const due = Math.ceil((Date.now() + 4_000) / 1000) * 1000;
+    // One job per change, all due at the same second (each staged, then changed, before it).
+    const due = Math.ceil((Date.now() + 5_000) / 1000) * 1000;
+    const crons = [];
+    for (const [i, [what]] of changes.entries()) {
+      const cron = await newCron(key, { appId: apps[i]!.id, schedule: "0 0 1 1 *", command: "echo old" });
       await deliverAlarm(cron.id, due);
       expect((await runs(key, cron.id)).map((r) => r.phase), what).toEqual(["queued"]);
-      const res = (await change(cron.id)) as Response;
+      crons.push(cron);
+    }
+    for (const [i, [what, change]] of changes.entries()) {
+      const res = (await change(crons[i]!.id)) as Response;
       expect(res.status, what).toBeLessThan(300);
-      await new Promise((r) => setTimeout(r, due - Date.now() + 1_000));
+    }
+    expect(Date.now()).toBeLessThan(due);
+    await new Promise((r) => setTimeout(r, due - Date.now() + 1_000));
+    for (const [i, [what]] of changes.entries()) {
+      const cron = crons[i]!;
       if (what !== "the job deleted") {
         expect(await runs(key, cron.id), what).toEqual([]);
         await runDurableObjectAlarm(stubOf(cron.id));
         expect(await runs(key, cron.id), what).toEqual([]);
       }
-      // Nothing ran at that second on the node either.
-      const ran = await runInDurableObject(stubOf(cron.id), (_i, state) => state.storage.kv.get<string>("stagedFor"));
-      expect(ran, what).toBeUndefined();
+      // Nothing is left sent for that second either.
+      const sent = await runInDurableObject(stubOf(cron.id), (_i, state) => state.storage.kv.get<number>("stagedFor"));
+      expect(sent, what).toBeUndefined();
     }
   });
 

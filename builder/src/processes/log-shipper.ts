@@ -32,6 +32,8 @@ export class LogShipper {
   #round: Promise<void> = Promise.resolve();
   #shipping = false;
   #failing = false;
+  /** Apps whose log this process has shipped some of: the first shipment of each is said once in the builder's log. */
+  readonly #shipped = new Set<string>();
 
   constructor(options: { controlUrl: string; credentials: NodeCredentials }) {
     this.#controlUrl = options.controlUrl;
@@ -112,6 +114,11 @@ export class LogShipper {
       if (response.status >= 500 || response.status === 401 || response.status === 429) throw new Error(`HTTP ${response.status}`);
       // Refused as it is (400, 413): sent again it would be refused again; the lines stay on this node only.
       if (!response.ok) console.error(`builder: the control plane refused a log shipment of ${bytes} bytes (HTTP ${response.status}); the lines stay on this node`);
+      else {
+        const first = logs.filter(({ appId }) => !this.#shipped.has(appId));
+        for (const { appId } of first) this.#shipped.add(appId);
+        if (first.length > 0) console.log(`builder: shipped the first lines of the runtime log of ${first.map(({ appId }) => appId).join(", ")}`);
+      }
       this.#failing = false;
     } catch (error) {
       if (!this.#failing) console.error(`builder: shipping app logs failed (${error instanceof Error ? error.message : String(error)}); kept for the next round`);
