@@ -1,5 +1,5 @@
 import { existsSync } from "node:fs";
-import { cp, mkdtemp, rm } from "node:fs/promises";
+import { cp, mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it, onTestFailed } from "vitest";
@@ -90,7 +90,7 @@ describe("a fleet of three nodes", () => {
       const lone = await api.ok<DiskView>("POST", "/v1/disks", { name: "lone", sizeGb: 1, mountPath: "/data" });
       expect(api.holder(lone.id)).toBe(victim);
       const web = "fleetweb";
-      await api.newApp(web, "node");
+      const webApp = await api.newApp(web, "node");
       const source = await mkdtemp(join(tmpdir(), "svc-fleet-app-"));
       dirs.push(source);
       await cp(join(ROOT, "test", "fixtures", "apps", "node-features"), source, { recursive: true });
@@ -122,6 +122,12 @@ describe("a fleet of three nodes", () => {
         (await api.ok<(Run & { phase: string | null })[]>("GET", `/v1/crons/${sleeperCron.id}/runs`)).some((r) => r.jobName === sleeper.jobName && r.phase === "running"),
       );
 
+      // A node ships its apps' logs every 3 s: lines of its last seconds die with it. The history that must outlive
+      // it is what it shipped, so the kill waits for its first shipment of the app's log (its own log says so).
+      const victimLog = join(stack.stateDir, victim.name === "local-1" ? "builder.log" : `builder-${victim.name.slice("local-".length)}.log`);
+      await until("the victim's first shipment of the app's log", async () =>
+        (await readFile(victimLog, "utf8")).includes(`shipped the first lines of the runtime log of ${webApp.id}`) ? true : null,
+      );
       const killedAt = Date.now();
       victim.kill();
       dead = victim;
