@@ -163,6 +163,16 @@ const STAGING_NETWORK_RESERVE = 16;
  */
 const STAGING_AT_ONCE = 2;
 
+/** The staging and slot fields of an entry whose work has not begun. */
+const notStarted = (): Pick<JobEntry, "due" | "release" | "hold" | "made" | "executing" | "counted"> => ({
+  due: null,
+  release: null,
+  hold: null,
+  made: null,
+  executing: false,
+  counted: false,
+});
+
 const isFinal = (status: JobStatus["status"]) => status === "succeeded" || status === "failed" || status === "cancelled";
 
 /** Snapshots and restores of a disk without a recorded owner (made before tenants existed) share this tenant. */
@@ -366,12 +376,7 @@ export class JobManager {
       limit,
       seq: this.#admitted++,
       notifyStart: false,
-      due: null,
-      release: null,
-      hold: null,
-      made: null,
-      executing: false,
-      counted: false,
+      ...notStarted(),
       dir,
       callbackUrl: work.callbackUrl ?? null,
       work,
@@ -769,12 +774,7 @@ export class JobManager {
         limit: 1,
         seq: 0,
         notifyStart: false,
-        due: null,
-        release: null,
-        hold: null,
-        made: null,
-        executing: false,
-        counted: false,
+        ...notStarted(),
         dir,
         callbackUrl: typeof callback === "string" ? callback : null,
         work: null,
