@@ -227,14 +227,20 @@ export class CronJob extends DurableObject<Env> {
     const job = this.job();
     const target = this.target();
     if (!job || !target) return null;
-    const running = this.runningRows();
-    const busy = running[0];
+    // A run sent ahead whose second has not come is not in progress: under forbid it is taken back (its
+    // second decides again, as for any scheduled run), under allow and replace it stays for its second.
+    const ahead = this.kv.get<number>("stagedFor");
+    const isAhead = (row: RunRow) => ahead !== undefined && ahead > Date.now() && row.trigger === "schedule" && row.scheduled_at === ahead;
+    if (job.concurrencyPolicy === "forbid" && this.runningRows().some(isAhead)) await this.unstage();
+    const running = this.runningRows().filter((row) => !isAhead(row));
+    // One its node could not be asked to take back still runs at its second: it counts.
+    const busy = job.concurrencyPolicy === "forbid" ? this.runningRows()[0] : running[0];
     if (busy && job.concurrencyPolicy === "forbid") {
       const phase = busy.phase ?? "running";
       return {
         ok: false,
         code: "RUN_IN_PROGRESS",
-        message: `run ${busy.job_name} of cron job ${job.name} is still ${phase === "queued" ? "queued (waiting for a slot)" : "running"}, and the job's concurrency policy is forbid; wait for it, cancel it (POST /v1/crons/${job.id}/runs/${busy.job_name}/cancel, or svc cron cancel ${job.name} ${busy.job_name}), or set concurrencyPolicy to allow or replace`,
+        message: `run ${busy.job_name} of cron job ${job.name} is still ${isAhead(busy) ? "staged on its node for its second (which could not be asked to take it back)" : phase === "queued" ? "queued (waiting for a slot)" : "running"}, and the job's concurrency policy is forbid; wait for it, cancel it (POST /v1/crons/${job.id}/runs/${busy.job_name}/cancel, or svc cron cancel ${job.name} ${busy.job_name}), or set concurrencyPolicy to allow or replace`,
       };
     }
     const now = Date.now();

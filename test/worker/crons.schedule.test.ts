@@ -191,6 +191,23 @@ describe("CronJob alarm", () => {
     }
   });
 
+  it("a manual run under forbid takes back a run sent ahead for its second (whose second then decides again); under allow that run stays", async () => {
+    const { adminKey: key } = await newAccount();
+    const app = await newApp(key);
+    const due = Math.ceil((Date.now() + 5_000) / 1000) * 1000;
+    const forbid = await newCron(key, { appId: app.id, command: "echo scheduled" });
+    const allow = await newCron(key, { appId: app.id, command: "echo scheduled", concurrencyPolicy: "allow" });
+    for (const cron of [forbid, allow]) await deliverAlarm(cron.id, due);
+    for (const cron of [forbid, allow]) {
+      const manual = await call(`/v1/crons/${cron.id}/run`, { method: "POST", key });
+      expect(manual.status, await manual.clone().text()).toBe(202);
+    }
+    expect(Date.now()).toBeLessThan(due);
+    const names = async (id: string) => (await runs(key, id)).map((r) => r.jobName.replace(/^manual-.*$/, "manual"));
+    expect(await names(forbid.id)).toEqual(["manual"]);
+    expect((await names(allow.id)).sort()).toEqual([`${allow.name}-${due / 1000}`, "manual"]);
+  });
+
   it("skips a disabled job and a stopped app without recording a run, and arms no alarm for them (a stray delivery is all it costs)", async () => {
     const { adminKey: key } = await newAccount();
     const running = await newApp(key);
