@@ -84,6 +84,9 @@ export type ManualRun =
   | { ok: true; jobName: string; status: RunRow["status"]; phase: RunRow["phase"] }
   | { ok: false; code: "RUN_IN_PROGRESS" | Refusal["code"]; message: string };
 
+/** A scheduled run's name: the job's and its second's (so a repeated alarm names the same run). */
+const scheduledName = (job: CronDefinition, due: number) => `${job.name}-${Math.floor(due / 1000)}`;
+
 const logLine = (text: string, at = Date.now()) => `${new Date(at).toISOString()} svc ${text}\n`;
 
 /** The error line a failed run's log ends with (spec: a non-zero exit shows an error in the log). */
@@ -229,18 +232,18 @@ export class CronJob extends DurableObject<Env> {
     if (!job || !target) return null;
     // A run sent ahead whose second has not come is not in progress: under forbid it is taken back (its
     // second decides again, as for any scheduled run), under allow and replace it stays for its second.
-    const ahead = this.kv.get<number>("stagedFor");
-    const isAhead = (row: RunRow) => ahead !== undefined && ahead > Date.now() && row.trigger === "schedule" && row.scheduled_at === ahead;
-    if (job.concurrencyPolicy === "forbid" && this.runningRows().some(isAhead)) await this.unstage();
-    const running = this.runningRows().filter((row) => !isAhead(row));
-    // One its node could not be asked to take back still runs at its second: it counts.
-    const busy = job.concurrencyPolicy === "forbid" ? this.runningRows()[0] : running[0];
+    if (job.concurrencyPolicy === "forbid") await this.unstage();
+    const ahead = this.stagedRow()?.job_name;
+    const rows = this.runningRows();
+    const running = rows.filter((row) => row.job_name !== ahead);
+    // Under forbid, one its node could not be asked to take back still runs at its second: it counts.
+    const busy = rows[0];
     if (busy && job.concurrencyPolicy === "forbid") {
       const phase = busy.phase ?? "running";
       return {
         ok: false,
         code: "RUN_IN_PROGRESS",
-        message: `run ${busy.job_name} of cron job ${job.name} is still ${isAhead(busy) ? "staged on its node for its second (which could not be asked to take it back)" : phase === "queued" ? "queued (waiting for a slot)" : "running"}, and the job's concurrency policy is forbid; wait for it, cancel it (POST /v1/crons/${job.id}/runs/${busy.job_name}/cancel, or svc cron cancel ${job.name} ${busy.job_name}), or set concurrencyPolicy to allow or replace`,
+        message: `run ${busy.job_name} of cron job ${job.name} is still ${busy.job_name === ahead ? "staged on its node for its second (which could not be asked to take it back)" : phase === "queued" ? "queued (waiting for a slot)" : "running"}, and the job's concurrency policy is forbid; wait for it, cancel it (POST /v1/crons/${job.id}/runs/${busy.job_name}/cancel, or svc cron cancel ${job.name} ${busy.job_name}), or set concurrencyPolicy to allow or replace`,
       };
     }
     const now = Date.now();
@@ -366,7 +369,7 @@ export class CronJob extends DurableObject<Env> {
       // A run sent ahead: at its second only the bookkeeping is left (its node starts it on its own).
       ran = staged;
       dispatchedAt = this.atSecond(job, staged);
-      if (dispatchedAt !== null) await this.replacePrevious(job, `${job.name}-${Math.floor(staged / 1000)}`);
+      if (dispatchedAt !== null) await this.replacePrevious(job, scheduledName(job, staged));
     } else if (due !== undefined && due <= Date.now()) {
       ran = due;
       dispatchedAt = await this.fire(job, due);
@@ -385,7 +388,7 @@ export class CronJob extends DurableObject<Env> {
         JSON.stringify({
           event: "cron.run",
           cronId: job.id,
-          jobName: `${job.name}-${Math.floor(ran / 1000)}`,
+          jobName: scheduledName(job, ran),
           dispatchLagMs: dispatchedAt - ran,
           d1Queries: this.d1Queries,
         }),
@@ -404,14 +407,13 @@ export class CronJob extends DurableObject<Env> {
   /**
    * Inserts a `running` run, `queued` until the builder says it started; false
    * when one of that name exists (a duplicate alarm delivery). Its key at the
-   * builder is `<cron id>/<job name>`, with the count of earlier sends taken
-   * back (a staged run whose job changed) after it: a key names one submission.
+   * builder is `<cron id>/<job name>`; a run sent ahead adds the time it was
+   * sent, since one taken back (its job changed) is sent again as a new
+   * submission and a key names one.
    */
-  private insertRun(jobName: string, trigger: RunRow["trigger"], scheduledAt: number): boolean {
+  private insertRun(jobName: string, trigger: RunRow["trigger"], scheduledAt: number, ahead = false): boolean {
     const now = Date.now();
-    const job = this.job();
-    const taken = this.kv.get<number>(`unstaged:${jobName}`);
-    const key = `${job?.id ?? ""}/${jobName}${taken ? `/${taken}` : ""}`;
+    const key = `${this.job()?.id ?? ""}/${jobName}${ahead ? `/${now}` : ""}`;
     const cursor = this.ctx.storage.sql.exec(
       "INSERT INTO runs (job_name, trigger, status, phase, scheduled_at, queued_at, started_at, builder_key) VALUES (?, ?, 'running', 'queued', ?, ?, ?, ?) ON CONFLICT (job_name) DO NOTHING",
       jobName,
@@ -493,7 +495,7 @@ export class CronJob extends DurableObject<Env> {
     if (!job.enabled || !target || target.stopped) return null;
     const running = this.runningRows();
     if (running.length > 0 && job.concurrencyPolicy === "forbid") return null;
-    const jobName = `${job.name}-${Math.floor(due / 1000)}`;
+    const jobName = scheduledName(job, due);
     if (!this.insertRun(jobName, "schedule", due)) return null;
     this.kv.put("lastRunAt", due);
     // The only wait before the command starts is the builder's answer; the rest is bookkeeping after.
@@ -524,11 +526,10 @@ export class CronJob extends DurableObject<Env> {
   private async stage(job: CronDefinition, due: number): Promise<void> {
     const target = this.target();
     if (!target || !this.stageable(job)) return;
-    const jobName = `${job.name}-${Math.floor(due / 1000)}`;
+    const jobName = scheduledName(job, due);
     this.kv.put("stagedFor", due);
     // Its row exists: this is a repeated delivery of the alarm that sent it.
-    if (!this.insertRun(jobName, "schedule", due)) return;
-    this.kv.put("stagedAt", Date.now());
+    if (!this.insertRun(jobName, "schedule", due, true)) return;
     const refused = await this.dispatch(job, target, jobName, { startAt: due });
     if (!refused) return;
     this.ctx.storage.sql.exec("DELETE FROM runs WHERE job_name = ? AND builder_job_id IS NULL", jobName);
@@ -541,11 +542,19 @@ export class CronJob extends DurableObject<Env> {
   /** The second of a run sent ahead: its node starts it; what is left is the record. Returns when it was sent. */
   private atSecond(job: CronDefinition, due: number): number | null {
     this.kv.delete("stagedFor");
-    const jobName = `${job.name}-${Math.floor(due / 1000)}`;
-    this.kv.delete(`unstaged:${jobName}`);
-    if (!this.row(jobName)) return null;
+    const row = this.row(scheduledName(job, due));
+    if (!row) return null;
     this.kv.put("lastRunAt", due);
-    return this.kv.get<number>("stagedAt") ?? due;
+    return row.queued_at ?? due;
+  }
+
+  /** The run sent ahead whose second has not come, while it is running (sent, not ended); null when there is none. */
+  private stagedRow(): RunRow | null {
+    const due = this.kv.get<number>("stagedFor");
+    if (due === undefined || due <= Date.now()) return null;
+    return (
+      this.ctx.storage.sql.exec<RunRow>("SELECT * FROM runs WHERE scheduled_at = ? AND trigger = 'schedule' AND status = 'running'", due).toArray()[0] ?? null
+    );
   }
 
   /**
@@ -556,18 +565,12 @@ export class CronJob extends DurableObject<Env> {
    * sent: a change reaches the runs after it. True when one was taken back.
    */
   private async unstage(): Promise<boolean> {
-    const due = this.kv.get<number>("stagedFor");
-    const job = this.job();
-    if (due === undefined || !job) return false;
-    const row = this.ctx.storage.sql
-      .exec<RunRow>("SELECT * FROM runs WHERE scheduled_at = ? AND trigger = 'schedule' AND status = 'running'", due)
-      .toArray()[0];
-    if (!row?.builder_job_id || due <= Date.now()) return false;
+    const row = this.stagedRow();
+    if (!row?.builder_job_id) return false;
     const node = await this.nodeOf(row);
     const cancelled = node ? await cancelJob(this.config, node, row.builder_job_id, { unstarted: true }).catch(() => null) : null;
     if (!cancelled?.ok || cancelled.value.status !== "cancelled" || cancelled.value.startedAt !== null) return false;
     this.ctx.storage.sql.exec("DELETE FROM runs WHERE job_name = ?", row.job_name);
-    this.kv.put(`unstaged:${row.job_name}`, (this.kv.get<number>(`unstaged:${row.job_name}`) ?? 0) + 1);
     this.kv.delete("stagedFor");
     return true;
   }
@@ -580,13 +583,14 @@ export class CronJob extends DurableObject<Env> {
    * run that cannot start anywhere is refused before it exists: the answer
    * says why (the account has that many jobs waiting, or no node takes work
    * now) and the run's row is gone; a scheduled run fails with the reason.
+   * With `startAt` (a run sent ahead of its second), anything in the way is
+   * answered so too, and the run is sent again at its second.
    */
   private async dispatch(job: CronDefinition, target: CronTarget, jobName: string, options: { maxQueued?: number; startAt?: number } = {}): Promise<Refusal | null> {
     const config = this.config;
     const { disk } = target;
     const { maxQueued, startAt } = options;
-    // A manual run is refused before it exists; a run sent ahead is sent again at its second instead.
-    const manual = maxQueued !== undefined || startAt !== undefined;
+    const refuseEarly = maxQueued !== undefined || startAt !== undefined;
     const messageOf = (err: unknown) => (err instanceof Error ? err.message : String(err));
     const fail = async (error: string) => {
       await this.complete(jobName, { status: "failed", exitCode: null, error, log: logLine(`error: ${error}`) });
@@ -604,14 +608,14 @@ export class CronJob extends DurableObject<Env> {
           : await placeStateless(this.env, passedOver.size > 0 ? { exclude: new Set(passedOver.keys()) } : {});
       } catch (err) {
         const reason = passedOver.size > 0 ? `no other node takes work (${[...passedOver.values()].join(", ")} not answering)` : messageOf(err);
-        if (manual) return { code: passedOver.size > 0 || (err instanceof ApiError && err.code === "NODE_UNREACHABLE") ? "NODE_UNREACHABLE" : "BUILDER_UNAVAILABLE", message: reason };
+        if (refuseEarly) return { code: passedOver.size > 0 || (err instanceof ApiError && err.code === "NODE_UNREACHABLE") ? "NODE_UNREACHABLE" : "BUILDER_UNAVAILABLE", message: reason };
         return fail(`the run did not start: ${reason}`);
       }
       try {
         this.ctx.storage.sql.exec("UPDATE runs SET node_id = ? WHERE job_name = ?", node.id, jobName);
         const submitted = await submitJob(config, node, await this.spec(job, target, jobName, maxQueued, startAt));
         if (!submitted.ok) {
-          if (manual && submitted.code === "TENANT_QUEUE_FULL") return { code: "TOO_MANY_JOBS", message: submitted.message };
+          if (refuseEarly && submitted.code === "TENANT_QUEUE_FULL") return { code: "TOO_MANY_JOBS", message: submitted.message };
           if (startAt !== undefined) return { code: "BUILDER_UNAVAILABLE", message: submitted.message };
           return fail(`the builder refused the run: ${submitted.message}`);
         }
@@ -625,7 +629,7 @@ export class CronJob extends DurableObject<Env> {
             passedOver.set(node.id, node.name ?? node.id);
             continue;
           }
-          if (manual) return { code: "NODE_UNREACHABLE", message: messageOf(err) };
+          if (refuseEarly) return { code: "NODE_UNREACHABLE", message: messageOf(err) };
           return fail(`the run did not start: ${messageOf(err)}`);
         }
         // Unreachable even after retries. The key lets the next poll find the run if the builder did get it.

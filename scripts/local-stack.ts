@@ -66,6 +66,8 @@ export type LocalNode = {
   id: string;
   url: string;
   dataDir: string;
+  /** The file its output goes to (`output: "files"`); null when it goes to this terminal. */
+  logFile: string | null;
   pid(): number;
   /** Stops supervising it and stops it (SIGTERM). */
   stop(): Promise<void>;
@@ -382,6 +384,7 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
     // its port and data directory, and joins again as itself.
     for (let i = 1; i <= (opts.nodes ?? 1); i++) {
       const dataDir = join(opts.stateDir, i === 1 ? "builder" : `builder-${i}`);
+      const logFile = opts.output === "files" ? join(opts.stateDir, i === 1 ? "builder.log" : `builder-${i}.log`) : null;
       const joinToken = await mintJoinToken(apiUrl, secrets.OPERATOR_TOKEN, `local-${i} (npm start)`);
       const launch = (port?: number) =>
         superviseBuilder({
@@ -393,7 +396,7 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
             BUILDER_CONTROL_URL: opts.publicUrl ?? apiUrl,
             BUILDER_NODE_NAME: `local-${i}`,
           },
-          log: opts.output === "files" ? { file: join(opts.stateDir, i === 1 ? "builder.log" : `builder-${i}.log`) } : "inherit",
+          log: logFile ? { file: logFile } : "inherit",
           ...(opts.nodeCgroupRoot ? { cgroup: join(opts.nodeCgroupRoot, `local-${i}`) } : {}),
         });
       let supervised = await launch();
@@ -404,6 +407,7 @@ export async function startLocalStack(opts: LocalStackOptions): Promise<LocalSta
         id: nodeId,
         url: supervised.url,
         dataDir,
+        logFile,
         pid: () => supervised.pid(),
         stop: () => supervised.stop(),
         kill: () => supervised.kill(),

@@ -92,10 +92,10 @@ export function fleetApi(stack: LocalStack & { stateDir: string }) {
       const lines = log.split("\n").filter((l) => /fleet|disk\.|node\.|app\.|error|Error|restart|crash|exited/i.test(l));
       console.log(`wrangler.log (fleet, disk, app, node, error and restart lines):\n${lines.slice(-80).join("\n")}`);
       // What each node said of shipping its apps' logs and of its callbacks (a log that did not outlive its node).
-      for (const name of (await readdir(stack.stateDir)).filter((f) => /^builder(-\d+)?\.log$/.test(f))) {
-        const text = await readFile(join(stack.stateDir, name), "utf8").catch(() => "");
+      for (const node of stack.nodes) {
+        const text = node.logFile ? await readFile(node.logFile, "utf8").catch(() => "") : "";
         const said = text.split("\n").filter((l) => /log shipment|shipping app logs|shipped the first lines|callback|failed|error/i.test(l));
-        console.log(`${name} (shipping, callback and error lines):\n${said.slice(-30).join("\n")}`);
+        console.log(`${node.name}'s log (shipping, callback and error lines):\n${said.slice(-30).join("\n")}`);
       }
     },
   };

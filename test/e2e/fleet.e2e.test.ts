@@ -124,9 +124,8 @@ describe("a fleet of three nodes", () => {
 
       // A node ships its apps' logs every 3 s: lines of its last seconds die with it. The history that must outlive
       // it is what it shipped, so the kill waits for its first shipment of the app's log (its own log says so).
-      const victimLog = join(stack.stateDir, victim.name === "local-1" ? "builder.log" : `builder-${victim.name.slice("local-".length)}.log`);
       await until("the victim's first shipment of the app's log", async () =>
-        (await readFile(victimLog, "utf8")).includes(`shipped the first lines of the runtime log of ${webApp.id}`) ? true : null,
+        (await readFile(victim.logFile!, "utf8")).includes(`shipped the first lines of the runtime log of ${webApp.id}`) ? true : null,
       );
       const killedAt = Date.now();
       victim.kill();

@@ -13,7 +13,7 @@ export type SharedStack = {
   stateDir: string;
   workerPid: number;
   builderPid: number;
-  nodes: { name: string; id: string; url: string; dataDir: string; pid: number }[];
+  nodes: { name: string; id: string; url: string; dataDir: string; logFile: string | null; pid: number }[];
 };
 
 declare module "vitest" {
@@ -51,7 +51,7 @@ export default async function setup(project: TestProject): Promise<() => Promise
     stateDir,
     workerPid: stack.workerPid(),
     builderPid: stack.builderPid(),
-    nodes: stack.nodes.map(({ name, id, url, dataDir, pid }) => ({ name, id, url, dataDir, pid: pid() })),
+    nodes: stack.nodes.map(({ name, id, url, dataDir, logFile, pid }) => ({ name, id, url, dataDir, logFile, pid: pid() })),
   });
   return async () => {
     await stack.stop();

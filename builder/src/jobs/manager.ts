@@ -488,16 +488,28 @@ export class JobManager {
     if (entry.due) clearTimeout(entry.due);
     entry.due = null;
     this.#staged.delete(entry);
-    const unmade = this.#toMake.findIndex((item) => item.entry === entry);
-    if (unmade !== -1) {
-      this.#toMake.splice(unmade, 1);
-      entry.release = null;
-      this.#preparing--;
-    }
+    if (this.#takeUnmade(entry)) this.#dropHold(entry);
     const share = this.#shares.get(entry.tenant);
     const at = share ? share.queue.indexOf(entry) : -1;
     if (at >= 0) share!.queue.splice(at, 1);
     this.#settle(entry.tenant);
+  }
+
+  /** Takes a staged run out of those whose sandboxes are still to be made; whether it was one. */
+  #takeUnmade(entry: JobEntry): boolean {
+    const at = this.#toMake.findIndex((item) => item.entry === entry);
+    if (at !== -1) this.#toMake.splice(at, 1);
+    return at !== -1;
+  }
+
+  /** Gives back a staged run's staging room; its release (null when it holds none). */
+  #dropHold(entry: JobEntry): (() => void) | null {
+    const release = entry.release;
+    if (release) {
+      entry.release = null;
+      this.#preparing--;
+    }
+    return release;
   }
 
   /** Forgets a tenant with nothing queued or running. */
@@ -633,14 +645,9 @@ export class JobManager {
       entry.status.startedAt = new Date().toISOString();
       if (entry.notifyStart) this.#report(entry);
       // A staged run's sandbox waits for this word (one not begun yet is made now, as any job); any other job's work begins now.
-      const release = entry.release;
-      const unmade = this.#toMake.findIndex((item) => item.entry === entry);
-      if (unmade !== -1) this.#toMake.splice(unmade, 1);
-      if (release) {
-        entry.release = null;
-        this.#preparing--;
-      }
-      if (release && unmade === -1) release();
+      const unmade = this.#takeUnmade(entry);
+      const release = this.#dropHold(entry);
+      if (release && !unmade) release();
       else void this.#execute(entry, null);
     }
   }
@@ -680,10 +687,7 @@ export class JobManager {
     await entry.log?.close().catch((error: unknown) => console.error(`builder: closing log failed: ${String(error)}`));
     await recorded;
     // Ended before its second (it could not be made ready, or was cancelled): it never took a slot.
-    if (entry.release) {
-      entry.release = null;
-      this.#preparing--;
-    }
+    this.#dropHold(entry);
     entry.made?.();
     this.#unqueue(entry);
     if (entry.counted) {

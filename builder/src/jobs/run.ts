@@ -28,7 +28,7 @@ export interface RunJobInput {
   /** A run staged before its second: everything is made ready now, the command starts when this resolves (its time limit from then). */
   hold: Promise<void> | null;
   /** Called once the held sandbox is made (the command waits for `hold`). */
-  onStaged?: () => void;
+  onStaged: () => void;
 }
 
 /**
@@ -77,7 +77,7 @@ export async function runJob(input: RunJobInput): Promise<SandboxOutcome> {
       tools: null,
       // Staged, what came before the second (the source's download) does not count against the limit.
       timeoutMs: input.hold ? spec.timeoutSeconds * 1000 : Math.max(1, deadline - Date.now()),
-      ...(input.hold ? { hold: input.hold, ...(input.onStaged ? { onStaged: input.onStaged } : {}) } : {}),
+      ...(input.hold ? { hold: input.hold, onStaged: input.onStaged } : {}),
       memoryLimitBytes,
       disk,
       log,
