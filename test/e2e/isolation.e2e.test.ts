@@ -139,7 +139,8 @@ only("two accounts on one builder", () => {
       'echo "uid=$(id -u)"',
       // Last: a fork bomb, contained by the job's process limit; the run ends (and the kernel ends the rest) after it.
       // Its wait is forked before it: while the bomb holds every process the limit allows, the shell can fork
-      // nothing (dash exits on a failed fork), and `wait` and `echo` are builtins.
+      // nothing (dash exits on a failed fork), and `wait` and `echo` are builtins. (The line still went missing
+      // once in a full run since: the assertion prints the run and its log.)
       "sleep 3 & pause=$!; ( bomb() { bomb | bomb & }; bomb ) 2>/dev/null; wait $pause; echo bomb=contained",
     ].join("\n");
     const attacked = await startRun(attacker, attackerApp, "attack", attack);
@@ -158,7 +159,8 @@ only("two accounts on one builder", () => {
     expect(seen["host-builder-port"]).toMatch(/^(ECONNREFUSED|EHOSTUNREACH|ENETUNREACH)$/);
     expect(seen["kill-all"]).toBe("survived");
     expect(seen["tmp-fill"]).toBe("1");
-    expect(seen.bomb).toBe("contained");
+    // Its log says how the run ended when the line is missing (the cause of a rare miss is not known yet).
+    expect(seen.bomb, `${JSON.stringify(attackRun)}\n${attackLog.slice(-3000)}`).toBe("contained");
     expect(attackRun.status).toBe("success");
     for (const value of [...Object.values(stack.secrets), stack.adminKey, secret, diskContent]) {
       expect(attackLog).not.toContain(value);
