@@ -55,6 +55,14 @@ export interface BuilderConfig {
   pipFindLinks: string | null;
   /** How often the node reports its apps' usage (BUILDER_METRICS_SECONDS, default 10; node/metrics.ts). */
   metricsIntervalMs: number;
+  /**
+   * Apps' traffic through HAProxy (processes/native-proxy.ts): `auto` when
+   * its binary is there (else the Node proxy alone, said at startup), `on`
+   * (refuse to start without it), `off`.
+   */
+  nativeProxy: "auto" | "on" | "off";
+  /** The HAProxy binary (BUILDER_HAPROXY). */
+  haproxyBinary: string;
 }
 
 /**
@@ -102,6 +110,8 @@ const EnvSchema = z.object({
   BUILDER_PIP_INDEX_URL: httpUrl.optional(),
   BUILDER_PIP_FIND_LINKS: z.string().min(1).optional(),
   BUILDER_METRICS_SECONDS: z.coerce.number().int().min(1).max(300).default(10),
+  BUILDER_NATIVE_PROXY: z.enum(["auto", "on", "off"]).default("auto"),
+  BUILDER_HAPROXY: z.string().startsWith("/", "must be an absolute path").default("/usr/sbin/haproxy"),
 });
 
 /** Parses the environment; expected mistakes come back as readable lines, not exceptions. */
@@ -157,6 +167,8 @@ export function loadConfig(
       pipIndexUrl: values.BUILDER_PIP_INDEX_URL ?? null,
       pipFindLinks: values.BUILDER_PIP_FIND_LINKS === undefined ? null : resolve(cwd, values.BUILDER_PIP_FIND_LINKS),
       metricsIntervalMs: values.BUILDER_METRICS_SECONDS * 1000,
+      nativeProxy: values.BUILDER_NATIVE_PROXY,
+      haproxyBinary: values.BUILDER_HAPROXY,
     },
   };
 }

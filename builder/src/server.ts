@@ -7,7 +7,7 @@
  * (with the real port when BUILDER_PORT=0) once it accepts requests.
  */
 import { chmod, mkdir, stat } from "node:fs/promises";
-import { createServer, type RequestListener } from "node:http";
+import { createServer, type RequestListener, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import { createRequestHandler } from "./app.js";
@@ -19,6 +19,7 @@ import { DependencyCache } from "./jobs/dependency-cache.js";
 import { JobManager } from "./jobs/manager.js";
 import { PackageCaches } from "./jobs/package-cache.js";
 import { LogShipper } from "./processes/log-shipper.js";
+import { NativeProxy } from "./processes/native-proxy.js";
 import { ProcessManager } from "./processes/manager.js";
 import { AppProxy } from "./processes/proxy.js";
 import { DiskLease } from "./node/lease.js";
@@ -79,10 +80,47 @@ let handler: RequestListener = (request, response) => {
   response.writeHead(ready ? 200 : 503, { "Content-Type": "application/json" });
   response.end(JSON.stringify(ready ? { ok: true, starting: true } : { error: { code: "UNAVAILABLE", message: "the builder is starting" } }));
 };
-const server = createServer((request, response) => handler(request, response));
-await new Promise<void>((resolve) => server.listen(config.port, config.host, resolve));
-const address = server.address() as AddressInfo;
-const listening = `http://${address.family === "IPv6" ? `[${address.address}]` : address.address}:${address.port}`;
+const servers = [createServer((request, response) => handler(request, response))];
+const listen = async (target: Server, port: number, host: string): Promise<AddressInfo> => {
+  await new Promise<void>((resolve) => target.listen(port, host, resolve));
+  return target.address() as AddressInfo;
+};
+const urlOf = (host: string, port: number) => `http://${host.includes(":") ? `[${host}]` : host}:${port}`;
+// Apps' traffic goes through HAProxy in front of the builder's port when it can (processes/native-proxy.ts):
+// the builder's own server is then on the loopback behind it, and takes what HAProxy does not answer itself.
+let native: NativeProxy | null = null;
+let listening: string;
+if (config.nativeProxy === "off") {
+  const address = await listen(servers[0]!, config.port, config.host);
+  listening = urlOf(address.address, address.port);
+} else {
+  const behind = await listen(servers[0]!, 0, "127.0.0.1");
+  // HAProxy keeps its idle connections to the builder: the builder must not close them first.
+  servers[0]!.keepAliveTimeout = 120_000;
+  servers[0]!.headersTimeout = 121_000;
+  try {
+    native = await NativeProxy.start({
+      dir: join(config.dataDir, "native-proxy"),
+      binary: config.haproxyBinary,
+      listen: { host: config.host, port: config.port },
+      fallbackPort: behind.port,
+      secret: () => credentials.key,
+      hold: (held, request, response) => proxy.handleHeld(held, request, response),
+    });
+    listening = urlOf(config.host, native.port);
+    console.log(`builder native proxy: HAProxy on ${listening}, in front of the builder's own server on 127.0.0.1:${behind.port}; apps' plain requests go from it straight to their sandboxes`);
+  } catch (error) {
+    const why = error instanceof Error ? error.message : String(error);
+    if (config.nativeProxy === "on") {
+      console.error(`builder: BUILDER_NATIVE_PROXY=on, but ${why}`);
+      process.exit(1);
+    }
+    console.log(`builder native proxy: off (${why}); apps' traffic goes through the Node proxy alone`);
+    servers.push(createServer((request, response) => handler(request, response)));
+    const address = await listen(servers[1]!, config.port, config.host);
+    listening = urlOf(address.address, address.port);
+  }
+}
 
 const membership = new AbortController();
 const memoryFreeMb = () => Math.floor(room.memoryFreeBytes / 1024 / 1024);
@@ -139,7 +177,8 @@ const proxy = new AppProxy({ secret: credentials.key, lookup: (id) => processes.
 
 handler = createRequestHandler({ secret: credentials.key, jobs, disks, nonces: new NonceCache(), leases, lease, processes, proxy });
 // WebSockets (and any other upgrade) of the apps' traffic; every other path is refused there.
-server.on("upgrade", (request, socket, head) => proxy.upgrade(request, socket, head));
+for (const server of servers) server.on("upgrade", (request, socket, head) => proxy.upgrade(request, socket, head));
+native?.attach(processes);
 if (config.join) {
   void heartbeat({
     controlUrl: config.join.controlUrl,
@@ -160,11 +199,12 @@ async function stop(): Promise<void> {
   if (stopping) return;
   stopping = true;
   membership.abort();
-  server.close();
+  for (const server of servers) server.close();
   // App processes end with the builder (their sandboxes die with it anyway): stopped cleanly, reported.
   await Promise.all([jobs.shutdown(config.shutdownGraceMs), processes.shutdown()]);
   await shipper?.stop();
-  server.closeAllConnections();
+  await native?.close();
+  for (const server of servers) server.closeAllConnections();
   // Each step whatever the one before it met: a disk that would not unmount must not leave the data dir's own mount behind.
   for (const [what, step] of [
     ["unmounting disks", () => disks.close()],

@@ -59,6 +59,10 @@ const server = http.createServer((req, res) => {
     res.writeHead(200, { "Content-Length": size, "Content-Type": "application/octet-stream" });
     return res.end(Buffer.alloc(size, 7));
   }
+  if (url.pathname === "/cookies") {
+    res.setHeader("Set-Cookie", url.searchParams.getAll("c"));
+    return res.end("cookies");
+  }
   if (url.pathname === "/slow") return void setTimeout(() => res.end("slow done"), Number(url.searchParams.get("ms") || 1000));
   if (url.pathname === "/sse") {
     res.writeHead(200, { "Content-Type": "text/event-stream", "Cache-Control": "no-cache" });

@@ -80,6 +80,12 @@ interface Entry {
   successor: string | null;
 }
 
+/** What the manager tells the node's native proxy (native-proxy.ts). */
+export interface ProcessTraffic {
+  sync(): void;
+  idle(processId: string, until: number): Promise<number>;
+}
+
 /** Successors followed at most from the process an edge named (one per deploy made within the edge's cache time). */
 const MAX_SUCCESSOR_HOPS = 8;
 
@@ -98,6 +104,8 @@ export class ProcessManager {
   readonly #stopCallbacks = new AbortController();
   #closing = false;
   #pruneTimer: NodeJS.Timeout | undefined;
+  /** The node's native proxy, once it runs: told of every change of a route, asked for a stopping process's requests. */
+  #traffic: ProcessTraffic | null = null;
 
   private constructor(options: ProcessManagerOptions, releases: ReleaseStore) {
     this.#options = options;
@@ -117,6 +125,12 @@ export class ProcessManager {
     manager.#pruneTimer = setInterval(() => void manager.#prune(), PRUNE_INTERVAL_MS);
     manager.#pruneTimer.unref();
     return manager;
+  }
+
+  /** From now on every change of a process's route reaches `traffic`. */
+  attachTraffic(traffic: ProcessTraffic): void {
+    this.#traffic = traffic;
+    traffic.sync();
   }
 
   /** Processes not yet stopped or failed, with their apps (what heartbeats report). */
@@ -212,6 +226,8 @@ export class ProcessManager {
         releaseDisk,
         diskProblem: () => this.#options.lease.problem(),
         changed: (status) => this.#changed(entry, status),
+        routed: () => this.#traffic?.sync(),
+        drained: (until) => this.#traffic?.idle(id, until) ?? Promise.resolve(0),
       },
       new Date().toISOString(),
     );

@@ -93,6 +93,7 @@ const APPS_DOMAIN = HEADER_APPS_DOMAIN.toLowerCase();
 
 /** What the proxy needs of a process. */
 export interface ProxiedProcess {
+  readonly id: string;
   readonly spec: { tenant: string };
   route(): Route;
   status(): { state: ProcessState };
@@ -324,6 +325,17 @@ export class AppProxy {
     );
   }
 
+  /**
+   * A request the node's native proxy authenticated and rewrote, then found
+   * the process's instance gone (native-proxy.ts): its path is already the
+   * app's, its `X-Svc-*` headers are gone (the apps domain comes with it).
+   * It waits for the next instance as any request does.
+   */
+  handleHeld(held: { id: string; appsDomain: string | null }, request: IncomingMessage, response: ServerResponse): void {
+    const path = request.url ?? "/";
+    this.#admit({ id: held.id, path: path.startsWith("/") ? path : `/${path}` }, request, response, held.appsDomain);
+  }
+
   /** Passes a WebSocket (or any upgrade) through: the request head to a new connection to the app, then bytes both ways. */
   upgrade(request: IncomingMessage, socket: Duplex, head: Buffer): void {
     socket.on("error", () => socket.destroy());
@@ -378,7 +390,7 @@ export class AppProxy {
     socket.on("close", teardown);
   }
 
-  #admit(target: { id: string; path: string }, request: IncomingMessage, response: ServerResponse) {
+  #admit(target: { id: string; path: string }, request: IncomingMessage, response: ServerResponse, appsDomain: string | string[] | null | undefined = request.headers[APPS_DOMAIN]) {
     if (Number(request.headers["content-length"] ?? 0) > MAX_PROXY_BODY_BYTES) {
       response.setHeader("Connection", "close");
       response.once("finish", () => request.destroy());
@@ -392,7 +404,6 @@ export class AppProxy {
     }
     response.once("close", share);
     const hasBody = request.headers["transfer-encoding"] !== undefined || Number(request.headers["content-length"] ?? 0) > 0;
-    const appsDomain = request.headers[APPS_DOMAIN];
     const exchange: Exchange = {
       request,
       response,

@@ -116,6 +116,10 @@ export interface SupervisorContext {
   diskProblem: () => string | null;
   /** Called after every change of the status (persist it, report it). */
   changed: (status: ProcessStatus) => void;
+  /** Called after every change of where proxied requests go (route()). */
+  routed: () => void;
+  /** Waits (until the time given) for the requests in flight the node's native proxy sent the process: how many were left. */
+  drained: (until: number) => Promise<number>;
 }
 
 /** How the proxy may reach the process now. */
@@ -498,7 +502,7 @@ export class Supervisor {
     for (const socket of instance.upgrades) socket.destroy();
     instance.upgrades.clear();
     if (this.#instance === instance) this.#instance = null;
-    this.#routing.notify();
+    this.#routeChanged();
     if (this.#stop) return;
     const exit = describeExit(instance, outcome);
     const ranMs = instance.readyAt === null ? 0 : Date.now() - instance.readyAt;
@@ -526,10 +530,10 @@ export class Supervisor {
       await Promise.race([sleep(left), stop.wake.wait()]);
     }
     this.#accepting = false;
-    this.#routing.notify();
+    this.#routeChanged();
     const idleBy = Date.now() + IN_FLIGHT_WAIT_MS;
     while (this.#inFlight > 0 && Date.now() < idleBy) await Promise.race([this.#idle.wait(), sleep(idleBy - Date.now())]);
-    const inFlight = this.#inFlight;
+    const inFlight = this.#inFlight + (await this.#context.drained(idleBy));
     const instance = this.#instance;
     if (instance && !instance.exited) {
       instance.endedBy = { reason: "stop", message: "stopped" };
@@ -542,6 +546,11 @@ export class Supervisor {
       this.#status.stoppedAt = new Date().toISOString();
     });
     this.#markFinished();
+  }
+
+  #routeChanged(): void {
+    this.#routing.notify();
+    this.#context.routed();
   }
 
   #track(): () => void {
@@ -591,7 +600,7 @@ export class Supervisor {
     this.#note(`${to}: ${reason}`);
     this.#status.state = to;
     update?.();
-    this.#routing.notify();
+    this.#routeChanged();
     this.#context.changed(this.status());
   }
 
