@@ -1,13 +1,19 @@
 /**
- * The node's half of an app's traffic (issue 18), measured in one run on one
- * machine against a real builder and a real sandboxed app (the test app of
- * the process suites, a Node HTTP server):
+ * The node's half of an app's traffic (issues 18 and 33), measured in one run
+ * on one machine against real builders and real sandboxed apps (the test app
+ * of the process suites, a Node HTTP server):
  *
  * - throughput: 16 concurrent keep-alive clients for 5 s, GET /hello, once
  *   straight to the app's address:port on the run network and once through
  *   `/v1/proxy/<id>/hello` with the Worker's proxy headers (signed once per
  *   second, as the edge's signatures repeat within a second); same client,
- *   alternating rounds (target: proxied ≥ 0.5 × direct);
+ *   alternating rounds. Two builders side by side: the node as it runs (HAProxy
+ *   in front, processes/native-proxy.ts) and its peer, the Node proxy alone
+ *   (BUILDER_NATIVE_PROXY=off), each with its own app (targets: proxied ≥ 0.5 ×
+ *   direct, issue 18; ≥ 0.8 ×, issue 33);
+ * - the latency it adds under light load: one client, requests one after the
+ *   other, p50 through each proxy minus p50 straight to its app (target: ≤ 1 ms);
+ * - the node's CPU per proxied request: HAProxy's and the builder's, from /proc;
  * - kill -9 of the app's process → the first proxied request answered 200
  *   (the proxy holds requests while the supervisor restarts the app), and the
  *   status ready again (target: < 5 s);
@@ -20,22 +26,19 @@
  *
  *     npx tsx bench/app-proxy.ts [seconds] [rounds]      (default 5 s, 2 rounds)
  */
+import { readFileSync } from "node:fs";
 import { Agent, request } from "node:http";
 import { loadavg } from "node:os";
 import { signProxy } from "../builder/src/protocol/processes.js";
-import { startBuilder } from "../test/builder/builder-process.js";
-import { APP_SERVER, makeRelease, pidsWith, startControlPlane, startProcess, stopProcess, waitFor, webSpec } from "../test/builder/process-support.js";
+import { type BuilderProcess, startBuilder } from "../test/builder/builder-process.js";
+import { APP_SERVER, type ControlPlane, makeRelease, pidsWith, startControlPlane, startProcess, stopProcess, waitFor, webSpec } from "../test/builder/process-support.js";
 
 const seconds = Number(process.argv[2] ?? 5);
 const rounds = Number(process.argv[3] ?? 2);
 const CLIENTS = 16;
 
-const builder = await startBuilder();
-const plane = await startControlPlane(builder.secret);
-const builderUrl = new URL(builder.url);
-
 /** Proxy headers for a process, re-signed when the second changes. */
-function signer(id: () => string) {
+function signer(builder: BuilderProcess, id: () => string) {
   let cached: { second: number; id: string; headers: Record<string, string> } | null = null;
   return async () => {
     const second = Math.floor(Date.now() / 1000);
@@ -105,32 +108,102 @@ async function load(target: Target, ms: number, retry: (status: number) => boole
   return { ok, failed, retried, failures };
 }
 
-try {
+/** CPU seconds a process has used (utime + stime). */
+function cpuSeconds(pid: number): number {
+  const fields = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" ");
+  return (Number(fields[11]) + Number(fields[12])) / 100;
+}
+
+/** Pids of the direct children of `pid` (HAProxy is the builder's). */
+function childrenOf(pid: number): number[] {
+  try {
+    return readFileSync(`/proc/${pid}/task/${pid}/children`, "utf8").trim().split(/\s+/).filter(Boolean).map(Number);
+  } catch {
+    return [];
+  }
+}
+
+/** p50 of one client's requests, one after the other, for `count` requests (ms). */
+async function p50(target: Target, count: number): Promise<number> {
+  const agent = new Agent({ keepAlive: true, maxSockets: 1 });
+  const times: number[] = [];
+  for (let i = 0; i < count; i++) {
+    const headers = await target.headers();
+    const started = performance.now();
+    await get(agent, target, headers);
+    times.push(performance.now() - started);
+  }
+  agent.destroy();
+  return times.sort((a, b) => a - b)[Math.floor(times.length / 2)]!;
+}
+
+/** A builder with the test app running, and its two targets. */
+interface Side {
+  name: string;
+  builder: BuilderProcess;
+  plane: ControlPlane;
+  id: string;
+  marker: string;
+  direct: Target;
+  proxied: Target;
+  /** The node's processes whose CPU a proxied request costs: the builder, and HAProxy when it runs. */
+  nodePids: number[];
+}
+
+async function side(name: string, env: Record<string, string>): Promise<Side> {
+  const builder = await startBuilder({ env });
+  const plane = await startControlPlane(builder.secret);
+  const url = new URL(builder.url);
   const release = await makeRelease({ "server.js": APP_SERVER });
-  const marker = `bench-${process.pid}`;
+  const marker = `bench-${name}-${process.pid}`;
   const started = await startProcess(builder, webSpec(plane.serve(release), { command: `node server.js ${marker}`, memoryMb: 512 }));
   await waitFor(builder, started.id, (status) => status.ready);
   const id = started.id;
-  const headers = signer(() => id);
-  const info = JSON.parse((await get(new Agent(), { host: builderUrl.hostname, port: Number(builderUrl.port), path: () => `/v1/proxy/${id}/info`, headers }, await headers())).body) as { address: string };
+  const headers = signer(builder, () => id);
+  const proxied: Target = { host: url.hostname, port: Number(url.port), path: () => `/v1/proxy/${id}/hello`, headers };
+  const info = JSON.parse((await get(new Agent(), { ...proxied, path: () => `/v1/proxy/${id}/info` }, await headers())).body) as { address: string };
   const direct: Target = { host: info.address, port: 8080, path: () => "/hello", headers: async () => ({}) };
-  const proxied: Target = { host: builderUrl.hostname, port: Number(builderUrl.port), path: () => `/v1/proxy/${id}/hello`, headers };
+  return { name, builder, plane, id, marker, direct, proxied, nodePids: [builder.pid, ...childrenOf(builder.pid)] };
+}
 
-  console.log(`app at ${info.address}:8080, builder at ${builder.url}; ${CLIENTS} keep-alive clients, ${seconds} s per measurement; load ${loadavg().map((l) => l.toFixed(1)).join(" ")}`);
-  await load(direct, 1_000);
-  await load(proxied, 1_000);
-  const results: { direct: number; proxied: number }[] = [];
+const native = await side("native", { BUILDER_NATIVE_PROXY: "on" });
+const peer = await side("node", { BUILDER_NATIVE_PROXY: "off" });
+try {
+  const { builder } = native;
+  const builderUrl = new URL(builder.url);
+  console.log(
+    `two builders: ${native.builder.url} (HAProxy in front, the node as it runs) and ${peer.builder.url} (the Node proxy alone); ${CLIENTS} keep-alive clients, ${seconds} s per measurement; load ${loadavg().map((l) => l.toFixed(1)).join(" ")}`,
+  );
+  for (const one of [native, peer]) {
+    await load(one.direct, 1_000);
+    await load(one.proxied, 1_000);
+  }
+  const results = new Map<string, { direct: number; proxied: number; cpuMicros: number }[]>([
+    [native.name, []],
+    [peer.name, []],
+  ]);
   for (let round = 1; round <= rounds; round++) {
-    const d = await load(direct, seconds * 1000);
-    const p = await load(proxied, seconds * 1000);
-    const row = { direct: d.ok / seconds, proxied: p.ok / seconds };
-    results.push(row);
-    console.log(
-      `round ${round}: direct ${row.direct.toFixed(0)} req/s (${d.failed} failed), proxied ${row.proxied.toFixed(0)} req/s (${p.failed} failed): ${(row.proxied / row.direct).toFixed(2)}× (load ${loadavg()[0]!.toFixed(1)})`,
-    );
+    for (const one of [native, peer]) {
+      const d = await load(one.direct, seconds * 1000);
+      const cpuBefore = one.nodePids.reduce((sum, pid) => sum + cpuSeconds(pid), 0);
+      const p = await load(one.proxied, seconds * 1000);
+      const cpuMicros = ((one.nodePids.reduce((sum, pid) => sum + cpuSeconds(pid), 0) - cpuBefore) / p.ok) * 1e6;
+      const row = { direct: d.ok / seconds, proxied: p.ok / seconds, cpuMicros };
+      results.get(one.name)!.push(row);
+      console.log(
+        `round ${round}, ${one.name}: direct ${row.direct.toFixed(0)} req/s (${d.failed} failed), proxied ${row.proxied.toFixed(0)} req/s (${p.failed} failed): ${(row.proxied / row.direct).toFixed(2)}×; the node's CPU ${cpuMicros.toFixed(0)} µs per request (load ${loadavg()[0]!.toFixed(1)})`,
+      );
+    }
+  }
+  for (const one of [native, peer]) {
+    const direct = await p50(one.direct, 2_000);
+    const proxied = await p50(one.proxied, 2_000);
+    console.log(`light load, ${one.name}: p50 ${direct.toFixed(3)} ms direct, ${proxied.toFixed(3)} ms proxied: adds ${(proxied - direct).toFixed(3)} ms`);
   }
 
   // kill -9 → serving again.
+  const { id, marker, proxied } = native;
+  const headers = proxied.headers;
   const kills: string[] = [];
   for (let i = 1; i <= 3; i++) {
     const [pid] = pidsWith(marker);
@@ -147,11 +220,11 @@ try {
 
   // Redeploy under load.
   let current = id;
-  const deployTarget: Target = { host: builderUrl.hostname, port: Number(builderUrl.port), path: () => `/v1/proxy/${current}/hello`, headers: signer(() => current) };
+  const deployTarget: Target = { host: builderUrl.hostname, port: Number(builderUrl.port), path: () => `/v1/proxy/${current}/hello`, headers: signer(builder, () => current) };
   const next = await makeRelease({ "server.js": `${APP_SERVER}\n// release 2` });
   const deploy = (async () => {
     await new Promise((resolve) => setTimeout(resolve, 1_000));
-    const fresh = await startProcess(builder, webSpec(plane.serve(next), { memoryMb: 512 }));
+    const fresh = await startProcess(builder, webSpec(native.plane.serve(next), { memoryMb: 512 }));
     await waitFor(builder, fresh.id, (status) => status.ready);
     const old = current;
     current = fresh.id;
@@ -163,9 +236,13 @@ try {
   const freshId = await deploy;
   console.log(`redeploy under ${CLIENTS} clients: ${during.ok} ok, ${during.failed} failed, ${during.retried} retried after 404 PROCESS_NOT_FOUND${during.failures.length ? `: ${during.failures.join(" | ")}` : ""}`);
   await stopProcess(builder, freshId);
-  const mean = (key: "direct" | "proxied") => results.reduce((sum, row) => sum + row[key], 0) / results.length;
-  console.log(`mean: direct ${mean("direct").toFixed(0)} req/s, proxied ${mean("proxied").toFixed(0)} req/s, ratio ${(mean("proxied") / mean("direct")).toFixed(2)}`);
+  for (const [name, rows] of results) {
+    const mean = (key: "direct" | "proxied" | "cpuMicros") => rows.reduce((sum, row) => sum + row[key], 0) / rows.length;
+    console.log(`mean, ${name}: direct ${mean("direct").toFixed(0)} req/s, proxied ${mean("proxied").toFixed(0)} req/s, ratio ${(mean("proxied") / mean("direct")).toFixed(2)}; the node's CPU ${mean("cpuMicros").toFixed(0)} µs per request`);
+  }
 } finally {
-  await builder.stop();
-  await plane.close();
+  for (const one of [native, peer]) {
+    await one.builder.stop();
+    await one.plane.close();
+  }
 }
