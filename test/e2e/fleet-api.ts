@@ -94,8 +94,8 @@ export function fleetApi(stack: LocalStack & { stateDir: string }) {
       // What each node said of shipping its apps' logs and of its callbacks (a log that did not outlive its node).
       for (const node of stack.nodes) {
         const text = node.logFile ? await readFile(node.logFile, "utf8").catch(() => "") : "";
-        const said = text.split("\n").filter((l) => /log shipment|shipping app logs|shipped the first lines|callback|failed|error/i.test(l));
-        console.log(`${node.name}'s log (shipping, callback and error lines):\n${said.slice(-30).join("\n")}`);
+        const said = text.split("\n").filter((l) => /log shipment|shipping app logs|shipped the first lines|callback|failed|error|native proxy/i.test(l));
+        console.log(`${node.name}'s log (shipping, callback, error and native proxy lines):\n${said.slice(-30).join("\n")}`);
       }
     },
   };

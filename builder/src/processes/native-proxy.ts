@@ -37,14 +37,15 @@
  *   as any request. The slot's server moves to that instance and is up again.
  * - A stop waits for the slot's requests in flight ({@link NativeProxy.idle}).
  *
- * HAProxy dies with the builder (setpriv's parent-death signal) and is
+ * HAProxy runs as nobody under a root builder (it reads hostile apps'
+ * answers), dies with the builder (setpriv's parent-death signal) and is
  * started again when it exits on its own, with the maps and slots as they
  * are then.
  */
 import { type ChildProcess, spawn } from "node:child_process";
 import { createHmac } from "node:crypto";
 import { existsSync } from "node:fs";
-import { mkdir, rm, writeFile } from "node:fs/promises";
+import { chown, mkdir, rm, writeFile } from "node:fs/promises";
 import { createServer as createHttpServer, type IncomingMessage, type ServerResponse } from "node:http";
 import { connect, createServer, type Server, type Socket } from "node:net";
 import { join } from "node:path";
@@ -67,9 +68,13 @@ const PP2_TYPE_UNIQUE_ID = 0x05;
 const START_TIMEOUT_MS = 10_000;
 /** After HAProxy exited on its own: the first pause before starting it again (doubling up to 5 s). */
 const RESTART_PAUSE_MS = 100;
+/** How long one line of runtime API commands may take. */
+const CLI_TIMEOUT_MS = 5_000;
 /** One line of runtime API commands stays under HAProxy's buffer (16 KiB). */
 const CLI_LINE_BYTES = 8_000;
 const SETPRIV = "/usr/bin/setpriv";
+/** The user and group HAProxy runs as under a root builder. */
+const NOBODY = 65534;
 
 /** What the fast path needs of the node's processes (manager.ts). */
 export interface NativeProcesses {
@@ -197,6 +202,8 @@ function configuration(options: NativeProxyOptions, port: number, holdPort: numb
     "",
     "defaults base",
     "  mode http",
+    // Each piece of a stream (server-sent events, a followed log) goes out as it comes.
+    "  option http-no-delay",
     "  log global",
     '  log-format "svc-note %[var(txn.slot)] %[var(txn.note),base64]"',
     "  maxconn 8000",
@@ -214,8 +221,6 @@ function configuration(options: NativeProxyOptions, port: number, holdPort: numb
     "  retries 3",
     "  option redispatch 1",
     "  retry-on conn-failure empty-response",
-    // Each piece of a stream (server-sent events) goes out as it comes.
-    "  option http-no-delay",
     "  http-response del-header x-svc- -m beg",
     ...HOP_BY_HOP.map((name) => `  http-response del-header ${name}`),
     "  http-response lua.svc_cookies if { res.hdr(set-cookie) -m sub -i domain }",
@@ -413,6 +418,7 @@ export class NativeProxy {
   /** Starts HAProxy on the builder's address; throws (with HAProxy's own words) when it cannot. */
   static async start(options: NativeProxyOptions): Promise<NativeProxy> {
     if (!existsSync(options.binary)) throw new Error(`${options.binary} is not installed`);
+    if (!existsSync(SETPRIV)) throw new Error(`${SETPRIV} (util-linux) is not installed`);
     await rm(options.dir, { recursive: true, force: true });
     await mkdir(options.dir, { recursive: true, mode: 0o700 });
     const port = options.listen.port === 0 ? await freePort(options.listen.host) : options.listen.port;
@@ -457,7 +463,7 @@ export class NativeProxy {
    */
   async idle(processId: string, until: number): Promise<number> {
     this.sync();
-    await this.#applying;
+    await Promise.race([this.#applying, sleep(Math.max(0, until - Date.now()))]);
     const slot = this.#slots.get(processId);
     if (!slot) return 0;
     for (;;) {
@@ -482,19 +488,32 @@ export class NativeProxy {
 
   async #launch(): Promise<void> {
     const options = this.#options;
-    await writeFile(this.#files.config, configuration(options, this.port, this.#holdPort, this.#slots.values(), this.#files), { mode: 0o600 });
-    await writeFile(this.#files.lua, COOKIES_LUA, { mode: 0o600 });
-    await writeFile(this.#files.tokens, [...this.#tokens].map(([key, id]) => `${key} ${id}\n`).join(""), { mode: 0o600 });
-    await writeFile(this.#files.routes, [...this.#routes].map(([id, value]) => `${id} ${value}\n`).join(""), { mode: 0o600 });
-    const args = ["-db", "-f", this.#files.config];
-    // It must not outlive the builder (it would keep the port): the kernel ends it with its parent.
-    const child = existsSync(SETPRIV)
-      ? spawn(SETPRIV, ["--pdeathsig", "KILL", "--", options.binary, ...args], { stdio: ["ignore", "pipe", "pipe"] })
-      : spawn(options.binary, args, { stdio: ["ignore", "pipe", "pipe"] });
+    // It parses what hostile apps answer: with a root builder it runs as nobody (its port is not a privileged one).
+    const unprivileged = process.getuid?.() === 0 && this.port >= 1024;
+    const files: [string, string][] = [
+      [this.#files.config, configuration(options, this.port, this.#holdPort, this.#slots.values(), this.#files)],
+      [this.#files.lua, COOKIES_LUA],
+      [this.#files.tokens, [...this.#tokens].map(([key, id]) => `${key} ${id}\n`).join("")],
+      [this.#files.routes, [...this.#routes].map(([id, value]) => `${id} ${value}\n`).join("")],
+    ];
+    for (const [path, text] of files) {
+      await writeFile(path, text, { mode: 0o600 });
+      if (unprivileged) await chown(path, NOBODY, NOBODY);
+    }
+    if (unprivileged) await chown(options.dir, NOBODY, NOBODY);
+    // It must not outlive the builder (it would keep the port): the kernel ends it with its parent. A change of
+    // user clears that, so the second setpriv, already nobody, asks for it.
+    const haproxy = ["--pdeathsig", "KILL", "--", options.binary, "-db", "-f", this.#files.config];
+    const args = unprivileged ? ["--reuid", String(NOBODY), "--regid", String(NOBODY), "--clear-groups", "--", SETPRIV, ...haproxy] : haproxy;
+    const child = spawn(SETPRIV, args, { stdio: ["ignore", "pipe", "pipe"] });
     this.#child = child;
     let said = "";
     child.stderr!.on("data", (chunk: Buffer) => {
       said = (said + chunk.toString()).slice(-4_000);
+    });
+    // What it says of itself (alerts, warnings) goes to the builder's log.
+    createInterface({ input: child.stderr! }).on("line", (line) => {
+      if (line.trim() !== "") console.error(`builder native proxy: HAProxy: ${line}`);
     });
     createInterface({ input: child.stdout! }).on("line", (line) => this.#logged(line));
     const started = Date.now();
@@ -660,16 +679,20 @@ export class NativeProxy {
     return answer;
   }
 
+  /** One line of commands; HAProxy closes the connection once it answered (a stalled answer is given up after CLI_TIMEOUT_MS). */
   #cliLine(text: string): Promise<string> {
     return new Promise((resolve, reject) => {
       const socket = connect(this.#files.socket);
       let answer = "";
       socket.setEncoding("utf8");
+      socket.setTimeout(CLI_TIMEOUT_MS, () => socket.destroy(new Error(`HAProxy's runtime API did not answer within ${CLI_TIMEOUT_MS / 1000} s`)));
       socket.on("data", (chunk: string) => {
         answer += chunk;
       });
       socket.once("error", reject);
-      socket.once("close", () => resolve(answer));
+      socket.once("close", (failed) => {
+        if (!failed) resolve(answer);
+      });
       socket.end(`${text}\n`);
     });
   }
