@@ -33,7 +33,7 @@ async function forwarded(request: Request, config: Config, target: ProcessTarget
   const client = config.CLIENT_IP_HEADER ? request.headers.get(config.CLIENT_IP_HEADER) : null;
   if (client) headers.set("X-Forwarded-For", client);
   headers.set(HEADER_APPS_DOMAIN, config.APPS_DOMAIN.replace(/:\d+$/, ""));
-  for (const [name, value] of Object.entries(await signProxy(await signingKey(config, target.node.id), target.processId))) headers.set(name, value);
+  for (const [name, value] of Object.entries(await proxySignature(config, target))) headers.set(name, value);
   const bodyless = request.method === "GET" || request.method === "HEAD";
   return new Request(new URL(`/v1/proxy/${target.processId}${url.pathname}${url.search}`, target.node.address), {
     method: request.method,
@@ -41,6 +41,22 @@ async function forwarded(request: Request, config: Config, target: ProcessTarget
     body: bodyless ? null : request.body,
     redirect: "manual",
   });
+}
+
+/** The proxy headers of this second, per process on its node (the node's key and the HMAC are computed once a second). */
+const signatures = new Map<string, { second: number; headers: Record<string, string> }>();
+/** Entries kept at most (each one is a process this isolate proxied to within the last second or so). */
+const MAX_SIGNATURES = 1_000;
+
+async function proxySignature(config: Config, target: ProcessTarget): Promise<Record<string, string>> {
+  const second = Math.floor(Date.now() / 1000);
+  const key = `${target.node.id}/${target.processId}`;
+  const known = signatures.get(key);
+  if (known?.second === second) return known.headers;
+  const headers = await signProxy(await signingKey(config, target.node.id), target.processId, second);
+  if (signatures.size >= MAX_SIGNATURES) signatures.clear();
+  signatures.set(key, { second, headers });
+  return headers;
 }
 
 /** Requests this isolate has sent to each process and not yet had an answer's head for (least outstanding first). */
