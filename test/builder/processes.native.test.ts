@@ -6,10 +6,10 @@
  * its runtime socket), what goes to the Node proxy instead, the cookie rules
  * against the Node proxy's own, a restart of HAProxy, a keep-alive
  * connection across changes of its maps, and a slot handed to another
- * account's process.
+ * account's process, and what it runs as.
  */
 import { createHash, randomBytes } from "node:crypto";
-import { readFileSync } from "node:fs";
+import { readFileSync, statSync } from "node:fs";
 import { request as httpRequest, Agent } from "node:http";
 import { connect } from "node:net";
 import { join } from "node:path";
@@ -267,9 +267,18 @@ describe("the native fast path", () => {
     console.log(`held by the builder: ${held}`);
   });
 
-  it("writes its configuration, maps and socket where only the builder reads them", () => {
-    const config = readFileSync(join(builder.dataDir, "native-proxy", "haproxy.cfg"), "utf8");
+  it("runs as nobody, with its configuration, maps and sockets readable by it and root alone", async () => {
+    const dir = join(builder.dataDir, "native-proxy");
+    const config = readFileSync(join(dir, "haproxy.cfg"), "utf8");
     expect(config).toContain("backend s255 from slots");
     expect(config).not.toContain(builder.secret);
+    expect(statSync(dir).mode & 0o777).toBe(0o700);
+    for (const name of ["haproxy.cfg", "cookies.lua", "tokens.map", "routes.map", "haproxy.sock", "hold.sock"]) {
+      const { mode, uid } = statSync(join(dir, name));
+      expect(mode & 0o077, name).toBe(0);
+      expect(uid, name).toBe(65534);
+    }
+    const pid = Number(/^Pid: (\d+)$/m.exec(await runtime("show info"))?.[1]);
+    expect(/^Uid:\s+(\d+)/m.exec(readFileSync(`/proc/${pid}/status`, "utf8"))?.[1]).toBe("65534");
   });
 });

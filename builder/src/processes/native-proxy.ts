@@ -45,7 +45,7 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { createHmac } from "node:crypto";
 import { existsSync } from "node:fs";
-import { chown, mkdir, rm, writeFile } from "node:fs/promises";
+import { chmod, chown, mkdir, rm, writeFile } from "node:fs/promises";
 import { createServer as createHttpServer, type IncomingMessage, type ServerResponse } from "node:http";
 import { connect, createServer, type Server, type Socket } from "node:net";
 import { join } from "node:path";
@@ -188,7 +188,7 @@ end)
 const HOP_BY_HOP = ["keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te", "trailer", "http2-settings"];
 
 /** The whole configuration; slots as they are now (a restart keeps them). */
-function configuration(options: NativeProxyOptions, port: number, holdPort: number, slots: Iterable<Slot>, files: { socket: string; lua: string; tokens: string; routes: string }): string {
+function configuration(options: NativeProxyOptions, port: number, slots: Iterable<Slot>, files: { socket: string; hold: string; lua: string; tokens: string; routes: string }): string {
   const byName = new Map([...slots].map((slot) => [slot.name, slot]));
   const unavailable = (message: string) => `content-type "application/json; charset=utf-8" string ${jsonError("UNAVAILABLE", message)} hdr ${HEADER_PROXY_ERROR} UNAVAILABLE`;
   const full = (holder: string, held: number) =>
@@ -284,7 +284,7 @@ function configuration(options: NativeProxyOptions, port: number, holdPort: numb
     lines.push(
       `backend s${n} from slots`,
       `  server app ${app} check inter 1h observe layer4 error-limit 1 on-error mark-down`,
-      `  server hold 127.0.0.1:${holdPort} backup send-proxy-v2 proxy-v2-options unique-id`,
+      `  server hold ${files.hold} backup send-proxy-v2 proxy-v2-options unique-id`,
     );
   }
   return `${lines.join("\n")}\n`;
@@ -359,7 +359,7 @@ function readProxyHeader(socket: Socket): Promise<Held> {
 
 export class NativeProxy {
   readonly #options: NativeProxyOptions;
-  readonly #files: { config: string; socket: string; lua: string; tokens: string; routes: string };
+  readonly #files: { config: string; socket: string; hold: string; lua: string; tokens: string; routes: string };
   /** Where it listens (BUILDER_PORT=0: the port picked). */
   readonly port: number;
   #child: ChildProcess | null = null;
@@ -379,9 +379,12 @@ export class NativeProxy {
   #rearm = false;
   #tick: NodeJS.Timeout | undefined;
   #slotsOutSaid = false;
-  /** Where the slots' backup server (the builder, over the PROXY protocol) listens. */
+  /**
+   * The slots' backup server: the builder, over the PROXY protocol, on a unix
+   * socket only HAProxy's user and root reach (what comes there skips the
+   * signature: HAProxy checked it).
+   */
   readonly #hold: Server;
-  #holdPort = 0;
   #processes: NativeProcesses | null = null;
 
   private constructor(options: NativeProxyOptions, port: number) {
@@ -390,6 +393,7 @@ export class NativeProxy {
     this.#files = {
       config: join(options.dir, "haproxy.cfg"),
       socket: join(options.dir, "haproxy.sock"),
+      hold: join(options.dir, "hold.sock"),
       lua: join(options.dir, "cookies.lua"),
       tokens: join(options.dir, "tokens.map"),
       routes: join(options.dir, "routes.map"),
@@ -425,9 +429,9 @@ export class NativeProxy {
     const proxy = new NativeProxy(options, port);
     await new Promise<void>((resolve, reject) => {
       proxy.#hold.once("error", reject);
-      proxy.#hold.listen(0, "127.0.0.1", resolve);
+      proxy.#hold.listen(proxy.#files.hold, resolve);
     });
-    proxy.#holdPort = (proxy.#hold.address() as { port: number }).port;
+    await chmod(proxy.#files.hold, 0o600);
     await proxy.#launch();
     proxy.#scheduleTick();
     return proxy;
@@ -491,7 +495,7 @@ export class NativeProxy {
     // It parses what hostile apps answer: with a root builder it runs as nobody (its port is not a privileged one).
     const unprivileged = process.getuid?.() === 0 && this.port >= 1024;
     const files: [string, string][] = [
-      [this.#files.config, configuration(options, this.port, this.#holdPort, this.#slots.values(), this.#files)],
+      [this.#files.config, configuration(options, this.port, this.#slots.values(), this.#files)],
       [this.#files.lua, COOKIES_LUA],
       [this.#files.tokens, [...this.#tokens].map(([key, id]) => `${key} ${id}\n`).join("")],
       [this.#files.routes, [...this.#routes].map(([id, value]) => `${id} ${value}\n`).join("")],
@@ -500,7 +504,7 @@ export class NativeProxy {
       await writeFile(path, text, { mode: 0o600 });
       if (unprivileged) await chown(path, NOBODY, NOBODY);
     }
-    if (unprivileged) await chown(options.dir, NOBODY, NOBODY);
+    if (unprivileged) for (const path of [options.dir, this.#files.hold]) await chown(path, NOBODY, NOBODY);
     // It must not outlive the builder (it would keep the port): the kernel ends it with its parent. A change of
     // user clears that, so the second setpriv, already nobody, asks for it.
     const haproxy = ["--pdeathsig", "KILL", "--", options.binary, "-db", "-f", this.#files.config];
