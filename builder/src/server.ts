@@ -82,8 +82,21 @@ let handler: RequestListener = (request, response) => {
 };
 const servers = [createServer((request, response) => handler(request, response))];
 const listen = async (target: Server, port: number, host: string): Promise<AddressInfo> => {
-  await new Promise<void>((resolve) => target.listen(port, host, resolve));
+  await new Promise<void>((resolve, reject) => {
+    target.once("error", reject);
+    target.listen(port, host, () => {
+      target.off("error", reject);
+      resolve();
+    });
+  });
   return target.address() as AddressInfo;
+};
+/** A server of the builder's own on its public address (without HAProxy in front). */
+const listenItself = async (port: number): Promise<Server> => {
+  const own = createServer((request, response) => handler(request, response));
+  servers.push(own);
+  await listen(own, port, config.host);
+  return own;
 };
 const urlOf = (host: string, port: number) => `http://${host.includes(":") ? `[${host}]` : host}:${port}`;
 // Apps' traffic goes through HAProxy in front of the builder's port when it can (processes/native-proxy.ts):
@@ -106,6 +119,13 @@ if (config.nativeProxy === "off") {
       fallbackPort: behind.port,
       secret: () => credentials.key,
       hold: (held, request, response) => proxy.handleHeld(held, request, response),
+      abandoned: () => {
+        const port = Number(new URL(listening).port);
+        void listenItself(port).then(
+          (own) => own.on("upgrade", (request, socket, head) => proxy.upgrade(request, socket, head)),
+          (error: unknown) => console.error(`builder: listening on ${listening} itself failed: ${String(error)}`),
+        );
+      },
     });
     listening = urlOf(config.host, native.port);
     console.log(`builder native proxy: HAProxy on ${listening}, in front of the builder's own server on 127.0.0.1:${behind.port}; apps' plain requests go from it straight to their sandboxes`);
@@ -116,8 +136,8 @@ if (config.nativeProxy === "off") {
       process.exit(1);
     }
     console.log(`builder native proxy: off (${why}); apps' traffic goes through the Node proxy alone`);
-    servers.push(createServer((request, response) => handler(request, response)));
-    const address = await listen(servers[1]!, config.port, config.host);
+    const own = await listenItself(config.port);
+    const address = own.address() as AddressInfo;
     listening = urlOf(address.address, address.port);
   }
 }

@@ -10,6 +10,8 @@
  */
 import { createHash, randomBytes } from "node:crypto";
 import { readFileSync, statSync } from "node:fs";
+import { chmod, cp, mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
 import { request as httpRequest, Agent } from "node:http";
 import { connect } from "node:net";
 import { join } from "node:path";
@@ -281,4 +283,41 @@ describe("the native fast path", () => {
     const pid = Number(/^Pid: (\d+)$/m.exec(await runtime("show info"))?.[1]);
     expect(/^Uid:\s+(\d+)/m.exec(readFileSync(`/proc/${pid}/status`, "utf8"))?.[1]).toBe("65534");
   });
+});
+
+describe("when HAProxy keeps failing", () => {
+  it("the builder serves its port itself after three failures in a row, apps included", async () => {
+    const folder = await mkdtemp(join(tmpdir(), "svc-haproxy-"));
+    // HAProxy runs as nobody: its folder must be open to it.
+    await chmod(folder, 0o755);
+    const copy = join(folder, "haproxy");
+    await cp("/usr/sbin/haproxy", copy);
+    const alone = await startBuilder({ env: { BUILDER_NATIVE_PROXY: "on", BUILDER_HAPROXY: copy } });
+    try {
+      const alonePlane = await startControlPlane(alone.secret);
+      const started = await startProcess(alone, webSpec(alonePlane.serve(release)));
+      await waitFor(alone, started.id, (status) => status.ready);
+      expect(await (await proxyFetch(alone, started.id, "/hello")).text()).toBe("hello from the app");
+      // HAProxy can no longer be started: its binary is gone, and it is killed.
+      await rm(copy);
+      const info = await new Promise<string>((resolve, reject) => {
+        const socket = connect(join(alone.dataDir, "native-proxy", "haproxy.sock"));
+        let answer = "";
+        socket.on("data", (chunk) => {
+          answer += chunk.toString();
+        });
+        socket.once("error", reject);
+        socket.once("close", () => resolve(answer));
+        socket.end("show info\n");
+      });
+      process.kill(Number(/^Pid: (\d+)$/m.exec(info)?.[1]), "SIGKILL");
+      await expect.poll(() => alone.output(), { timeout: 10_000 }).toMatch(/HAProxy failed 3 times in a row; the builder serves its port itself/);
+      await expect.poll(async () => (await proxyFetch(alone, started.id, "/hello").catch(() => null))?.status, { timeout: 10_000 }).toBe(200);
+      expect((await signedFetch(alone, `/v1/processes/${started.id}`)).status).toBe(200);
+      await alonePlane.close();
+    } finally {
+      await alone.stop();
+      await rm(folder, { recursive: true, force: true });
+    }
+  }, 60_000);
 });

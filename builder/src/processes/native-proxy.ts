@@ -40,7 +40,8 @@
  * HAProxy runs as nobody under a root builder (it reads hostile apps'
  * answers), dies with the builder (setpriv's parent-death signal) and is
  * started again when it exits on its own, with the maps and slots as they
- * are then.
+ * are then; after {@link MAX_FAILURES} failures in a row the builder serves
+ * its port itself.
  */
 import { type ChildProcess, spawn } from "node:child_process";
 import { createHmac } from "node:crypto";
@@ -68,6 +69,10 @@ const PP2_TYPE_UNIQUE_ID = 0x05;
 const START_TIMEOUT_MS = 10_000;
 /** After HAProxy exited on its own: the first pause before starting it again (doubling up to 5 s). */
 const RESTART_PAUSE_MS = 100;
+/** A run of HAProxy this long is a good one: the failures before it are forgotten. */
+const STABLE_MS = 10_000;
+/** Failures in a row after which the builder gives its port up to itself. */
+const MAX_FAILURES = 3;
 /** How long one line of runtime API commands may take. */
 const CLI_TIMEOUT_MS = 5_000;
 /** One line of runtime API commands stays under HAProxy's buffer (16 KiB). */
@@ -98,6 +103,8 @@ export interface NativeProxyOptions {
   secret: () => string;
   /** Takes a request HAProxy found no instance for (the Node proxy's handleHeld). */
   hold: (held: Held, request: IncomingMessage, response: ServerResponse) => void;
+  /** HAProxy kept failing and is given up: the builder must listen on the port itself. */
+  abandoned: () => void;
 }
 
 /** What comes with a held request: the process asked for, and the apps domain (its `X-Svc-*` headers are gone). */
@@ -365,6 +372,7 @@ export class NativeProxy {
   #child: ChildProcess | null = null;
   #closing = false;
   #restartPause = RESTART_PAUSE_MS;
+  #failures = 0;
   /** By process id. */
   readonly #slots = new Map<string, Slot>();
   readonly #free: string[] = [];
@@ -526,29 +534,41 @@ export class NativeProxy {
       child.kill("SIGKILL");
       throw new Error(`HAProxy did not start: ${said.trim().split("\n").slice(-3).join(" / ") || "no answer on its port"}`);
     }
+    const running = Date.now();
     child.once("exit", (code, signal) => {
       if (this.#closing) return;
       console.error(`builder native proxy: HAProxy exited (${signal ?? `code ${code}`}): ${said.trim().split("\n").slice(-2).join(" / ")}; starting it again`);
-      void this.#relaunch();
+      void this.#relaunch(Date.now() - running);
     });
     // Whatever changed while it started.
     this.sync();
   }
 
-  async #relaunch(): Promise<void> {
+  /**
+   * Starts HAProxy again after it exited on its own. Once it failed to start,
+   * or died within {@link STABLE_MS} of starting, {@link MAX_FAILURES} times in
+   * a row, the builder serves its port itself (`abandoned`).
+   */
+  async #relaunch(ranMs: number): Promise<void> {
+    this.#failures = ranMs >= STABLE_MS ? 0 : this.#failures + 1;
+    if (this.#failures >= MAX_FAILURES) return this.#abandon(`HAProxy failed ${MAX_FAILURES} times in a row`);
     await sleep(this.#restartPause);
-    this.#restartPause = Math.min(this.#restartPause * 2, 5_000);
+    this.#restartPause = ranMs >= STABLE_MS ? RESTART_PAUSE_MS : Math.min(this.#restartPause * 2, 5_000);
     // The maps and slots are written as they are now; changes wait for it.
-    const relaunched = this.#applying.then(async () => {
-      if (this.#closing) return;
-      await this.#launch();
-      this.#restartPause = RESTART_PAUSE_MS;
-    });
+    const relaunched = this.#applying.then(() => (this.#closing ? undefined : this.#launch()));
     this.#applying = relaunched.catch((error: unknown) => {
       console.error(`builder native proxy: ${error instanceof Error ? error.message : String(error)}`);
-      if (!this.#closing) void this.#relaunch();
+      if (!this.#closing) void this.#relaunch(0);
     });
     await this.#applying;
+  }
+
+  #abandon(why: string): void {
+    this.#closing = true;
+    clearTimeout(this.#tick);
+    this.#hold.close();
+    console.error(`builder native proxy: ${why}; the builder serves its port itself from now on (apps' traffic through the Node proxy)`);
+    this.#options.abandoned();
   }
 
   /** Every second, just after it begins: the signatures of the new second in, the old ones out. */
