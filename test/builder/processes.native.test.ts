@@ -54,10 +54,10 @@ async function readyApp(overrides: Parameters<typeof webSpec>[1] = {}): Promise<
   return waitFor(builder, started.id, (status) => status.ready);
 }
 
-/** One command over HAProxy's runtime socket. */
-function runtime(command: string): Promise<string> {
+/** One command over HAProxy's runtime socket (of the suite's builder unless another's data dir is given). */
+function runtime(command: string, dataDir = builder.dataDir): Promise<string> {
   return new Promise((resolve, reject) => {
-    const socket = connect(join(builder.dataDir, "native-proxy", "haproxy.sock"));
+    const socket = connect(join(dataDir, "native-proxy", "haproxy.sock"));
     let answer = "";
     socket.on("data", (chunk) => {
       answer += chunk.toString();
@@ -300,16 +300,7 @@ describe("when HAProxy keeps failing", () => {
       expect(await (await proxyFetch(alone, started.id, "/hello")).text()).toBe("hello from the app");
       // HAProxy can no longer be started: its binary is gone, and it is killed.
       await rm(copy);
-      const info = await new Promise<string>((resolve, reject) => {
-        const socket = connect(join(alone.dataDir, "native-proxy", "haproxy.sock"));
-        let answer = "";
-        socket.on("data", (chunk) => {
-          answer += chunk.toString();
-        });
-        socket.once("error", reject);
-        socket.once("close", () => resolve(answer));
-        socket.end("show info\n");
-      });
+      const info = await runtime("show info", alone.dataDir);
       process.kill(Number(/^Pid: (\d+)$/m.exec(info)?.[1]), "SIGKILL");
       await expect.poll(() => alone.output(), { timeout: 10_000 }).toMatch(/HAProxy failed 3 times in a row; the builder serves its port itself/);
       await expect.poll(async () => (await proxyFetch(alone, started.id, "/hello").catch(() => null))?.status, { timeout: 10_000 }).toBe(200);
