@@ -218,8 +218,6 @@ describe("the native fast path", () => {
     const other = await readyApp();
     await stopProcess(builder, other.id);
     await waitFor(builder, other.id, (status) => status.state === "stopped");
-    // Three seconds later its signatures have rolled too.
-    await new Promise((resolve) => setTimeout(resolve, 3_000));
     expect(await get(await proxyHeaders(builder.secret, app.id))).toBe("hello from the app");
     expect(sockets.size).toBe(1);
     agent.destroy();

@@ -440,7 +440,12 @@ export class NativeProxy {
       proxy.#hold.listen(proxy.#files.hold, resolve);
     });
     await chmod(proxy.#files.hold, 0o600);
-    await proxy.#launch();
+    try {
+      await proxy.#launch();
+    } catch (error) {
+      proxy.#hold.close();
+      throw error;
+    }
     proxy.#scheduleTick();
     return proxy;
   }
