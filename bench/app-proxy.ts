@@ -114,13 +114,10 @@ function cpuSeconds(pid: number): number {
   return (Number(fields[11]) + Number(fields[12])) / 100;
 }
 
-/** Pids of the direct children of `pid` (HAProxy is the builder's). */
-function childrenOf(pid: number): number[] {
-  try {
-    return readFileSync(`/proc/${pid}/task/${pid}/children`, "utf8").trim().split(/\s+/).filter(Boolean).map(Number);
-  } catch {
-    return [];
-  }
+/** The builder's HAProxy, when it runs one: a child of the builder (its other children are the apps' sandboxes). */
+function haproxyOf(builderPid: number): number[] {
+  const children = readFileSync(`/proc/${builderPid}/task/${builderPid}/children`, "utf8").trim().split(/\s+/).filter(Boolean);
+  return children.filter((pid) => readFileSync(`/proc/${pid}/comm`, "utf8").trim() === "haproxy").map(Number);
 }
 
 /** p50 of one client's requests, one after the other, for `count` requests (ms). */
@@ -163,7 +160,7 @@ async function side(name: string, env: Record<string, string>): Promise<Side> {
   const proxied: Target = { host: url.hostname, port: Number(url.port), path: () => `/v1/proxy/${id}/hello`, headers };
   const info = JSON.parse((await get(new Agent(), { ...proxied, path: () => `/v1/proxy/${id}/info` }, await headers())).body) as { address: string };
   const direct: Target = { host: info.address, port: 8080, path: () => "/hello", headers: async () => ({}) };
-  return { name, builder, plane, id, marker, direct, proxied, nodePids: [builder.pid, ...childrenOf(builder.pid)] };
+  return { name, builder, plane, id, marker, direct, proxied, nodePids: [builder.pid, ...haproxyOf(builder.pid)] };
 }
 
 const native = await side("native", { BUILDER_NATIVE_PROXY: "on" });

@@ -7,8 +7,9 @@
  * (with the real port when BUILDER_PORT=0) once it accepts requests.
  */
 import { chmod, mkdir, stat } from "node:fs/promises";
-import { createServer, type RequestListener, type Server } from "node:http";
+import { createServer, type IncomingMessage, type RequestListener, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
+import type { Duplex } from "node:stream";
 import { join } from "node:path";
 import { createRequestHandler } from "./app.js";
 import { loadConfig } from "./config.js";
@@ -80,7 +81,10 @@ let handler: RequestListener = (request, response) => {
   response.writeHead(ready ? 200 : 503, { "Content-Type": "application/json" });
   response.end(JSON.stringify(ready ? { ok: true, starting: true } : { error: { code: "UNAVAILABLE", message: "the builder is starting" } }));
 };
-const servers = [createServer((request, response) => handler(request, response))];
+// WebSockets (and any other upgrade) of the apps' traffic, once the proxy exists; refused until then.
+let upgrade = (_request: IncomingMessage, socket: Duplex, _head: Buffer): void => void socket.destroy();
+const newServer = () => createServer((request, response) => handler(request, response)).on("upgrade", (request, socket, head) => upgrade(request, socket, head));
+const servers = [newServer()];
 const listen = async (target: Server, port: number, host: string): Promise<AddressInfo> => {
   await new Promise<void>((resolve, reject) => {
     target.once("error", reject);
@@ -93,7 +97,7 @@ const listen = async (target: Server, port: number, host: string): Promise<Addre
 };
 /** A server of the builder's own on its public address (without HAProxy in front). */
 const listenItself = async (port: number): Promise<Server> => {
-  const own = createServer((request, response) => handler(request, response));
+  const own = newServer();
   servers.push(own);
   await listen(own, port, config.host);
   return own;
@@ -119,13 +123,8 @@ if (config.nativeProxy === "off") {
       fallbackPort: behind.port,
       secret: () => credentials.key,
       hold: (held, request, response) => proxy.handleHeld(held, request, response),
-      abandoned: () => {
-        const port = Number(new URL(listening).port);
-        void listenItself(port).then(
-          (own) => own.on("upgrade", (request, socket, head) => proxy.upgrade(request, socket, head)),
-          (error: unknown) => console.error(`builder: listening on ${listening} itself failed: ${String(error)}`),
-        );
-      },
+      abandoned: () =>
+        void listenItself(Number(new URL(listening).port)).catch((error: unknown) => console.error(`builder: listening on ${listening} itself failed: ${String(error)}`)),
     });
     listening = urlOf(config.host, native.port);
     console.log(`builder native proxy: HAProxy on ${listening}, in front of the builder's own server on 127.0.0.1:${behind.port}; apps' plain requests go from it straight to their sandboxes`);
@@ -196,8 +195,8 @@ shipper?.start();
 const proxy = new AppProxy({ secret: credentials.key, lookup: (id) => processes.lookup(id) });
 
 handler = createRequestHandler({ secret: credentials.key, jobs, disks, nonces: new NonceCache(), leases, lease, processes, proxy });
-// WebSockets (and any other upgrade) of the apps' traffic; every other path is refused there.
-for (const server of servers) server.on("upgrade", (request, socket, head) => proxy.upgrade(request, socket, head));
+// Every path but the apps' traffic is refused there.
+upgrade = (request, socket, head) => proxy.upgrade(request, socket, head);
 native?.attach(processes);
 if (config.join) {
   void heartbeat({

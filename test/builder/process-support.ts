@@ -193,6 +193,12 @@ export async function startProcess(target: BuilderTarget, spec: ProcessSpec): Pr
   return ProcessStatus.parse(await response.json());
 }
 
+/** Starts a web process of `release` and waits until it takes traffic. */
+export async function readyProcess(target: BuilderTarget, plane: ControlPlane, release: Release, overrides: Partial<ProcessSpec> = {}): Promise<ProcessStatus> {
+  const started = await startProcess(target, webSpec(plane.serve(release), overrides));
+  return waitFor(target, started.id, (status) => status.ready);
+}
+
 export async function processStatus(target: BuilderTarget, id: string): Promise<ProcessStatus> {
   const response = await signedFetch(target, `/v1/processes/${id}`);
   if (response.status !== 200) throw new Error(`status failed: ${response.status} ${await response.text()}`);

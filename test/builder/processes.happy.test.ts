@@ -10,6 +10,7 @@ import {
   makeRelease,
   proxyFetch,
   proxyHeaders,
+  readyProcess,
   startControlPlane,
   startProcess,
   stopProcess,
@@ -32,10 +33,7 @@ afterAll(async () => {
 });
 
 /** Starts the test app and waits until it takes traffic. */
-async function readyApp(overrides: Parameters<typeof webSpec>[1] = {}): Promise<ProcessStatus> {
-  const started = await startProcess(builder, webSpec(plane.serve(release), overrides));
-  return waitFor(builder, started.id, (status) => status.ready);
-}
+const readyApp = (overrides: Parameters<typeof webSpec>[1] = {}): Promise<ProcessStatus> => readyProcess(builder, plane, release, overrides);
 
 describe("an app process: start, health check, proxied traffic", () => {
   it("starts the release, becomes ready after its health check, and serves GET and POST through the proxy with Host and X-Forwarded-* set", async () => {

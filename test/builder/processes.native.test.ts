@@ -28,6 +28,7 @@ import {
   pidsWith,
   proxyFetch,
   proxyHeaders,
+  readyProcess,
   startControlPlane,
   startProcess,
   stopProcess,
@@ -49,10 +50,7 @@ afterAll(async () => {
   await plane?.close();
 });
 
-async function readyApp(overrides: Parameters<typeof webSpec>[1] = {}): Promise<ProcessStatus> {
-  const started = await startProcess(builder, webSpec(plane.serve(release), overrides));
-  return waitFor(builder, started.id, (status) => status.ready);
-}
+const readyApp = (overrides: Parameters<typeof webSpec>[1] = {}): Promise<ProcessStatus> => readyProcess(builder, plane, release, overrides);
 
 /** One command over HAProxy's runtime socket (of the suite's builder unless another's data dir is given). */
 function runtime(command: string, dataDir = builder.dataDir): Promise<string> {

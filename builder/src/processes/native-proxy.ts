@@ -44,7 +44,6 @@
  * its port itself.
  */
 import { type ChildProcess, spawn } from "node:child_process";
-import { createHmac } from "node:crypto";
 import { existsSync } from "node:fs";
 import { chmod, chown, mkdir, rm, writeFile } from "node:fs/promises";
 import { createServer as createHttpServer, type IncomingMessage, type ServerResponse } from "node:http";
@@ -52,9 +51,10 @@ import { connect, createServer, type Server, type Socket } from "node:net";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { setTimeout as sleep } from "node:timers/promises";
-import { HEADER_PROXY_ERROR, MAX_PROXY_BODY_BYTES } from "../protocol/processes.js";
+import { HEADER_PROXY_ERROR, HEADER_PROXY_SIGNATURE, MAX_PROXY_BODY_BYTES, signProxy } from "../protocol/processes.js";
+import type { BuilderErrorCode } from "../protocol/shared.js";
 import type { ProcessTraffic } from "./manager.js";
-import { NODE_SHARE, PROXY_PREFIX, PROXY_READY_WAIT_MS, type ProxiedProcess } from "./proxy.js";
+import { errorBody, HOP_BY_HOP, NODE_SHARE, PROXY_PREFIX, PROXY_READY_WAIT_MS, type ProxiedProcess } from "./proxy.js";
 
 /** Backends made at startup: processes taking traffic on this node at once (a node has 253 run network namespaces). */
 export const NATIVE_SLOTS = 256;
@@ -124,8 +124,11 @@ interface Slot {
   instance: object;
 }
 
-const quote = (text: string) => JSON.stringify(text);
-const jsonError = (code: string, message: string) => quote(JSON.stringify({ error: { code, message } }));
+/** A line of the tokens map: `<id>/<second>/<signature>` and the id, from the signature of `<id>/<second>`. */
+const tokenEntry = (key: string, signature: string) => `${key}/${signature} ${key.slice(0, key.indexOf("/"))}`;
+
+/** The node's own JSON error body, quoted for HAProxy's configuration. */
+const jsonError = (code: BuilderErrorCode, message: string) => JSON.stringify(errorBody(code, message));
 
 /**
  * Drops an app's Set-Cookie whose Domain reaches beyond its own host: the
@@ -191,8 +194,8 @@ core.register_action("svc_cookies", { "http-res" }, function(txn)
 end)
 `;
 
-/** Hop-by-hop headers HAProxy does not handle itself (it owns Connection; Upgrade, Transfer-Encoding and Expect go to the Node proxy). */
-const HOP_BY_HOP = ["keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te", "trailer", "http2-settings"];
+/** The Node proxy's hop-by-hop headers but those HAProxy handles itself (Connection) or never takes (Upgrade, Transfer-Encoding and Expect go to the Node proxy). */
+const DROPPED_HOP_BY_HOP = [...HOP_BY_HOP].filter((name) => !["connection", "upgrade", "transfer-encoding", "expect"].includes(name));
 
 /** The whole configuration; slots as they are now (a restart keeps them). */
 function configuration(options: NativeProxyOptions, port: number, slots: Iterable<Slot>, files: { socket: string; hold: string; lua: string; tokens: string; routes: string }): string {
@@ -229,7 +232,7 @@ function configuration(options: NativeProxyOptions, port: number, slots: Iterabl
     "  option redispatch 1",
     "  retry-on conn-failure empty-response",
     "  http-response del-header x-svc- -m beg",
-    ...HOP_BY_HOP.map((name) => `  http-response del-header ${name}`),
+    ...DROPPED_HOP_BY_HOP.map((name) => `  http-response del-header ${name}`),
     "  http-response lua.svc_cookies if { res.hdr(set-cookie) -m sub -i domain }",
     "  http-response set-log-level info if { var(txn.note) -m found }",
     `  http-error status 502 ${unavailable("the app's process answered something that is not HTTP")}`,
@@ -267,7 +270,7 @@ function configuration(options: NativeProxyOptions, port: number, slots: Iterabl
     "  http-request set-header host %[var(txn.host)] if fast { var(txn.host) -m found }",
     "  http-request set-path %[path,regsub(^/v1/proxy/[^/]+/?,/)] if fast",
     "  http-request del-header x-svc- -m beg if fast",
-    ...HOP_BY_HOP.map((name) => `  http-request del-header ${name} if fast`),
+    ...DROPPED_HOP_BY_HOP.map((name) => `  http-request del-header ${name} if fast`),
     // The builder closes the connection after refusing an upgrade: so does HAProxy.
     "  http-request set-var(txn.upgrade) bool(true) if !plain_upgrade",
     "  http-after-response set-header connection close if { var(txn.upgrade) -m found } !{ status 101 }",
@@ -377,11 +380,9 @@ export class NativeProxy {
   readonly #slots = new Map<string, Slot>();
   readonly #free: string[] = [];
   /** What the routes map holds: requested id → `<slot>|<tenant>`. */
-  readonly #routes = new Map<string, string>();
-  /** What the tokens map holds: `<id>/<second>/<signature>` → id. */
-  readonly #tokens = new Map<string, string>();
-  /** `<id>/<second>` → its signature (each computed once). */
-  readonly #signatures = new Map<string, string>();
+  #routes = new Map<string, string>();
+  /** What the tokens map holds, by `<id>/<second>`: the signature (its key there is `<id>/<second>/<signature>`, its value the id). */
+  #tokens = new Map<string, string>();
   #applying: Promise<void> = Promise.resolve();
   #dirty = false;
   #rearm = false;
@@ -510,7 +511,7 @@ export class NativeProxy {
     const files: [string, string][] = [
       [this.#files.config, configuration(options, this.port, this.#slots.values(), this.#files)],
       [this.#files.lua, COOKIES_LUA],
-      [this.#files.tokens, [...this.#tokens].map(([key, id]) => `${key} ${id}\n`).join("")],
+      [this.#files.tokens, [...this.#tokens].map(([key, signature]) => `${tokenEntry(key, signature)}\n`).join("")],
       [this.#files.routes, [...this.#routes].map(([id, value]) => `${id} ${value}\n`).join("")],
     ];
     for (const [path, text] of files) {
@@ -617,17 +618,20 @@ export class NativeProxy {
     const now = Math.floor(Date.now() / 1000);
     const tokens = new Map<string, string>();
     for (const id of routes.keys()) {
-      for (let second = now - TOKEN_SECONDS; second <= now + TOKEN_SECONDS; second++) tokens.set(`${id}/${second}/${this.#signature(id, second)}`, id);
+      for (let second = now - TOKEN_SECONDS; second <= now + TOKEN_SECONDS; second++) {
+        const key = `${id}/${second}`;
+        tokens.set(key, this.#tokens.get(key) ?? (await signProxy(this.#options.secret(), id, second))[HEADER_PROXY_SIGNATURE]!);
+      }
     }
     const { tokens: tokenMap, routes: routeMap } = this.#files;
     const commands = [...slotCommands];
-    for (const [key, id] of tokens) if (!this.#tokens.has(key)) commands.push(`add map ${tokenMap} ${key} ${id}`);
+    for (const [key, signature] of tokens) if (!this.#tokens.has(key)) commands.push(`add map ${tokenMap} ${tokenEntry(key, signature)}`);
     for (const [id, value] of routes) {
       const held = this.#routes.get(id);
       if (held !== value) commands.push(held === undefined ? `add map ${routeMap} ${id} ${value}` : `set map ${routeMap} ${id} ${value}`);
     }
     for (const id of this.#routes.keys()) if (!routes.has(id)) commands.push(`del map ${routeMap} ${id}`);
-    for (const key of this.#tokens.keys()) if (!tokens.has(key)) commands.push(`del map ${tokenMap} ${key}`);
+    for (const [key, signature] of this.#tokens) if (!tokens.has(key)) commands.push(`del map ${tokenMap} ${key}/${signature}`);
     // A slot whose process ended is emptied: what is still connected there is cut.
     for (const [processId, slot] of this.#slots) {
       if (live.has(processId)) continue;
@@ -635,11 +639,8 @@ export class NativeProxy {
       this.#slots.delete(processId);
       this.#free.push(slot.name);
     }
-    this.#routes.clear();
-    for (const [id, value] of routes) this.#routes.set(id, value);
-    this.#tokens.clear();
-    for (const [key, id] of tokens) this.#tokens.set(key, id);
-    for (const key of this.#signatures.keys()) if (Number(key.slice(key.indexOf("/") + 1)) < now - TOKEN_SECONDS) this.#signatures.delete(key);
+    this.#routes = routes;
+    this.#tokens = tokens;
     if (commands.length > 0) await this.#cli(commands);
   }
 
@@ -668,16 +669,6 @@ export class NativeProxy {
     this.#slots.set(processId, slot);
     commands.push(`set server ${name}/app addr ${address} port ${port}`, `set server ${name}/app state ready`, `set server ${name}/app health up`);
     return slot;
-  }
-
-  #signature(id: string, second: number): string {
-    const key = `${id}/${second}`;
-    let signature = this.#signatures.get(key);
-    if (signature === undefined) {
-      signature = createHmac("sha256", this.#options.secret()).update(`proxy\n${id}\n${second}`).digest("hex");
-      this.#signatures.set(key, signature);
-    }
-    return signature;
   }
 
   /** Requests at a slot now (its server's current sessions and queue). */

@@ -66,7 +66,7 @@ const MAX_ATTEMPTS = 20;
 const RETRY_PAUSE_MS = 25;
 
 /** Headers that describe one connection, not the message: never forwarded (RFC 9110 §7.6.1), plus Expect, which the node answers itself. */
-const HOP_BY_HOP = new Set([
+export const HOP_BY_HOP = new Set([
   "connection",
   "keep-alive",
   "proxy-authenticate",
@@ -214,7 +214,8 @@ function connectionTokens(raw: string[]): Set<string> {
   return tokens;
 }
 
-function errorBody(code: BuilderErrorCode, message: string): string {
+/** The JSON body of the node's own answers. */
+export function errorBody(code: BuilderErrorCode, message: string): string {
   const body: BuilderError = { error: { code, message } };
   return JSON.stringify(body);
 }
