@@ -50,7 +50,17 @@ afterAll(async () => {
   await plane?.close();
 });
 
-const readyApp = (overrides: Parameters<typeof webSpec>[1] = {}): Promise<ProcessStatus> => readyProcess(builder, plane, release, overrides);
+/**
+ * A ready process, once HAProxy routes it: the builder writes a process's
+ * route into HAProxy's maps just after it is ready (until then its requests
+ * take the Node proxy), so what is counted here waits for that.
+ */
+async function readyApp(overrides: Parameters<typeof webSpec>[1] = {}): Promise<ProcessStatus> {
+  const status = await readyProcess(builder, plane, release, overrides);
+  const routes = join(builder.dataDir, "native-proxy", "routes.map");
+  await expect.poll(async () => (await runtime(`show map ${routes}`)).includes(` ${status.id} `), { timeout: 5_000, interval: 20 }).toBe(true);
+  return status;
+}
 
 /** One command over HAProxy's runtime socket (of the suite's builder unless another's data dir is given). */
 function runtime(command: string, dataDir = builder.dataDir): Promise<string> {
