@@ -1,5 +1,5 @@
 import { execFileSync } from "node:child_process";
-import { existsSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
 import { mkdir, mkdtemp, readdir, rename, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -155,6 +155,16 @@ describe("restores a crash interrupted", () => {
     await rename(data("committed"), named("committed", "trash-job_000000000000000000000003"));
     await rename(data("new-b"), data("committed"));
     for (const id of ["new-a", "new-b"]) await rm(join(disks, id), { recursive: true });
+    if (images) {
+      // A swap moves filesystems as they are: the crash left the old ones mounted at `retiring-…` and the new one at `mnt`.
+      const mountAt = async (image: string, dir: string) => {
+        await mkdir(dir, { recursive: true });
+        execFileSync("mount", ["-o", "loop,nosuid,nodev", image, dir]);
+      };
+      await mountAt(named("uncommitted", "previous-job_000000000000000000000001"), join(disks, "uncommitted/retiring-job_000000000000000000000001"));
+      await mountAt(data("uncommitted"), join(disks, "uncommitted/mnt"));
+      await mountAt(named("committed", "trash-job_000000000000000000000003"), join(disks, "committed/retiring-job_000000000000000000000003"));
+    }
     const restarted = await startBuilder({ dataDir });
     try {
       const read = async (id: string) => (await runToEnd(restarted, { command: 'ls "$SVC_DISK_PATH"; cat "$SVC_DISK_PATH"/*', disk: { id, mountPath: "/data", sizeBytes: MiB } })).log;
@@ -166,6 +176,8 @@ describe("restores a crash interrupted", () => {
       for (const id of ["uncommitted", "committed"]) {
         await expect.poll(() => readdir(join(disks, id))).toEqual(diskFolderAtRest(dataDir, id));
       }
+      expect(readFileSync("/proc/self/mountinfo", "utf8")).not.toContain(`${disks}/committed/retiring-`);
+      expect(readFileSync("/proc/self/mountinfo", "utf8")).not.toContain(`${disks}/uncommitted/retiring-`);
     } finally {
       await restarted.stop();
       await rm(dataDir, { recursive: true, force: true });

@@ -81,6 +81,8 @@ export class DiskStore {
   readonly images: boolean;
   readonly #room: HostRoom;
   readonly #locks = new Map<string, Promise<unknown>>();
+  /** Whether the log said once that the kernel refuses to move a mount here. */
+  #moveRefusedSaid = false;
 
   private constructor(root: string, tenants: TenantUsers, images: boolean, options: DiskStoreOptions) {
     this.#root = root;
@@ -327,22 +329,64 @@ export class DiskStore {
   /**
    * Puts a filled staging area in place of the disk's data. Directories:
    * data → `previous-<job>`, staging → data, `previous-<job>` → `trash-<job>`.
-   * Images: both filesystems are unmounted, then the same three renames on the
-   * image files, then the new image is mounted. The rename to `trash-` commits.
-   * Returns the trash (a directory or an image file), which the caller deletes.
+   * Images: the disk's filesystem is moved aside to `retiring-<job>` and the
+   * staging one to the disk's mount point, both as they are, then the same
+   * three renames on the image files (a loop device follows its file). Where
+   * the kernel refuses the moves, both are unmounted and the new image
+   * mounted after the renames, which first writes every page the extraction
+   * left dirty. The rename to `trash-` commits. Returns what deletes the old
+   * data (the trash, and the retired filesystem unmounted, which writes its
+   * dirty pages away from the restore's time).
    */
-  async replaceData(id: string, staging: string, jobId: string): Promise<string> {
+  async replaceData(id: string, staging: string, jobId: string): Promise<() => Promise<void>> {
     return this.#locked(id, async () => {
       const dir = this.#diskDir(id);
-      if (!this.images) return this.#swap(this.dataPath(id), staging, dir, jobId, "");
-      await FsImages.unmount(join(dir, `staging-${jobId}`));
-      await FsImages.unmount(join(dir, "mnt"));
+      if (!this.images) {
+        const trash = await this.#swap(this.dataPath(id), staging, dir, jobId, "");
+        return () => rm(trash, { recursive: true, force: true });
+      }
+      const stagingMount = join(dir, `staging-${jobId}`);
+      const mnt = join(dir, "mnt");
+      const retiring = join(dir, `retiring-${jobId}`);
+      let mounted = await this.#moveMounts(mnt, retiring, stagingMount);
+      if (!mounted) {
+        await FsImages.unmount(stagingMount);
+        await FsImages.unmount(mnt);
+      }
       try {
-        return await this.#swap(join(dir, "disk.img"), join(dir, `staging-${jobId}.img`), dir, jobId, ".img");
+        const trash = await this.#swap(join(dir, "disk.img"), join(dir, `staging-${jobId}.img`), dir, jobId, ".img");
+        return async () => {
+          await FsImages.unmount(retiring);
+          await rm(retiring, { recursive: true, force: true });
+          await rm(trash, { force: true });
+        };
+      } catch (error) {
+        // The renames were rolled back: the old image is the disk's again, mounted afresh below.
+        if (mounted) {
+          await FsImages.unmount(mnt);
+          await FsImages.unmount(retiring);
+        }
+        mounted = false;
+        await rm(retiring, { recursive: true, force: true });
+        throw error;
       } finally {
-        await FsImages.mount(join(dir, "disk.img"), join(dir, "mnt"));
+        if (!mounted) await FsImages.mount(join(dir, "disk.img"), mnt);
       }
     });
+  }
+
+  /** The disk's filesystem to `retiring`, the staging one to `mnt`; false (nothing moved) where the kernel refuses. */
+  async #moveMounts(mnt: string, retiring: string, stagingMount: string): Promise<boolean> {
+    const refused = (error: unknown): false => {
+      if (!this.#moveRefusedSaid) console.error(`builder: ${String(error)}; a restore's swap unmounts and mounts the images instead`);
+      this.#moveRefusedSaid = true;
+      return false;
+    };
+    await mkdir(retiring, { mode: 0o700 });
+    if (!(await FsImages.move(mnt, retiring).then(() => true, refused))) return false;
+    if (await FsImages.move(stagingMount, mnt).then(() => true, refused)) return true;
+    await FsImages.move(retiring, mnt);
+    return false;
   }
 
   /** Removes what a restore's staging left (after a failure, or the empty mount point after a swap). */
@@ -430,7 +474,7 @@ export class DiskStore {
   async #unmountAll(diskDir: string): Promise<void> {
     if (!this.images) return;
     for (const name of await readdir(diskDir).catch(() => [] as string[])) {
-      if (name === "mnt" || (name.startsWith("staging-") && !name.endsWith(".img"))) await FsImages.unmount(join(diskDir, name));
+      if (name === "mnt" || name.startsWith("retiring-") || (name.startsWith("staging-") && !name.endsWith(".img"))) await FsImages.unmount(join(diskDir, name));
     }
   }
 
@@ -480,7 +524,7 @@ export class DiskStore {
         console.error(`builder: rolled back an interrupted restore of disk ${id}`);
       }
       for (const name of await readdir(dir).catch(() => [] as string[])) {
-        if (name.startsWith("staging-") || name.startsWith("trash-")) leftovers.push(join(dir, name));
+        if (name.startsWith("staging-") || name.startsWith("trash-") || name.startsWith("retiring-")) leftovers.push(join(dir, name));
       }
       if (this.images) await this.#mountOrConvert(id, dir);
       await this.#reown(id);

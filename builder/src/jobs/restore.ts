@@ -19,7 +19,7 @@
  * leaves the unread bytes in the socket until they are read.
  */
 import { createHash } from "node:crypto";
-import { rm, statfs } from "node:fs/promises";
+import { statfs } from "node:fs/promises";
 import { type IncomingMessage, request as httpRequest } from "node:http";
 import { request as httpsRequest } from "node:https";
 import { Transform } from "node:stream";
@@ -64,11 +64,9 @@ export async function restoreJob(input: RestoreJobInput): Promise<JobOutcome> {
     log.note(`restore of disk ${spec.diskId}: downloading ${formatBytes(spec.expectedSizeBytes)}, extracting into a staging directory`);
     const summary = await downloadAndExtract(input, staging, quotaBytes);
     log.note(`${RESTORE_EXTRACTED_NOTE}; swapping it in for the disk's data`);
-    const trash = await disks.replaceData(spec.diskId, staging, input.id);
+    const discardOld = await disks.replaceData(spec.diskId, staging, input.id);
     // The swap has committed; deleting the old data need not delay the answer (a restart finishes it).
-    void rm(trash, { recursive: true, force: true }).catch((error: unknown) =>
-      console.error(`builder: could not delete ${trash}: ${messageOf(error)}`),
-    );
+    void discardOld().catch((error: unknown) => console.error(`builder: could not delete disk ${spec.diskId}'s old data: ${messageOf(error)}`));
     log.note(
       `restored ${summary.entries} entries, ${formatBytes(summary.restoredBytes)} allocated ` +
         `(${formatBytes(summary.expandedBytes)} uncompressed archive)`,

@@ -196,6 +196,18 @@ export const FsImages = {
     await tool("mount", ["-o", "loop,nosuid,nodev", image, dir]);
   },
 
+  /**
+   * Moves the filesystem mounted at `from` to `to` (which must be no mount
+   * point) as it is: its dirty pages stay in memory for the kernel's own
+   * writeback, where unmounting and mounting again would write them all
+   * first. The kernel refuses it when `from` sits under a shared mount
+   * (systemd's `/` is one), which the caller answers by unmounting and
+   * mounting.
+   */
+  async move(from: string, to: string): Promise<void> {
+    await tool("mount", ["--move", from, to]);
+  },
+
   /** Unmounts (the loop device goes with it); lazily, so a straggling reader cannot block a shutdown. */
   async unmount(dir: string): Promise<void> {
     if (!(await isMountPoint(dir))) return;
