@@ -37,6 +37,13 @@ import { failed, messageOf, succeeded } from "./outcome.js";
 /** Progress lines: one per tenth of the download, but no closer than this. */
 const PROGRESS_MIN_BYTES = 16 * 1024 * 1024;
 
+/**
+ * The download reaches gunzip in pieces of at least this much: each piece is
+ * one threadpool round trip, and a socket's 64 KiB reads cost the extraction
+ * a fifth of its time more than 1 MiB pieces (measured at 128 MiB).
+ */
+const GUNZIP_INPUT_BYTES = 1024 * 1024;
+
 /** gunzip output per threadpool round trip: larger chunks mean fewer of them (a member's data is a slice of one). */
 const GUNZIP_CHUNK_BYTES = 256 * 1024;
 
@@ -106,6 +113,8 @@ async function downloadAndExtract(input: RestoreJobInput, staging: string, quota
   let complete = false;
   const progressStep = Math.max(PROGRESS_MIN_BYTES, Math.ceil(expected / 10));
   let nextProgress = progressStep;
+  let gathered: Buffer[] = [];
+  let gatheredBytes = 0;
   const meter = new Transform({
     transform(chunk: Buffer, _encoding, done) {
       received += chunk.length;
@@ -115,11 +124,17 @@ async function downloadAndExtract(input: RestoreJobInput, staging: string, quota
         input.log.note(`downloaded ${formatBytes(received)} of ${formatBytes(expected)}`);
         nextProgress += progressStep;
       }
-      done(null, chunk);
+      gathered.push(chunk);
+      gatheredBytes += chunk.length;
+      if (gatheredBytes < GUNZIP_INPUT_BYTES) return done();
+      const piece = Buffer.concat(gathered, gatheredBytes);
+      gathered = [];
+      gatheredBytes = 0;
+      done(null, piece);
     },
     flush(done) {
       complete = true;
-      done();
+      done(null, gatheredBytes > 0 ? Buffer.concat(gathered, gatheredBytes) : undefined);
     },
   });
   const sizeMismatch = () => new ArchiveRejected(`the download is ${received} bytes, expected ${expected} (expectedSizeBytes)`);
