@@ -31,7 +31,7 @@ import type { JobContext, JobOutcome } from "./manager.js";
 import type { RestoreSpec } from "../protocol/disks.js";
 import { formatBytes } from "../units.js";
 import type { JobUser } from "../sandbox/tenants.js";
-import { ArchiveRejected, type ExtractSummary, TarFormatError, extractTar } from "../tar/extract.js";
+import { ArchiveRejected, type ExtractSummary, GUNZIP_CHUNK_BYTES, TarFormatError, extractTar } from "../tar/extract.js";
 import { failed, messageOf, succeeded } from "./outcome.js";
 
 /** Progress lines: one per tenth of the download, but no closer than this. */
@@ -44,8 +44,6 @@ const PROGRESS_MIN_BYTES = 16 * 1024 * 1024;
  */
 const GUNZIP_INPUT_BYTES = 1024 * 1024;
 
-/** gunzip output per threadpool round trip: larger chunks mean fewer of them (a member's data is a slice of one). */
-const GUNZIP_CHUNK_BYTES = 256 * 1024;
 
 /** The log line between extracting and swapping (benches time the two from it). */
 export const RESTORE_EXTRACTED_NOTE = "archive downloaded, checked and extracted";

@@ -18,6 +18,7 @@ import { pipeline } from "node:stream/promises";
 import type { ReadableStream as NodeWebReadableStream } from "node:stream/web";
 import { setTimeout as sleep } from "node:timers/promises";
 import { createGunzip } from "node:zlib";
+import { ARCHIVE_READ_BYTES, GUNZIP_CHUNK_BYTES } from "../tar/extract.js";
 import { formatBytes } from "../units.js";
 
 /** A fetch is tried this many times in all when the failure may pass (network errors, 429, 5xx). */
@@ -182,8 +183,8 @@ async function download(ref: ReleaseRef, path: string, signal: AbortSignal): Pro
 async function measureExpanded(path: string): Promise<number> {
   let bytes = 0;
   await pipeline(
-    createReadStream(path),
-    createGunzip(),
+    createReadStream(path, { highWaterMark: ARCHIVE_READ_BYTES }),
+    createGunzip({ chunkSize: GUNZIP_CHUNK_BYTES }),
     new Writable({
       write(chunk: Buffer, _encoding, done) {
         bytes += chunk.length;

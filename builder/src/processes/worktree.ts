@@ -25,7 +25,7 @@ import type { HostRoom } from "../sandbox/host-room.js";
 import type { SandboxHost } from "../sandbox/host.js";
 import { formatBytes } from "../units.js";
 import type { JobUser } from "../sandbox/tenants.js";
-import { extractTar } from "../tar/extract.js";
+import { ARCHIVE_READ_BYTES, GUNZIP_CHUNK_BYTES, extractTar } from "../tar/extract.js";
 
 const GIB = 1024 * 1024 * 1024;
 /** A tar member takes at least one 512-byte header: the most members an archive of N bytes can hold. */
@@ -77,9 +77,9 @@ export async function createWorkTree(input: {
   }
   await mkdir(home, { mode: 0o700 });
   await chown(home, input.user.uid, input.user.gid);
-  const gunzip = createGunzip();
+  const gunzip = createGunzip({ chunkSize: GUNZIP_CHUNK_BYTES });
   // A read error destroys gunzip, which fails the extraction; the extractor's own refusal ends the read below.
-  void pipeline(createReadStream(input.archive), gunzip).catch(() => undefined);
+  void pipeline(createReadStream(input.archive, { highWaterMark: ARCHIVE_READ_BYTES }), gunzip).catch(() => undefined);
   try {
     const summary = await extractTar({
       source: gunzip,

@@ -27,15 +27,34 @@
  *
  * Speed: small files (the many) are gathered in memory and written with
  * synchronous calls, which cost a fraction of the threadpool round trips;
- * large ones stream through asynchronous writes.
+ * large ones stream through asynchronous writes. Directories and links are
+ * synchronous calls too. Callers feed it gunzip's output in pieces of
+ * {@link GUNZIP_CHUNK_BYTES}.
  *
  * Memory: chunks stream through; what grows with the archive is one record per
  * directory (mode and mtime, applied at the end, deepest first, so read-only
  * directories can still be filled) and one per symlink, both bounded by the
  * member limit.
  */
-import { closeSync, constants, fchmodSync, fchownSync, futimesSync, openSync, writeSync } from "node:fs";
-import { chmod, chown, lchown, link, lstat, lutimes, mkdir, open, readFile, symlink, utimes } from "node:fs/promises";
+import {
+  chmodSync,
+  chownSync,
+  closeSync,
+  constants,
+  fchmodSync,
+  fchownSync,
+  futimesSync,
+  lchownSync,
+  linkSync,
+  lstatSync,
+  lutimesSync,
+  mkdirSync,
+  openSync,
+  symlinkSync,
+  utimesSync,
+  writeSync,
+} from "node:fs";
+import { open, readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { type Header, extract as tarExtract } from "tar-stream";
 import { BACKUP_MAX_PATH_BYTES } from "../protocol/disks.js";
@@ -54,6 +73,16 @@ import {
   regionsAllocation,
   symlinkAllocation,
 } from "./sparse.js";
+
+/**
+ * gunzip output per threadpool round trip for an extraction's source: larger
+ * pieces mean fewer of them (a member's data is a slice of one); zlib's
+ * default 16 KiB made a release of 802 entries wait on them for a third of
+ * its extraction.
+ */
+export const GUNZIP_CHUNK_BYTES = 256 * 1024;
+/** An archive on local disk is read in pieces this large, for the same reason. */
+export const ARCHIVE_READ_BYTES = 1024 * 1024;
 
 /** A member (or the archive as a whole) that restore refuses; the message names it. */
 export class ArchiveRejected extends Error {}
@@ -117,6 +146,12 @@ const END_MARKER_BYTES = 2 * BLOCK;
  * through asynchronous writes.
  */
 const SYNC_WRITE_BYTES = 256 * 1024;
+/**
+ * Directories, links and the modes and times set at the end are made with
+ * synchronous calls too (a metadata change in the page cache, a few µs),
+ * the event loop given its turn after every this many of the final pass.
+ */
+const SYNC_METADATA_BATCH = 256;
 
 interface DirMeta {
   mode: number;
@@ -395,7 +430,7 @@ export async function extractTar(options: ExtractOptions): Promise<ExtractSummar
     }
   };
   /** Refuses a member below a symlink, and creates the directories above it that the archive did not list. */
-  const prepareParents = async (parts: string[], name: string) => {
+  const prepareParents = (parts: string[], name: string) => {
     for (let depth = 1; depth < parts.length; depth++) {
       const prefix = parts.slice(0, depth).join("/");
       if (links.has(prefix)) {
@@ -404,7 +439,7 @@ export async function extractTar(options: ExtractOptions): Promise<ExtractSummar
       if (dirs.has(prefix)) continue;
       addInode(prefix);
       try {
-        await mkdir(where(parts.slice(0, depth)), { mode: 0o700 });
+        mkdirSync(where(parts.slice(0, depth)), { mode: 0o700 });
       } catch (error) {
         if (code(error) !== "EEXIST") throw error;
         throw new ArchiveRejected(`member ${JSON.stringify(name)} needs ${JSON.stringify(prefix)} to be a directory`);
@@ -591,7 +626,7 @@ export async function extractTar(options: ExtractOptions): Promise<ExtractSummar
       const linkname = header.linkname ?? "";
       if (parts.length === 0 && header.type !== "directory") throw new ArchiveRejected(`member ${JSON.stringify(name)} names the root but is not a directory`);
       if (sparse) {
-        await prepareParents(parts, name);
+        prepareParents(parts, name);
         addInode(name);
         await extractSparse(sparse, entry, dataBytes, where(parts), mode, mtime);
         continue;
@@ -602,13 +637,13 @@ export async function extractTar(options: ExtractOptions): Promise<ExtractSummar
             rootMtime = mtime; // its mode stays the builder's: a disk's data directory is 0700
             break;
           }
-          await prepareParents(parts, name);
+          prepareParents(parts, name);
           if (!dirs.has(parts.join("/"))) addInode(name);
-          await extractDirectory(name, parts, where(parts), mode, mtime, dirs, links, duplicate);
+          extractDirectory(name, parts, where(parts), mode, mtime, dirs, links, duplicate);
           break;
         case "file":
         case "contiguous-file": {
-          await prepareParents(parts, name);
+          prepareParents(parts, name);
           addInode(name);
           addRestored(fileAllocation(dataBytes, blockSize), name);
           if (dataBytes > SYNC_WRITE_BYTES) {
@@ -621,7 +656,7 @@ export async function extractTar(options: ExtractOptions): Promise<ExtractSummar
           break;
         }
         case "symlink": {
-          await prepareParents(parts, name);
+          prepareParents(parts, name);
           if (linkname === "") throw new ArchiveRejected(`symlink ${JSON.stringify(name)} has an empty target`);
           if (linkname.includes("\0")) throw new ArchiveRejected(`symlink ${JSON.stringify(name)} has a target with a NUL byte`);
           if (resolveLink(parts.slice(0, -1), linkname, links) === "outside") {
@@ -630,27 +665,27 @@ export async function extractTar(options: ExtractOptions): Promise<ExtractSummar
           addInode(name);
           addRestored(symlinkAllocation(Buffer.byteLength(linkname), blockSize), name);
           try {
-            await symlink(linkname, where(parts));
+            symlinkSync(linkname, where(parts));
           } catch (error) {
             if (code(error) === "EEXIST") throw duplicate(name);
             throw error;
           }
           links.set(parts.join("/"), linkname);
-          await lutimes(where(parts), mtime, mtime);
-          if (owner) await lchown(where(parts), owner.uid, owner.gid);
+          lutimesSync(where(parts), mtime, mtime);
+          if (owner) lchownSync(where(parts), owner.uid, owner.gid);
           break;
         }
         case "link": {
-          await prepareParents(parts, name);
+          prepareParents(parts, name);
           const target = memberPath(linkname, `hardlink ${JSON.stringify(name)} target`);
           const targetKey = target.join("/");
           const throughLink = target.some((_, depth) => links.has(target.slice(0, depth + 1).join("/")));
-          const stats = throughLink || target.length === 0 ? null : await lstat(where(target)).catch(() => null);
+          const stats = throughLink || target.length === 0 ? null : lstatSync(where(target), { throwIfNoEntry: false });
           if (!stats?.isFile()) {
             throw new ArchiveRejected(`hardlink ${JSON.stringify(name)} -> ${JSON.stringify(targetKey)} does not name an earlier file of the archive`);
           }
           try {
-            await link(where(target), where(parts));
+            linkSync(where(target), where(parts));
           } catch (error) {
             if (code(error) === "EEXIST") throw duplicate(name);
             throw error;
@@ -685,18 +720,19 @@ export async function extractTar(options: ExtractOptions): Promise<ExtractSummar
     }
   }
   const deepestFirst = [...dirs.entries()].sort((a, b) => b[0].split("/").length - a[0].split("/").length);
-  for (const [path, meta] of deepestFirst) {
+  for (const [index, [path, meta]] of deepestFirst.entries()) {
     const at = join(root, path);
-    if (owner) await chown(at, owner.uid, owner.gid);
-    await chmod(at, meta.mode);
-    if (meta.mtime !== null) await utimes(at, meta.mtime, meta.mtime);
+    if (owner) chownSync(at, owner.uid, owner.gid);
+    chmodSync(at, meta.mode);
+    if (meta.mtime !== null) utimesSync(at, meta.mtime, meta.mtime);
+    if (index % SYNC_METADATA_BATCH === SYNC_METADATA_BATCH - 1) await new Promise(setImmediate);
   }
-  if (owner) await chown(root, owner.uid, owner.gid);
-  if (rootMtime !== null) await utimes(root, rootMtime, rootMtime);
+  if (owner) chownSync(root, owner.uid, owner.gid);
+  if (rootMtime !== null) utimesSync(root, rootMtime, rootMtime);
   return { entries, expandedBytes: fed.expandedBytes, restoredBytes };
 }
 
-async function extractDirectory(
+function extractDirectory(
   name: string,
   parts: string[],
   at: string,
@@ -705,12 +741,12 @@ async function extractDirectory(
   dirs: Map<string, DirMeta>,
   links: Map<string, string>,
   duplicate: (name: string) => ArchiveRejected,
-): Promise<void> {
+): void {
   const key = parts.join("/");
   if (links.has(key)) throw duplicate(name);
   if (!dirs.has(key)) {
     try {
-      await mkdir(at, { mode: 0o700 });
+      mkdirSync(at, { mode: 0o700 });
     } catch (error) {
       // A file of that name exists; a directory would be in `dirs`.
       if (code(error) === "EEXIST") throw duplicate(name);
