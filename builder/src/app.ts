@@ -313,8 +313,10 @@ function routes({ jobs, disks, leases, lease, processes }: BuilderServices): Rou
         const stop = parseBody(ProcessStop, context);
         if (!stop) return;
         const status = processes.stop(context.params[0] ?? "", stop.drainSeconds, stop.successor ?? null);
-        if (status) sendJson(context.response, 202, status);
-        else processNotFound(context.response);
+        if (!status) return processNotFound(context.response);
+        // Answered once no new request reaches the stopping process (a successor takes them), as the edge expects.
+        await processes.routed();
+        sendJson(context.response, 202, status);
       },
     },
     {

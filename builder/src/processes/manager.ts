@@ -82,7 +82,7 @@ interface Entry {
 
 /** What the manager tells the node's native proxy (native-proxy.ts). */
 export interface ProcessTraffic {
-  sync(): void;
+  sync(): Promise<void>;
   idle(processId: string, until: number): Promise<number>;
 }
 
@@ -130,7 +130,7 @@ export class ProcessManager {
   /** From now on every change of a process's route reaches `traffic`. */
   attachTraffic(traffic: ProcessTraffic): void {
     this.#traffic = traffic;
-    traffic.sync();
+    void traffic.sync();
   }
 
   /** Processes not yet stopped or failed, with their apps (what heartbeats report). */
@@ -226,7 +226,7 @@ export class ProcessManager {
         releaseDisk,
         diskProblem: () => this.#options.lease.problem(),
         changed: (status) => this.#changed(entry, status),
-        routed: () => this.#traffic?.sync(),
+        routed: () => void this.#traffic?.sync(),
         drained: (until) => this.#traffic?.idle(id, until) ?? Promise.resolve(0),
       },
       new Date().toISOString(),
@@ -271,6 +271,11 @@ export class ProcessManager {
     if (next && entry.supervisor && next.spec.appId === entry.supervisor.spec.appId) entry.successor = successor;
     entry.supervisor?.stop(drainSeconds);
     return this.#statusOf(entry);
+  }
+
+  /** Resolves once the node's native proxy routes as the processes are now (at once without one, bounded with one). */
+  async routed(): Promise<void> {
+    await this.#traffic?.sync();
   }
 
   /**

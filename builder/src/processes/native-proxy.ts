@@ -75,6 +75,8 @@ const STABLE_MS = 10_000;
 const MAX_FAILURES = 3;
 /** How long one line of runtime API commands may take. */
 const CLI_TIMEOUT_MS = 5_000;
+/** How long a caller of `sync` waits at most for HAProxy to route as the processes are now. */
+const SYNC_WAIT_MS = 1_000;
 /** One line of runtime API commands stays under HAProxy's buffer (16 KiB). */
 const CLI_LINE_BYTES = 8_000;
 const SETPRIV = "/usr/bin/setpriv";
@@ -457,9 +459,14 @@ export class NativeProxy {
     processes.attachTraffic(this);
   }
 
-  /** Brings the maps and slots up to date with the processes (coalesced; called on every change of a route). */
-  sync(): void {
+  /**
+   * Brings the maps and slots up to date with the processes (coalesced;
+   * called on every change of a route); resolves once HAProxy routes that
+   * way, or after {@link SYNC_WAIT_MS} (it is being started again, or stalls).
+   */
+  sync(): Promise<void> {
     this.#sync(false);
+    return Promise.race([this.#applying, sleep(SYNC_WAIT_MS, undefined, { ref: false })]);
   }
 
   /** `rearm`: also every routed slot's server up (one a passing error marked down while its instance lives). */
@@ -480,7 +487,7 @@ export class NativeProxy {
    * gone by then, so none starts), or `until`: how many were left.
    */
   async idle(processId: string, until: number): Promise<number> {
-    this.sync();
+    this.#sync(false);
     await Promise.race([this.#applying, sleep(Math.max(0, until - Date.now()))]);
     const slot = this.#slots.get(processId);
     if (!slot) return 0;
@@ -547,7 +554,7 @@ export class NativeProxy {
       void this.#relaunch(Date.now() - running);
     });
     // Whatever changed while it started.
-    this.sync();
+    this.#sync(false);
   }
 
   /**
