@@ -7,6 +7,9 @@
  *   through `<app>.localhost` (edge → node → app) against the same client
  *   straight to the app's own address and port on the run network; ROUNDS
  *   alternating rounds; target proxied ≥ 0.5× direct; the added p50 latency;
+ *   proxied against the edge's own `/healthz` (target ≥ 0.9×), beside
+ *   workerd's floor for that ratio (a bare Worker's one fetch against its own
+ *   `/healthz`, {@link subrequestFloor});
  * - deploy: `svc deploy` of the Express fixture (pack, upload, install from the
  *   registry, build the release, start it, health check) to its first answer
  *   through the edge, against `npm ci && node server.js` to its first answer
@@ -22,6 +25,7 @@ import { randomBytes } from "node:crypto";
 import dns from "node:dns";
 import { cp, mkdtemp, rm } from "node:fs/promises";
 import { Agent, request } from "node:http";
+import { createRequire } from "node:module";
 import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -107,6 +111,43 @@ async function until200(port: number, host: string, path: string, timeoutMs: num
   throw new Error(`${host}${path} did not answer 200 within ${timeoutMs} ms`);
 }
 
+/**
+ * workerd's own floor for a proxied request: a Worker that answers `/healthz`
+ * with JSON and anything else with one fetch to a local Node server (no
+ * lookup, no signature, no log), in the Miniflare wrangler brings, under the
+ * same client; requests per second of each, ROUNDS alternating rounds. No
+ * edge that makes one subrequest per request can do better than this ratio.
+ */
+async function subrequestFloor(): Promise<{ healthz: number; fetched: number }[]> {
+  const appPort = await freePort();
+  const app = spawn(process.execPath, ["-e", `require("node:http").createServer((q, s) => s.end("hello from the app\\n")).listen(${appPort}, "127.0.0.1")`], { stdio: "ignore" });
+  const requireFromWrangler = createRequire(createRequire(import.meta.url).resolve("wrangler"));
+  const { Miniflare, Log, LogLevel } = requireFromWrangler("miniflare") as {
+    Miniflare: new (options: Record<string, unknown>) => { ready: Promise<URL>; dispose(): Promise<void> };
+    Log: new (level: number) => object;
+    LogLevel: { WARN: number };
+  };
+  const script = `export default { fetch(request) {
+    const url = new URL(request.url);
+    return url.pathname === "/healthz" ? Response.json({ ok: true }) : fetch("http://127.0.0.1:${appPort}" + url.pathname);
+  } };`;
+  const mf = new Miniflare({ host: "127.0.0.1", port: 0, cf: {}, log: new Log(LogLevel.WARN), workers: [{ name: "floor", modules: true, script, compatibilityDate: "2025-01-01" }] });
+  try {
+    const port = Number((await mf.ready).port);
+    await until200(port, `127.0.0.1:${port}`, "/", 10_000);
+    const rounds: { healthz: number; fetched: number }[] = [];
+    for (let round = 1; round <= ROUNDS; round++) {
+      const fetched = await hammerPath("/", port, DURATION_MS);
+      const healthz = await hammerPath("/healthz", port, DURATION_MS);
+      rounds.push({ healthz: healthz.rps, fetched: fetched.rps });
+    }
+    return rounds;
+  } finally {
+    await mf.dispose();
+    app.kill();
+  }
+}
+
 // `<name>.localhost` is loopback (RFC 6761), as in browsers.
 const lookup = dns.lookup;
 dns.lookup = function (this: unknown, hostname: string, ...rest: unknown[]) {
@@ -151,7 +192,13 @@ try {
   const mean = (f: (r: (typeof rows)[number]) => number) => rows.reduce((s, r) => s + f(r), 0) / rows.length;
   console.log(
     `mean ratio ${fmt(mean((r) => r.edge.rps / r.direct.rps), 2)}x (target ≥ 0.5x); added p50 latency ${fmt(mean((r) => r.edge.p50 - r.direct.p50))} ms; ` +
-      `proxied requests run at ${fmt(mean((r) => r.edge.rps / r.healthz.rps), 2)}x of the edge's own /healthz`,
+      `proxied requests run at ${fmt(mean((r) => r.edge.rps / r.healthz.rps), 2)}x of the edge's own /healthz (target ≥ 0.9x)`,
+  );
+  const floor = await subrequestFloor();
+  console.log(
+    `workerd's floor, a bare Worker's one fetch to a local server against its own JSON /healthz: ` +
+      `${floor.map((r) => `${fmt(r.fetched, 0)}/${fmt(r.healthz, 0)} req/s = ${fmt(r.fetched / r.healthz, 2)}x`).join(", ")}; ` +
+      `the edge's proxied ÷ /healthz is ${fmt(mean((r) => r.edge.rps / r.healthz.rps) / (floor.reduce((sum, r) => sum + r.fetched / r.healthz, 0) / floor.length), 2)} of it`,
   );
 
   // kill -9 of the app's process: until the edge serves it again.
