@@ -25,6 +25,9 @@ import { BuildSpec } from "./protocol/static.js";
 
 /** Largest request body accepted (a JobSpec holds at most a 100k-character command plus env). */
 const MAX_BODY_BYTES = 1024 * 1024;
+/** After a 413, what the client still sends is dropped up to this much, or for this long, before the connection closes. */
+const LINGER_BYTES = 16 * 1024 * 1024;
+const LINGER_MS = 5_000;
 
 /** What the handler works with. */
 export interface BuilderServices {
@@ -376,9 +379,22 @@ function readBody(request: IncomingMessage, limit: number): Promise<Buffer | "to
   });
 }
 
+/**
+ * 413, with what the client still sends read and dropped, up to
+ * {@link LINGER_BYTES} more or for {@link LINGER_MS} (past that the
+ * connection is cut). Closing on unread bytes resets the connection, and a
+ * client (or HAProxy in front, passing the reset on) can lose the answer
+ * with it.
+ */
 function tooLarge(request: IncomingMessage, response: ServerResponse): void {
-  response.setHeader("Connection", "close");
-  response.once("finish", () => request.destroy());
+  let dropped = 0;
+  const cut = setTimeout(() => request.destroy(), LINGER_MS).unref();
+  request.on("data", (chunk: Buffer) => {
+    dropped += chunk.length;
+    if (dropped > LINGER_BYTES) request.destroy();
+  });
+  request.once("end", () => clearTimeout(cut));
+  request.resume();
   sendError(response, 413, "PAYLOAD_TOO_LARGE", `request body exceeds ${MAX_BODY_BYTES} bytes`);
 }
 
