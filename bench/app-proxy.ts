@@ -11,6 +11,9 @@
  *   in front, processes/native-proxy.ts) and its peer, the Node proxy alone
  *   (BUILDER_NATIVE_PROXY=off), each with its own app (targets: proxied ≥ 0.5 ×
  *   direct, issue 18; ≥ 0.8 ×, issue 33);
+ * - the floor for any second hop, in the same rounds: a bare HAProxy (the
+ *   same binary, no rules, no authentication) in front of the native side's
+ *   app, against straight to it;
  * - the latency it adds under light load: one client, requests one after the
  *   other, p50 through each proxy minus p50 straight to its app (target: ≤ 1 ms);
  * - the node's CPU per proxied request: HAProxy's and the builder's, from /proc;
@@ -26,9 +29,13 @@
  *
  *     npx tsx bench/app-proxy.ts [seconds] [rounds]      (default 5 s, 2 rounds)
  */
+import { spawn } from "node:child_process";
 import { readFileSync } from "node:fs";
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { Agent, request } from "node:http";
-import { loadavg } from "node:os";
+import { loadavg, tmpdir } from "node:os";
+import { join } from "node:path";
+import { freePort } from "../scripts/local-stack.js";
 import { signProxy } from "../builder/src/protocol/processes.js";
 import { type BuilderProcess, startBuilder } from "../test/builder/builder-process.js";
 import { APP_SERVER, type ControlPlane, makeRelease, pidsWith, startControlPlane, startProcess, stopProcess, waitFor, webSpec } from "../test/builder/process-support.js";
@@ -163,8 +170,48 @@ async function side(name: string, env: Record<string, string>): Promise<Side> {
   return { name, builder, plane, id, marker, direct, proxied, nodePids: [builder.pid, ...haproxyOf(builder.pid)] };
 }
 
+/**
+ * The floor for any second hop here: the same HAProxy binary with nothing
+ * but a frontend and the app as its one server (no signature, no rules, one
+ * thread, keep-alive both ways), in front of the native side's app.
+ */
+async function bareHaproxy(app: Target): Promise<{ target: Target; stop(): Promise<void> }> {
+  const dir = await mkdtemp(join(tmpdir(), "svc-bench-haproxy-"));
+  const port = await freePort();
+  const config = [
+    "global",
+    "  nbthread 1",
+    "defaults",
+    "  mode http",
+    "  timeout connect 5s",
+    "  timeout client 60s",
+    "  timeout server 60s",
+    "frontend bare",
+    `  bind 127.0.0.1:${port}`,
+    "  default_backend app",
+    "backend app",
+    `  server app ${app.host}:${app.port}`,
+    "",
+  ].join("\n");
+  await writeFile(join(dir, "haproxy.cfg"), config);
+  const child = spawn(process.env.BUILDER_HAPROXY ?? "/usr/sbin/haproxy", ["-db", "-f", join(dir, "haproxy.cfg")], { stdio: "ignore" });
+  const target: Target = { host: "127.0.0.1", port, path: app.path, headers: app.headers };
+  for (let tries = 0; (await get(new Agent(), target, {}).catch(() => null))?.status !== 200; tries++) {
+    if (tries > 100) throw new Error("the bare HAProxy did not answer");
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+  return {
+    target,
+    async stop() {
+      child.kill();
+      await rm(dir, { recursive: true, force: true });
+    },
+  };
+}
+
 const native = await side("native", { BUILDER_NATIVE_PROXY: "on" });
 const peer = await side("node", { BUILDER_NATIVE_PROXY: "off" });
+const bare = await bareHaproxy(native.direct);
 try {
   const { builder } = native;
   const builderUrl = new URL(builder.url);
@@ -179,7 +226,12 @@ try {
     [native.name, []],
     [peer.name, []],
   ]);
+  const floors: number[] = [];
   for (let round = 1; round <= rounds; round++) {
+    const d = await load(native.direct, seconds * 1000);
+    const b = await load(bare.target, seconds * 1000);
+    floors.push(b.ok / d.ok);
+    console.log(`round ${round}, bare HAProxy (no rules) in front of the native side's app: ${(b.ok / seconds).toFixed(0)} req/s against ${(d.ok / seconds).toFixed(0)} direct: ${(b.ok / d.ok).toFixed(2)}×`);
     for (const one of [native, peer]) {
       const d = await load(one.direct, seconds * 1000);
       const cpuBefore = one.nodePids.reduce((sum, pid) => sum + cpuSeconds(pid), 0);
@@ -233,11 +285,16 @@ try {
   const freshId = await deploy;
   console.log(`redeploy under ${CLIENTS} clients: ${during.ok} ok, ${during.failed} failed, ${during.retried} retried after 404 PROCESS_NOT_FOUND${during.failures.length ? `: ${during.failures.join(" | ")}` : ""}`);
   await stopProcess(builder, freshId);
+  const floor = floors.reduce((sum, ratio) => sum + ratio, 0) / floors.length;
   for (const [name, rows] of results) {
     const mean = (key: "direct" | "proxied" | "cpuMicros") => rows.reduce((sum, row) => sum + row[key], 0) / rows.length;
-    console.log(`mean, ${name}: direct ${mean("direct").toFixed(0)} req/s, proxied ${mean("proxied").toFixed(0)} req/s, ratio ${(mean("proxied") / mean("direct")).toFixed(2)}; the node's CPU ${mean("cpuMicros").toFixed(0)} µs per request`);
+    const ratio = mean("proxied") / mean("direct");
+    console.log(
+      `mean, ${name}: direct ${mean("direct").toFixed(0)} req/s, proxied ${mean("proxied").toFixed(0)} req/s, ratio ${ratio.toFixed(2)} (${(ratio / floor).toFixed(2)} of the bare HAProxy's ${floor.toFixed(2)}); the node's CPU ${mean("cpuMicros").toFixed(0)} µs per request`,
+    );
   }
 } finally {
+  await bare.stop();
   for (const one of [native, peer]) {
     await one.builder.stop();
     await one.plane.close();
