@@ -127,6 +127,16 @@ describe("restored files belong to the disk's tenant", () => {
   });
 });
 
+/** Whether the mount holding `path` propagates to its peers (`shared:N` in /proc/self/mountinfo), where the kernel refuses `mount --move`. */
+function underSharedMount(path: string): boolean {
+  const mounts = readFileSync("/proc/self/mountinfo", "utf8")
+    .split("\n")
+    .map((line) => line.split(" "))
+    .filter((fields) => fields.length > 6 && (path === fields[4] || path.startsWith(fields[4] === "/" ? "/" : `${fields[4]}/`)))
+    .sort((a, b) => b[4]!.length - a[4]!.length);
+  return mounts.length > 0 && mounts[0]!.slice(6, mounts[0]!.indexOf("-")).some((field) => field.startsWith("shared:"));
+}
+
 describe("restores a crash interrupted", () => {
   /**
    * Lays out, with disks a real builder made, what a crash leaves in the middle
@@ -183,4 +193,42 @@ describe("restores a crash interrupted", () => {
       await rm(dataDir, { recursive: true, force: true });
     }
   });
+});
+
+describe("the swap's mounts", () => {
+  it.runIf(process.getuid?.() === 0)(
+    "moves the restored filesystem into place without unmounting it, also where the data dir is a shared mount (shown to jobs through an alias)",
+    async () => {
+      // A parent jobs cannot traverse (mode 0700): the builder shows its data dir to jobs through a shared bind mount.
+      const parent = await mkdtemp(join(tmpdir(), "svc-restore-shared-"));
+      const dataDir = join(parent, "data");
+      const node = await startBuilder({ dataDir });
+      const store = await startFakeStorage(node.secret);
+      try {
+        await putDisk(node, "moved", MiB);
+        expect(underSharedMount(dataDir)).toBe(true);
+        // Twice: the second swap moves aside the first one's filesystem, still dirty.
+        for (const round of [1, 2]) {
+          const restored = await restoreToEnd(node, restoreBody("moved", store.serve(`moved-${round}`, archive)));
+          expect(restored.status.status, restored.log).toBe("succeeded");
+        }
+        expect(node.output()).not.toContain("unmounts and mounts the images instead");
+        // Moved with its mount options: no setuid binary or device file of a restored archive takes effect.
+        const mounted = readFileSync("/proc/self/mountinfo", "utf8")
+          .split("\n")
+          .find((line) => line.split(" ")[4] === `${dataDir}/disks/moved/mnt`);
+        expect(mounted?.split(" ")[5]?.split(",")).toEqual(expect.arrayContaining(["nosuid", "nodev"]));
+        // Jobs see the disk through the alias: the new filesystem reached it.
+        const read = await runToEnd(node, { command: 'cat "$SVC_DISK_PATH/dir/file.txt"', disk: { id: "moved", mountPath: "/data", sizeBytes: MiB } });
+        expect(read.log).toContain("out restored");
+        await expect.poll(() => readdir(join(dataDir, "disks/moved"))).toEqual(diskFolderAtRest(dataDir, "moved"));
+        await expect.poll(() => readFileSync("/proc/self/mountinfo", "utf8").includes(`${dataDir}/disks/moved/retiring-`)).toBe(false);
+      } finally {
+        await store.close();
+        await node.stop();
+        await rm(parent, { recursive: true, force: true });
+      }
+    },
+    30_000,
+  );
 });

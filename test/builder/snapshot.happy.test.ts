@@ -1,5 +1,5 @@
 import { execFileSync } from "node:child_process";
-import { existsSync, readFileSync } from "node:fs";
+import { existsSync } from "node:fs";
 import { createHash, randomBytes } from "node:crypto";
 import { chmod, link, mkdir, mkdtemp, readdir, rm, stat, symlink, utimes, writeFile } from "node:fs/promises";
 import { createServer } from "node:net";
@@ -45,16 +45,6 @@ function gnuTarList(archive: Buffer): string[] {
 }
 
 const old = new Date("2001-02-03T04:05:06Z");
-
-/** Whether the mount holding `path` propagates to peers (`shared:N` in /proc/self/mountinfo), where the kernel refuses to move a mount. */
-function underSharedMount(path: string): boolean {
-  const mounts = readFileSync("/proc/self/mountinfo", "utf8")
-    .split("\n")
-    .map((line) => line.split(" "))
-    .filter((fields) => fields.length > 6 && (path === fields[4] || path.startsWith(fields[4] === "/" ? "/" : `${fields[4]}/`)))
-    .sort((a, b) => b[4]!.length - a[4]!.length);
-  return mounts.length > 0 && /^shared:/m.test(mounts[0]!.slice(6, mounts[0]!.indexOf("-")).join("\n"));
-}
 
 describe("POST /v1/snapshots and /v1/restores", () => {
   it("round-trips a disk: parts, SHA-256, GNU tar listing, then restore gives back files, modes, bytes and mtimes", async () => {
@@ -127,8 +117,8 @@ describe("POST /v1/snapshots and /v1/restores", () => {
     });
     expect(await describeTree(data)).toEqual(original);
     if (existsSync(join(builder.dataDir, "disks/round/disk.img"))) {
-      // The staging filesystem was moved into place as it is, unless the kernel refuses moves under a shared mount here.
-      expect(builder.output().includes("a restore's swap unmounts and mounts the images instead")).toBe(underSharedMount(builder.dataDir));
+      // The staging filesystem was moved into place as it is (not unmounted and mounted again), on the one loop device of its image.
+      expect(builder.output()).not.toContain("a restore's swap unmounts and mounts the images instead");
       expect(execFileSync("losetup", ["-j", join(builder.dataDir, "disks/round/disk.img")], { encoding: "utf8" }).trim().split("\n")).toHaveLength(1);
     }
     const [small, hard] = await Promise.all([stat(join(data, "a/b/c/small.txt")), stat(join(data, "a/hardlink.txt"))]);

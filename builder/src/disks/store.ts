@@ -81,7 +81,7 @@ export class DiskStore {
   readonly images: boolean;
   readonly #room: HostRoom;
   readonly #locks = new Map<string, Promise<unknown>>();
-  /** Whether the log said once that the kernel refuses to move a mount here. */
+  /** Whether the log said once that moving a mount failed here. */
   #moveRefusedSaid = false;
 
   private constructor(root: string, tenants: TenantUsers, images: boolean, options: DiskStoreOptions) {
@@ -330,11 +330,11 @@ export class DiskStore {
    * Puts a filled staging area in place of the disk's data. Directories:
    * data → `previous-<job>`, staging → data, `previous-<job>` → `trash-<job>`.
    * Images: the disk's filesystem is moved aside to `retiring-<job>` and the
-   * staging one to the disk's mount point, both as they are, then the same
-   * three renames on the image files (a loop device follows its file). Where
-   * the kernel refuses the moves, both are unmounted and the new image
-   * mounted after the renames, which first writes every page the extraction
-   * left dirty. The rename to `trash-` commits. Returns what deletes the old
+   * staging one to the disk's mount point, both as they are (FsImages.move),
+   * then the same three renames on the image files (a loop device follows its
+   * file). Should a move fail, both are unmounted and the new image mounted
+   * after the renames, which first writes every page the extraction left
+   * dirty. The rename to `trash-` commits. Returns what deletes the old
    * data (the trash, and the retired filesystem unmounted, which writes its
    * dirty pages away from the restore's time).
    */
@@ -375,7 +375,7 @@ export class DiskStore {
     });
   }
 
-  /** The disk's filesystem to `retiring`, the staging one to `mnt`; false (nothing moved) where the kernel refuses. */
+  /** The disk's filesystem to `retiring`, the staging one to `mnt`; false (the disk's back at `mnt`) when a move failed. */
   async #moveMounts(mnt: string, retiring: string, stagingMount: string): Promise<boolean> {
     const refused = (error: unknown): false => {
       if (!this.#moveRefusedSaid) console.error(`builder: ${String(error)}; a restore's swap unmounts and mounts the images instead`);

@@ -198,14 +198,16 @@ export const FsImages = {
 
   /**
    * Moves the filesystem mounted at `from` to `to` (which must be no mount
-   * point) as it is: its dirty pages stay in memory for the kernel's own
-   * writeback, where unmounting and mounting again would write them all
-   * first. The kernel refuses it when `from` sits under a shared mount
-   * (systemd's `/` is one), which the caller answers by unmounting and
-   * mounting.
+   * point) as it is: bound at `to`, then `from` let go lazily, so the
+   * filesystem never stops being mounted and its dirty pages stay in memory
+   * for the kernel's own writeback, where unmounting and mounting again would
+   * write them all first. A bind, not `mount --move`: the kernel refuses to
+   * move a mount under a shared one, as the data dir is (sandbox/host.ts), and
+   * a bind there reaches its peers as a mount does.
    */
   async move(from: string, to: string): Promise<void> {
-    await tool("mount", ["--move", from, to]);
+    await tool("mount", ["--bind", from, to]);
+    await tool("umount", ["-l", from]);
   },
 
   /** Unmounts (the loop device goes with it); lazily, so a straggling reader cannot block a shutdown. */
