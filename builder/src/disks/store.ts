@@ -82,7 +82,7 @@ export class DiskStore {
   readonly #room: HostRoom;
   readonly #locks = new Map<string, Promise<unknown>>();
   /** Whether the log said once that moving a mount failed here. */
-  #moveRefusedSaid = false;
+  #moveFailedSaid = false;
 
   private constructor(root: string, tenants: TenantUsers, images: boolean, options: DiskStoreOptions) {
     this.#root = root;
@@ -361,12 +361,11 @@ export class DiskStore {
           await rm(trash, { force: true });
         };
       } catch (error) {
-        // The renames were rolled back: the old image is the disk's again, mounted afresh below.
-        if (mounted) {
-          await FsImages.unmount(mnt);
-          await FsImages.unmount(retiring);
-        }
+        // The renames were rolled back: the old image is the disk's again, mounted afresh below once
+        // nothing of it is mounted elsewhere (and `retiring` is removed only once it is no mount point).
+        if (mounted) await FsImages.unmount(mnt);
         mounted = false;
+        await FsImages.unmount(retiring);
         await rm(retiring, { recursive: true, force: true });
         throw error;
       } finally {
@@ -375,17 +374,17 @@ export class DiskStore {
     });
   }
 
-  /** The disk's filesystem to `retiring`, the staging one to `mnt`; false (the disk's back at `mnt`) when a move failed. */
+  /** The disk's filesystem to `retiring`, the staging one to `mnt`; false when a move failed (the disk's filesystem back at `mnt` if it can be). */
   async #moveMounts(mnt: string, retiring: string, stagingMount: string): Promise<boolean> {
-    const refused = (error: unknown): false => {
-      if (!this.#moveRefusedSaid) console.error(`builder: ${String(error)}; a restore's swap unmounts and mounts the images instead`);
-      this.#moveRefusedSaid = true;
+    const failed = (error: unknown): false => {
+      if (!this.#moveFailedSaid) console.error(`builder: ${String(error)}; a restore's swap unmounts and mounts the images instead`);
+      this.#moveFailedSaid = true;
       return false;
     };
     await mkdir(retiring, { mode: 0o700 });
-    if (!(await FsImages.move(mnt, retiring).then(() => true, refused))) return false;
-    if (await FsImages.move(stagingMount, mnt).then(() => true, refused)) return true;
-    await FsImages.move(retiring, mnt);
+    if (!(await FsImages.move(mnt, retiring).then(() => true, failed))) return false;
+    if (await FsImages.move(stagingMount, mnt).then(() => true, failed)) return true;
+    await FsImages.move(retiring, mnt).catch(failed);
     return false;
   }
 

@@ -31,19 +31,11 @@ import type { JobContext, JobOutcome } from "./manager.js";
 import type { RestoreSpec } from "../protocol/disks.js";
 import { formatBytes } from "../units.js";
 import type { JobUser } from "../sandbox/tenants.js";
-import { ArchiveRejected, type ExtractSummary, GUNZIP_CHUNK_BYTES, TarFormatError, extractTar } from "../tar/extract.js";
+import { ArchiveRejected, type ExtractSummary, GUNZIP_CHUNK_BYTES, GUNZIP_INPUT_BYTES, TarFormatError, extractTar } from "../tar/extract.js";
 import { failed, messageOf, succeeded } from "./outcome.js";
 
 /** Progress lines: one per tenth of the download, but no closer than this. */
 const PROGRESS_MIN_BYTES = 16 * 1024 * 1024;
-
-/**
- * The download reaches gunzip in pieces of at least this much: each piece is
- * one threadpool round trip, and a socket's 64 KiB reads cost the extraction
- * a fifth of its time more than 1 MiB pieces (measured at 128 MiB).
- */
-const GUNZIP_INPUT_BYTES = 1024 * 1024;
-
 
 /** The log line between extracting and swapping (benches time the two from it). */
 export const RESTORE_EXTRACTED_NOTE = "archive downloaded, checked and extracted";

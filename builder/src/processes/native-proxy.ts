@@ -532,13 +532,12 @@ export class NativeProxy {
     const args = unprivileged ? ["--reuid", String(NOBODY), "--regid", String(NOBODY), "--clear-groups", "--", SETPRIV, ...haproxy] : haproxy;
     const child = spawn(SETPRIV, args, { stdio: ["ignore", "pipe", "pipe"] });
     this.#child = child;
+    // What it says of itself (alerts, warnings) goes to the builder's log; its last lines explain an end.
     let said = "";
-    child.stderr!.on("data", (chunk: Buffer) => {
-      said = (said + chunk.toString()).slice(-4_000);
-    });
-    // What it says of itself (alerts, warnings) goes to the builder's log.
     createInterface({ input: child.stderr! }).on("line", (line) => {
-      if (line.trim() !== "") console.error(`builder native proxy: HAProxy: ${line}`);
+      if (line.trim() === "") return;
+      console.error(`builder native proxy: HAProxy: ${line}`);
+      said = `${said}${line}\n`.slice(-4_000);
     });
     createInterface({ input: child.stdout! }).on("line", (line) => this.#logged(line));
     const started = Date.now();

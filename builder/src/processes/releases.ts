@@ -10,15 +10,14 @@
  * extractor, into each process's own working tree); tenants never see them.
  */
 import { createHash } from "node:crypto";
-import { createReadStream, createWriteStream } from "node:fs";
+import { createWriteStream } from "node:fs";
 import { mkdir, rename, rm } from "node:fs/promises";
 import { join } from "node:path";
 import { Readable, Transform, Writable } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import type { ReadableStream as NodeWebReadableStream } from "node:stream/web";
 import { setTimeout as sleep } from "node:timers/promises";
-import { createGunzip } from "node:zlib";
-import { ARCHIVE_READ_BYTES, GUNZIP_CHUNK_BYTES } from "../tar/extract.js";
+import { gunzipFile } from "../tar/extract.js";
 import { formatBytes } from "../units.js";
 
 /** A fetch is tried this many times in all when the failure may pass (network errors, 429, 5xx). */
@@ -183,8 +182,7 @@ async function download(ref: ReleaseRef, path: string, signal: AbortSignal): Pro
 async function measureExpanded(path: string): Promise<number> {
   let bytes = 0;
   await pipeline(
-    createReadStream(path, { highWaterMark: ARCHIVE_READ_BYTES }),
-    createGunzip({ chunkSize: GUNZIP_CHUNK_BYTES }),
+    gunzipFile(path),
     new Writable({
       write(chunk: Buffer, _encoding, done) {
         bytes += chunk.length;

@@ -15,17 +15,14 @@
  * bounded entries and bytes), never by a shell in the sandbox, so the archive
  * is judged by the same rules as a restore.
  */
-import { createReadStream } from "node:fs";
 import { chown, mkdir, readdir, rm, stat } from "node:fs/promises";
 import { join } from "node:path";
-import { pipeline } from "node:stream/promises";
-import { createGunzip } from "node:zlib";
 import { FsImages, IMAGE_DATA_DIR } from "../sandbox/fs-image.js";
 import type { HostRoom } from "../sandbox/host-room.js";
 import type { SandboxHost } from "../sandbox/host.js";
 import { formatBytes } from "../units.js";
 import type { JobUser } from "../sandbox/tenants.js";
-import { ARCHIVE_READ_BYTES, GUNZIP_CHUNK_BYTES, extractTar } from "../tar/extract.js";
+import { extractTar, gunzipFile } from "../tar/extract.js";
 
 const GIB = 1024 * 1024 * 1024;
 /** A tar member takes at least one 512-byte header: the most members an archive of N bytes can hold. */
@@ -77,9 +74,8 @@ export async function createWorkTree(input: {
   }
   await mkdir(home, { mode: 0o700 });
   await chown(home, input.user.uid, input.user.gid);
-  const gunzip = createGunzip({ chunkSize: GUNZIP_CHUNK_BYTES });
-  // A read error destroys gunzip, which fails the extraction; the extractor's own refusal ends the read below.
-  void pipeline(createReadStream(input.archive, { highWaterMark: ARCHIVE_READ_BYTES }), gunzip).catch(() => undefined);
+  // A read error fails the extraction; the extractor's own refusal ends the read below.
+  const gunzip = gunzipFile(input.archive);
   try {
     const summary = await extractTar({
       source: gunzip,

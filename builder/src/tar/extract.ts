@@ -41,6 +41,7 @@ import {
   chownSync,
   closeSync,
   constants,
+  createReadStream,
   fchmodSync,
   fchownSync,
   futimesSync,
@@ -56,6 +57,8 @@ import {
 } from "node:fs";
 import { open, readFile } from "node:fs/promises";
 import { join } from "node:path";
+import { pipeline } from "node:stream/promises";
+import { type Gunzip, createGunzip } from "node:zlib";
 import { type Header, extract as tarExtract } from "tar-stream";
 import { BACKUP_MAX_PATH_BYTES } from "../protocol/disks.js";
 import type { JobUser } from "../sandbox/tenants.js";
@@ -81,8 +84,19 @@ import {
  * its extraction.
  */
 export const GUNZIP_CHUNK_BYTES = 256 * 1024;
-/** An archive on local disk is read in pieces this large, for the same reason. */
-export const ARCHIVE_READ_BYTES = 1024 * 1024;
+/**
+ * gunzip input per threadpool round trip, for the same reason: an archive on
+ * local disk is read in pieces this large, and a download is gathered into
+ * them (a socket's 64 KiB reads cost a restore's extraction a fifth more).
+ */
+export const GUNZIP_INPUT_BYTES = 1024 * 1024;
+
+/** The uncompressed stream of a `.tar.gz` on local disk, in the pieces above; a read error destroys it. */
+export function gunzipFile(path: string): Gunzip {
+  const gunzip = createGunzip({ chunkSize: GUNZIP_CHUNK_BYTES });
+  void pipeline(createReadStream(path, { highWaterMark: GUNZIP_INPUT_BYTES }), gunzip).catch(() => undefined);
+  return gunzip;
+}
 
 /** A member (or the archive as a whole) that restore refuses; the message names it. */
 export class ArchiveRejected extends Error {}
