@@ -1,5 +1,6 @@
 import { createHash, randomBytes } from "node:crypto";
 import { mkdir, mkdtemp, readdir, rm, symlink, writeFile } from "node:fs/promises";
+import { type AddressInfo, createServer as createNetServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Readable } from "node:stream";
@@ -299,6 +300,31 @@ describe("POST /v1/restores refuses hostile archives whole", () => {
     expect(tampered.status.error).toBe(`archive rejected: the download's SHA-256 is ${digest}, expected ${wrongDigest} (expectedSha256)`);
     const missing = await restoreToEnd(builder, { diskId: "victim", archiveUrl: `${storage.url}/archives/none`, expectedSizeBytes: 10 });
     expect(missing.status.error).toBe("archive download failed: HTTP 404");
+    expect(await describeTree(victim)).toEqual(original);
+    expect(await readdir(join(builder.dataDir, "disks/victim"))).toEqual(diskFolderAtRest(builder.dataDir, "victim"));
+  });
+
+  it("fails a download the server cuts short, or answers with something other than HTTP, as a download failure", async () => {
+    const archive = tgz(member("big.bin", randomBytes(700 * 1024)));
+    const sent = 300 * 1024 + 77;
+    const server = createNetServer((socket) => {
+      socket.on("error", () => undefined);
+      socket.once("data", (request) => {
+        if (request.toString().startsWith("GET /garbage ")) return socket.end("220 mail.example.com ESMTP\r\n\r\n");
+        socket.write(`HTTP/1.1 200 OK\r\nContent-Length: ${archive.length}\r\n\r\n`);
+        socket.end(archive.subarray(0, sent));
+      });
+    });
+    await new Promise<void>((ready) => server.listen(0, "127.0.0.1", ready));
+    const origin = `127.0.0.1:${(server.address() as AddressInfo).port}`;
+    try {
+      const cut = await restoreToEnd(builder, { diskId: "victim", archiveUrl: `http://${origin}/cut`, expectedSizeBytes: archive.length });
+      expect(cut.status.error).toBe(`archive download failed: ${origin} closed the connection ${archive.length - sent} bytes before the body's end`);
+      const garbage = await restoreToEnd(builder, { diskId: "victim", archiveUrl: `http://${origin}/garbage`, expectedSizeBytes: archive.length });
+      expect(garbage.status.error).toBe(`archive download failed: bad response from ${origin}: not an HTTP/1.1 status line: "220 mail.example.com ESMTP"`);
+    } finally {
+      server.close();
+    }
     expect(await describeTree(victim)).toEqual(original);
     expect(await readdir(join(builder.dataDir, "disks/victim"))).toEqual(diskFolderAtRest(builder.dataDir, "victim"));
   });

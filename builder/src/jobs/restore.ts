@@ -12,16 +12,13 @@
  * The swap itself is three renames under the disk's lock (disks/store.ts), which a
  * crash leaves recoverable at the next start.
  *
- * The download uses node:http, not fetch: extraction may be far slower than
- * the network (many small files), and when the server has sent everything
- * and closes its idle connection meanwhile, fetch (undici) fails the body it
- * has not yet handed over ("terminated: other side closed"), while node:http
- * leaves the unread bytes in the socket until they are read.
+ * The download reads into 1 MiB pieces straight from the socket (download.ts):
+ * gunzip takes them as they come, and a slow extraction stops the socket's
+ * reads rather than filling memory (a server that closes its idle connection
+ * meanwhile loses nothing: the unread bytes wait in the socket).
  */
 import { createHash } from "node:crypto";
 import { statfs } from "node:fs/promises";
-import { type IncomingMessage, request as httpRequest } from "node:http";
-import { request as httpsRequest } from "node:https";
 import { Transform } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import { createGunzip } from "node:zlib";
@@ -32,6 +29,7 @@ import type { RestoreSpec } from "../protocol/disks.js";
 import { formatBytes } from "../units.js";
 import type { JobUser } from "../sandbox/tenants.js";
 import { ArchiveRejected, type ExtractSummary, GUNZIP_CHUNK_BYTES, GUNZIP_INPUT_BYTES, TarFormatError, extractTar } from "../tar/extract.js";
+import { type Download, DownloadError, download } from "./download.js";
 import { failed, messageOf, succeeded } from "./outcome.js";
 
 /** Progress lines: one per tenth of the download, but no closer than this. */
@@ -81,21 +79,20 @@ async function downloadAndExtract(input: RestoreJobInput, staging: string, quota
   // The staging filesystem is made like the disk's: its blocks and inodes are what the archive may take.
   const room = { blockSize: (await statfs(staging)).bsize, inodeLimit: (await measureDisk(staging, quotaBytes)).inodeLimit };
   const expected = spec.expectedSizeBytes;
-  let response: IncomingMessage;
+  let response: Download;
   try {
-    response = await get(new URL(spec.archiveUrl), signal);
+    response = await download(new URL(spec.archiveUrl), { signal, pieceBytes: GUNZIP_INPUT_BYTES });
   } catch (error) {
     throw new DownloadFailed(`archive download failed: ${messageOf(error)}`);
   }
-  const status = response.statusCode ?? 0;
+  const { status, contentLength, body } = response;
   if (status < 200 || status > 299) {
-    response.destroy();
+    body.destroy();
     throw new DownloadFailed(`archive download failed: HTTP ${status}`);
   }
-  const announced = response.headers["content-length"];
-  if (announced !== undefined && Number(announced) !== expected) {
-    response.destroy();
-    throw new ArchiveRejected(`the download is ${announced} bytes, expected ${expected} (expectedSizeBytes)`);
+  if (contentLength !== null && contentLength !== expected) {
+    body.destroy();
+    throw new ArchiveRejected(`the download is ${contentLength} bytes, expected ${expected} (expectedSizeBytes)`);
   }
 
   const hash = createHash("sha256");
@@ -103,28 +100,20 @@ async function downloadAndExtract(input: RestoreJobInput, staging: string, quota
   let complete = false;
   const progressStep = Math.max(PROGRESS_MIN_BYTES, Math.ceil(expected / 10));
   let nextProgress = progressStep;
-  let gathered: Buffer[] = [];
-  let gatheredBytes = 0;
   const meter = new Transform({
-    transform(chunk: Buffer, _encoding, done) {
-      received += chunk.length;
+    transform(piece: Buffer, _encoding, done) {
+      received += piece.length;
       if (received > expected) return done(new ArchiveRejected(`the download is larger than the expected ${expected} bytes (expectedSizeBytes)`));
-      hash.update(chunk);
+      hash.update(piece);
       if (received >= nextProgress && received < expected) {
         input.log.note(`downloaded ${formatBytes(received)} of ${formatBytes(expected)}`);
         nextProgress += progressStep;
       }
-      gathered.push(chunk);
-      gatheredBytes += chunk.length;
-      if (gatheredBytes < GUNZIP_INPUT_BYTES) return done();
-      const piece = Buffer.concat(gathered, gatheredBytes);
-      gathered = [];
-      gatheredBytes = 0;
       done(null, piece);
     },
     flush(done) {
       complete = true;
-      done(null, gatheredBytes > 0 ? Buffer.concat(gathered, gatheredBytes) : undefined);
+      done();
     },
   });
   const sizeMismatch = () => new ArchiveRejected(`the download is ${received} bytes, expected ${expected} (expectedSizeBytes)`);
@@ -133,7 +122,7 @@ async function downloadAndExtract(input: RestoreJobInput, staging: string, quota
   let extractError: unknown;
   try {
     await pipeline(
-      response,
+      body,
       meter,
       createGunzip({ chunkSize: GUNZIP_CHUNK_BYTES }),
       async (source: AsyncIterable<Buffer>) => {
@@ -168,19 +157,10 @@ async function downloadAndExtract(input: RestoreJobInput, staging: string, quota
   return summary!;
 }
 
-/** GET `url`: resolves with the response (status not checked) once its headers arrive. */
-function get(url: URL, signal: AbortSignal): Promise<IncomingMessage> {
-  return new Promise((resolve, reject) => {
-    const send = url.protocol === "https:" ? httpsRequest : httpRequest;
-    const request = send(url, { method: "GET", signal }, resolve);
-    request.on("error", reject);
-    request.end();
-  });
-}
-
 /** The job's error message for anything that ended the restore. */
 function describe(error: unknown): string {
   if (error instanceof DownloadFailed) return error.message;
+  if (error instanceof DownloadError) return `archive download failed: ${error.message}`;
   if (error instanceof ArchiveRejected) return `archive rejected: ${error.message}`;
   if (error instanceof TarFormatError) return `archive rejected: not a valid tar stream: ${error.message}`;
   const code = (error as NodeJS.ErrnoException).code ?? "";
