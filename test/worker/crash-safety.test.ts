@@ -295,9 +295,18 @@ describe("rate limiting", () => {
     expect(limited, "no 429 within 330 requests").not.toBeNull();
     expect(limited!.headers.get("Retry-After")).toBe("10");
     expect((await json<{ error: { code: string } }>(limited!)).error.code).toBe("RATE_LIMITED");
-    const disk = await call("/v1/disks/disk_0aB1cD2eF3gH4iJ5kL6mN7oP/backups", { key });
-    expect(disk.status).toBe(429);
-    expect(await json(disk)).toMatchObject({ status: 429, data: null, error: { code: "RATE_LIMITED" } });
+    // Another route family answers in its own envelope. Its requests go in a burst too: the limiter's 10 s
+    // window may have turned over since the 429 above (CI once saw this call answered 404, the disk's own answer).
+    let disk: Response | null = null;
+    for (let round = 0; round < 3 && !disk; round++) {
+      const answers = await Promise.all(Array.from({ length: 110 }, () => call("/v1/disks/disk_0aB1cD2eF3gH4iJ5kL6mN7oP/backups", { key })));
+      for (const res of answers) {
+        if (res.status === 429) disk ??= res;
+        else expect(res.status).toBe(404);
+      }
+    }
+    expect(disk, "no 429 from the disk routes within 330 requests").not.toBeNull();
+    expect(await json(disk!)).toMatchObject({ status: 429, data: null, error: { code: "RATE_LIMITED" } });
     // Another key of the same account is counted on its own.
     const other = await newAccount();
     expect((await call("/v1/api-keys", { key: other.adminKey })).status).toBe(200);

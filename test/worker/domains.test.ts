@@ -1,6 +1,6 @@
 import { createExecutionContext, waitOnExecutionContext } from "cloudflare:test";
 import { env, exports } from "cloudflare:workers";
-import { describe, expect, it } from "vitest";
+import { describe, expect, it, vi } from "vitest";
 import { createApp } from "../../worker/app";
 import { countingD1 } from "../support/d1-count";
 import { call, type ErrorJson, expectAuthEnforced, json, newAccount } from "./helpers";
@@ -149,6 +149,36 @@ describe("custom domains: the edge", () => {
     // The control plane's own hosts still reach the API.
     expect((await call("/healthz")).status).toBe(200);
     expect((await exports.default.fetch(new Request("http://127.0.0.1:8787/healthz"))).status).toBe(200);
+  });
+
+  it("verify tries a check once more when its connection is lost before an answer, and then proves the domain", async () => {
+    const site = await newSite(false, { "/index.html": ["text/html", "home"] });
+    const hostname = unique();
+    const { data } = await json<{ data: Domain }>(await add(site.key, site.name, { hostname }));
+    const token = data.records[0]!.value.slice("svc-verify=".length);
+    // The check's answer (whichever proof this stack uses, HTTP or DNS over HTTPS) comes on the second try only.
+    const checks: string[] = [];
+    const realFetch = globalThis.fetch;
+    const lossy = vi.spyOn(globalThis, "fetch").mockImplementation(async (input, init) => {
+      const url = input instanceof Request ? input.url : String(input);
+      const isCheck = url.includes("/.well-known/svc-domain-verification/") || url.includes("type=TXT");
+      if (!isCheck) return realFetch(input, init);
+      checks.push(url);
+      if (checks.length === 1) throw new Error("Network connection lost.");
+      return url.includes("type=TXT")
+        ? Response.json({ Status: 0, Answer: [{ type: 16, data: `"svc-verify=${token}"` }] })
+        : new Response(token);
+    });
+    try {
+      const res = await call(`/v1/apps/${site.name}/domains/${hostname}/verify`, { method: "POST", key: site.key });
+      const verified = (await json<{ data: Domain }>(res)).data;
+      expect(checks).toHaveLength(2);
+      expect(checks[1]).toBe(checks[0]);
+      expect(verified.status).not.toBe("pending_verification");
+      expect(verified.reason ?? "").not.toContain("could not be reached");
+    } finally {
+      lossy.mockRestore();
+    }
   });
 
   it("answers an unproven domain's own token for the local HTTP proof, and nothing else", async () => {

@@ -255,6 +255,23 @@ export async function pendingToken(db: Db, hostname: string, token: string): Pro
   return row !== undefined;
 }
 
+/**
+ * A check's GET, each try bounded by {@link CHECK_TIMEOUT_MS}, tried once more
+ * when the connection failed before an answer (a kept-alive connection the
+ * other side closed as it was reused fails as "Network connection lost"):
+ * a GET is safe to repeat, and a verify should not fail on that. A timeout
+ * is not tried again: the check would take twice as long to say so.
+ */
+async function fetchRetryingLostConnection(url: URL, init: RequestInit): Promise<Response> {
+  const attempt = () => fetch(url, { ...init, signal: AbortSignal.timeout(CHECK_TIMEOUT_MS) });
+  try {
+    return await attempt();
+  } catch (err) {
+    if (err instanceof Error && (err.name === "TimeoutError" || err.name === "AbortError")) throw err;
+    return attempt();
+  }
+}
+
 /** null when the TXT record holds the token, else why not. */
 async function checkTxt(config: Config, row: DomainRow): Promise<string | null> {
   const name = `${TXT_PREFIX}.${row.hostname}`;
@@ -263,7 +280,7 @@ async function checkTxt(config: Config, row: DomainRow): Promise<string | null> 
   url.searchParams.set("type", "TXT");
   let answer: { Status?: number; Answer?: { type: number; data: string }[] };
   try {
-    const res = await fetch(url, { headers: { Accept: "application/dns-json" }, signal: AbortSignal.timeout(CHECK_TIMEOUT_MS) });
+    const res = await fetchRetryingLostConnection(url, { headers: { Accept: "application/dns-json" } });
     if (!res.ok) return `the DNS lookup of ${name} failed (HTTP ${res.status}); verify again in a moment`;
     answer = await res.json();
   } catch (err) {
@@ -281,7 +298,7 @@ async function checkHttp(config: Config, row: DomainRow): Promise<string | null>
   const origin = config.DOMAIN_CHECK_ORIGIN ?? `http://${row.hostname}`;
   const url = new URL(`${HTTP_CHECK_PATH}/${row.token}`, origin);
   try {
-    const res = await fetch(url, { headers: { Host: row.hostname, [CHECK_HOST_HEADER]: row.hostname }, redirect: "manual", signal: AbortSignal.timeout(CHECK_TIMEOUT_MS) });
+    const res = await fetchRetryingLostConnection(url, { headers: { Host: row.hostname, [CHECK_HOST_HEADER]: row.hostname }, redirect: "manual" });
     const body = res.ok ? (await res.text()).trim() : "";
     if (body === row.token) return null;
     return `http://${row.hostname}${HTTP_CHECK_PATH}/… did not answer the domain's token (HTTP ${res.status}): point the domain at the platform first`;
