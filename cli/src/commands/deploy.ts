@@ -27,9 +27,12 @@ const FINAL = new Set<Deployment["status"]>(["ready", "failed", "cancelled"]);
 /** How often a deployment is looked at while it is published, or when the live log stream ended early. */
 const POLL_MS = 500;
 /** A rollout is followed closer: its end ("serving") is what `svc deploy` waits to print. */
-const ROLLOUT_POLL_MS = 200;
-/** After a rollout's end, how long the process's last lines get to arrive before its stream is cut (it is live: they come within ms). */
+const ROLLOUT_POLL_MS = 100;
+/** After a rollout's end, how long the process's last lines get to arrive before its stream is cut, when the stream is still opening. */
 const LAST_LINES_MS = 200;
+/** The same for a stream that has been open this long ({@link LIVE_STREAM_MS}): it is live, lines come within ms. */
+const LIVE_LAST_LINES_MS = 50;
+const LIVE_STREAM_MS = 200;
 /** Pause before a process's followed output that failed or ended is opened again. */
 const RESUME_MS = 500;
 /** Longest a build is followed: the builder's 20-minute limit plus publishing. */
@@ -311,6 +314,8 @@ function followProcess(client: ApiClient, app: string, processId: string, since:
   let from = since;
   /** The lines already shown whose time is `from` (a resumed stream starts with them). */
   let shownAt = new Set<string>();
+  /** When the stream now open answered; null while none is. */
+  let openedAt: number | null = null;
   const show = (line: string) => {
     const time = line.slice(0, line.indexOf(" "));
     if (time < from || (time === from && shownAt.has(line))) return;
@@ -327,6 +332,7 @@ function followProcess(client: ApiClient, app: string, processId: string, since:
     if (!reader) return;
     const cancel = () => void reader.cancel().catch(() => undefined);
     stopping.signal.addEventListener("abort", cancel, { once: true });
+    openedAt = Date.now();
     try {
       const decoder = new TextDecoder();
       let partial = "";
@@ -339,6 +345,7 @@ function followProcess(client: ApiClient, app: string, processId: string, since:
         for (const line of lines) show(line);
       }
     } finally {
+      openedAt = null;
       stopping.signal.removeEventListener("abort", cancel);
     }
   };
@@ -350,8 +357,9 @@ function followProcess(client: ApiClient, app: string, processId: string, since:
   })();
   return {
     async stop() {
-      // Lines written just before the end still arrive: a moment to read them, then the stream is cut.
-      await Promise.race([done, sleep(LAST_LINES_MS)]);
+      // Lines written just before the end still arrive: a moment to read them (longer while the stream is opening), then it is cut.
+      const live = openedAt !== null && Date.now() - openedAt >= LIVE_STREAM_MS;
+      await Promise.race([done, sleep(live ? LIVE_LAST_LINES_MS : LAST_LINES_MS)]);
       stopping.abort();
       await done;
     },
