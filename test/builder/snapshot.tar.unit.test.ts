@@ -165,6 +165,30 @@ describe("DirectoryPacker", () => {
     await expect(collect(packer.stream())).rejects.toThrow(/^the archive's headers, names and sparse maps take more than 8\.0 KiB/);
   });
 
+  it("never follows a directory swapped for a link while the walk runs: it is left out, said so, and nothing outside is packed", async () => {
+    const root = join(scratch, "swapped");
+    const outside = join(scratch, "swapped-outside");
+    await mkdir(join(root, "a"), { recursive: true });
+    await mkdir(join(root, "b"));
+    await writeFile(join(root, "b", "own.txt"), "own");
+    await mkdir(outside);
+    await writeFile(join(outside, "secret.txt"), "not the disk's");
+    // Large enough that the walk waits on the reader inside ./a/, after ./b/ was listed as a directory.
+    await writeFile(join(root, "a", "big.bin"), randomBytes(4 * 1024 * 1024));
+    const warnings: string[] = [];
+    const packer = new DirectoryPacker(root, (message) => warnings.push(message));
+    const stream = packer.stream();
+    const chunks: Buffer[] = [];
+    const first = await stream.next();
+    chunks.push(first.value as Buffer);
+    await rm(join(root, "b"), { recursive: true });
+    await symlink(outside, join(root, "b"));
+    for await (const chunk of stream) chunks.push(chunk);
+    const listed = execFileSync("tar", ["-tf", "-"], { input: Buffer.concat(chunks), encoding: "utf8" }).split("\n").filter(Boolean);
+    expect(listed).toEqual(["./", "./a/", "./a/big.bin"]);
+    expect(warnings).toEqual(["skipped ./b: it changed while the snapshot ran"]);
+  });
+
   it("lists a directory too large to sort in the order the filesystem gives, with every member", async () => {
     const root = join(scratch, "huge");
     await mkdir(join(root, "many"), { recursive: true });

@@ -34,8 +34,8 @@
  * sparse file with too many regions.
  */
 import type { Dirent, Stats } from "node:fs";
-import { closeSync, constants, fstatSync, lstatSync, openSync, read, readSync } from "node:fs";
-import { type FileHandle, lstat, open, opendir, readlink, statfs } from "node:fs/promises";
+import { closeSync, constants, fstatSync, lstatSync, opendirSync, openSync, read, readlinkSync, readSync } from "node:fs";
+import { statfs } from "node:fs/promises";
 import { promisify } from "node:util";
 import { type Header, type Pack, pack as tarPack } from "tar-stream";
 import { BACKUP_MAX_ENTRIES, BACKUP_MAX_OVERHEAD_BYTES, BACKUP_MAX_PATH_BYTES, BACKUP_MAX_SPARSE_REGIONS } from "../protocol/disks.js";
@@ -255,13 +255,13 @@ export class DirectoryPacker {
   }
 
   async #members(pack: Pack): Promise<void> {
-    const root = await open(this.#root, constants.O_RDONLY | constants.O_DIRECTORY | constants.O_NOFOLLOW);
+    const root = openSync(this.#root, constants.O_RDONLY | constants.O_DIRECTORY | constants.O_NOFOLLOW);
     try {
-      this.#blockSize = (await statfs(`/proc/self/fd/${root.fd}`)).bsize;
-      await addMember(pack, this.#header("./", "directory", await root.stat()));
+      this.#blockSize = (await statfs(`/proc/self/fd/${root}`)).bsize;
+      await addMember(pack, this.#header("./", "directory", fstatSync(root)));
       await this.#directory(pack, root, "./");
     } finally {
-      await root.close();
+      closeSync(root);
     }
   }
 
@@ -314,24 +314,29 @@ export class DirectoryPacker {
     }
   }
 
-  async #directory(pack: Pack, dir: FileHandle, prefix: string): Promise<void> {
-    const base = `/proc/self/fd/${dir.fd}`;
+  /** A directory's members, listed and opened with synchronous calls (as small files are read: SYNC_READ_BYTES). */
+  async #directory(pack: Pack, dir: number, prefix: string): Promise<void> {
+    const base = `/proc/self/fd/${dir}`;
     // Names read as latin1 are the raw bytes, one char each: nothing is lost, and they sort in byte order.
-    const listing = await opendir(base, { encoding: "latin1", bufferSize: LIST_BUFFER_ENTRIES });
+    const listing = opendirSync(base, { encoding: "latin1", bufferSize: LIST_BUFFER_ENTRIES });
     try {
       const first: Listed[] = [];
       // One name more than are sorted tells a huge directory.
-      let next = await listing.read();
+      let next = listing.readSync();
       while (next !== null && first.length < SORTED_ENTRIES) {
         first.push(next);
-        next = await listing.read();
+        next = listing.readSync();
       }
       if (next === null) first.sort(byName);
       for (const child of first) await this.#child(pack, base, prefix, child);
       // A huge directory: the rest as it comes, a few names at a time.
-      for (; next !== null; next = await listing.read()) await this.#child(pack, base, prefix, next);
+      for (; next !== null; next = listing.readSync()) await this.#child(pack, base, prefix, next);
     } finally {
-      await listing.close().catch(() => undefined);
+      try {
+        listing.closeSync();
+      } catch {
+        // already closed
+      }
     }
   }
 
@@ -345,13 +350,13 @@ export class DirectoryPacker {
     const at = `${base}/${name}`;
     const path = `${prefix}${name}`;
     if (child.isDirectory()) {
-      const opened = await this.#open(at, path, constants.O_DIRECTORY);
-      if (!opened) return;
+      const opened = this.#open(at, path, constants.O_DIRECTORY);
+      if (opened === null) return;
       try {
-        await addMember(pack, this.#header(`${path}/`, "directory", await opened.stat()));
+        await addMember(pack, this.#header(`${path}/`, "directory", fstatSync(opened)));
         await this.#directory(pack, opened, `${path}/`);
       } finally {
-        await opened.close();
+        closeSync(opened);
       }
     } else if (child.isFile()) {
       await this.#file(pack, at, path);
@@ -359,8 +364,8 @@ export class DirectoryPacker {
       let stats: Stats;
       let target: string | null;
       try {
-        stats = await lstat(at);
-        target = utf8Exact(await readlink(at, { encoding: "buffer" }));
+        stats = lstatSync(at);
+        target = utf8Exact(readlinkSync(at, { encoding: "buffer" }));
       } catch {
         return; // deleted or replaced since the listing
       }
@@ -376,20 +381,10 @@ export class DirectoryPacker {
     }
   }
 
-  /** Opens a listed member without following links; null (and a warning unless it is gone) when that fails. */
-  async #open(at: string, path: string, flags: number): Promise<FileHandle | null> {
+  /** Opens a listed member without following links: its descriptor, or null (and a warning unless it is gone) when that fails. */
+  #open(at: string, path: string, flags: number): number | null {
     try {
-      return await open(at, constants.O_RDONLY | constants.O_NOFOLLOW | flags);
-    } catch (error) {
-      if ((error as NodeJS.ErrnoException).code !== "ENOENT") this.#skip(path, "it changed while the snapshot ran");
-      return null;
-    }
-  }
-
-  /** Like {@link #open} for a regular file, synchronously (see SYNC_READ_BYTES): its descriptor, or null. */
-  #openFile(at: string, path: string): number | null {
-    try {
-      return openSync(at, constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK);
+      return openSync(at, constants.O_RDONLY | constants.O_NOFOLLOW | flags);
     } catch (error) {
       if ((error as NodeJS.ErrnoException).code !== "ENOENT") this.#skip(path, "it changed while the snapshot ran");
       return null;
@@ -417,7 +412,7 @@ export class DirectoryPacker {
       await this.#regular(pack, null, path, listed);
       return;
     }
-    const fd = this.#openFile(at, path);
+    const fd = this.#open(at, path, constants.O_NONBLOCK);
     if (fd === null) return;
     try {
       const stats = fstatSync(fd);
