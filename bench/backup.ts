@@ -213,6 +213,8 @@ for (const size of sizes) {
     if (!snapshot) throw new Error("no snapshot ran");
     const archive = sink.archive();
     if (createHash("sha256").update(archive).digest("hex") !== snapshot.sha256) throw new Error("the sink's archive does not match the snapshot's SHA-256");
+    const snapshotPeakRss = peakRss;
+    peakRss = memoryOf(builder.pid).rss;
     const archiveFile = join(dataDir, "snapshot.tar.gz");
     await writeFile(archiveFile, archive);
     const restoreSpec = {
@@ -249,7 +251,8 @@ for (const size of sizes) {
         `restore speed: ${speed(restoreRuns.restore, restoreRuns.untar)} tar xzf\n` +
         `  restore phases: extract ${phases.map((phase) => (phase.extractMs / 1000).toFixed(2)).join("/")} s (its best ${speed(phases.map((phase) => ({ ms: phase.extractMs })), restoreRuns.untar)} tar xzf), ` +
         `swap ${phases.map((phase) => (phase.swapMs / 1000).toFixed(2)).join("/")} s, the rest (job submit, staging made, log) the difference\n` +
-        `  builder RSS idle ${mib(idle.rss)}, peak ${mib(peakRss)} (sampled), VmHWM ${mib(hwm)}; load average per round: ${loads.join(" | ")}`,
+        `  builder RSS idle ${mib(idle.rss)}, peak ${mib(Math.max(snapshotPeakRss, peakRss))} (sampled: ${mib(snapshotPeakRss)} in the snapshots, ` +
+        `${mib(peakRss)} in the restores), VmHWM ${mib(hwm)}; load average per round: ${loads.join(" | ")}`,
     );
     process.stderr.write(`${rows.at(-1)}\n`);
   } finally {
