@@ -393,7 +393,7 @@ function tooLarge(request: IncomingMessage, response: ServerResponse): void {
     dropped += chunk.length;
     if (dropped > LINGER_BYTES) request.destroy();
   });
-  request.once("end", () => clearTimeout(cut));
+  request.once("close", () => clearTimeout(cut));
   request.resume();
   sendError(response, 413, "PAYLOAD_TOO_LARGE", `request body exceeds ${MAX_BODY_BYTES} bytes`);
 }

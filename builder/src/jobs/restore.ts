@@ -29,7 +29,7 @@ import type { RestoreSpec } from "../protocol/disks.js";
 import { formatBytes } from "../units.js";
 import type { JobUser } from "../sandbox/tenants.js";
 import { ArchiveRejected, type ExtractSummary, GUNZIP_CHUNK_BYTES, GUNZIP_INPUT_BYTES, TarFormatError, extractTar } from "../tar/extract.js";
-import { type Download, DownloadError, download } from "./download.js";
+import { DownloadError, download } from "./download.js";
 import { failed, messageOf, succeeded } from "./outcome.js";
 
 /** Progress lines: one per tenth of the download, but no closer than this. */
@@ -79,13 +79,8 @@ async function downloadAndExtract(input: RestoreJobInput, staging: string, quota
   // The staging filesystem is made like the disk's: its blocks and inodes are what the archive may take.
   const room = { blockSize: (await statfs(staging)).bsize, inodeLimit: (await measureDisk(staging, quotaBytes)).inodeLimit };
   const expected = spec.expectedSizeBytes;
-  let response: Download;
-  try {
-    response = await download(new URL(spec.archiveUrl), { signal, pieceBytes: GUNZIP_INPUT_BYTES });
-  } catch (error) {
-    throw new DownloadFailed(`archive download failed: ${messageOf(error)}`);
-  }
-  const { status, contentLength, body } = response;
+  // A failure to connect or a bad answer is a DownloadError (describe() says so); an abort is the job's cancel.
+  const { status, contentLength, body } = await download(new URL(spec.archiveUrl), { signal, pieceBytes: GUNZIP_INPUT_BYTES });
   if (status < 200 || status > 299) {
     body.destroy();
     throw new DownloadFailed(`archive download failed: HTTP ${status}`);

@@ -86,8 +86,9 @@ import {
 export const GUNZIP_CHUNK_BYTES = 256 * 1024;
 /**
  * gunzip input per threadpool round trip, for the same reason: an archive on
- * local disk is read in pieces this large, and a download is gathered into
- * them (a socket's 64 KiB reads cost a restore's extraction a fifth more).
+ * local disk is read in pieces this large, and a restore's download is read
+ * into pieces this large (a socket's 64 KiB reads cost its extraction a
+ * fifth more).
  */
 export const GUNZIP_INPUT_BYTES = 1024 * 1024;
 
